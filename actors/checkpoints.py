@@ -222,7 +222,11 @@ class TurnCheckpoints:
             if checkpoint is None or (before is not None and before != checkpoint.tree):
                 return None
             self.shadow.keep(
-                path, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit, real
+                path,
+                checkpoint_ref(session_id, turn_id, "after"),
+                checkpoint.commit,
+                real,
+                checked=True,
             )
             return Capture(real, checkpoint)
         except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
@@ -293,6 +297,7 @@ class TurnCheckpoints:
                     reserve=checkpoint_ref(session_id, turn_id, "after")
                     if which == "before"
                     else None,
+                    checked=True,
                 )
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed

@@ -100,6 +100,10 @@ class Unavailable:
     message: str
 
 
+def _missing(cwd: Path) -> Unavailable:
+    return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
+
+
 def _prune_empty(directory: Path, stop: Path) -> None:
     """Remove now-empty directories from `directory` up to (not including) `stop`."""
     while directory != stop and stop in directory.parents:
@@ -467,13 +471,16 @@ class ShadowStore:
         a slow tree (the answer is `Unavailable`). `real`: `cwd` already resolved
         (`os.path.realpath`), so it is not resolved again."""
         try:
-            if not cwd.is_dir():
-                return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
-            git = self._git()
             real = os.path.realpath(cwd) if real is None else real
+            # A directory this store knows is asked whether it is there only when its stat
+            # snapshot cannot answer (`_capture_tree`): the snapshot's `lstat` of it says so.
+            known = real in self._repos
+            if not known and not cwd.is_dir():
+                return _missing(cwd)
+            git = self._git()
             repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
-                tree, too_large = self._capture_tree(git, repo, cwd, real)
+                tree, too_large = self._capture_tree(git, repo, cwd, real, ask_dir=known)
             head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
@@ -591,13 +598,17 @@ class ShadowStore:
         )
 
     def _capture_tree(
-        self, git: Git, repo: Path, cwd: Path, real: str | None = None
+        self, git: Git, repo: Path, cwd: Path, real: str | None = None, ask_dir: bool = False
     ) -> tuple[str, list[str]]:
+        """`ask_dir`: whether `cwd` is a directory is not known yet (asked only here, where
+        the snapshot did not answer)."""
         real = os.path.realpath(cwd) if real is None else real
         index = repo / "index"
         unchanged = self._unchanged(repo, index)
         if unchanged is not None:
             return unchanged, []
+        if ask_dir and not cwd.is_dir():
+            raise GitUnavailable("cwd_missing", _missing(cwd).message)
         env = self._env(repo, cwd)
         racy_from_ns = time.time_ns() - self.racy_margin_ns
         # Only what may have changed since the last checkpoint of this directory, in one
@@ -757,16 +768,21 @@ class ShadowStore:
         commit: str,
         real: str | None = None,
         reserve: str | None = None,
+        checked: bool = False,
     ) -> str:
         """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`);
         `real`: `cwd` already resolved; `reserve`: a ref whose lock to take now as `reserve`
-        does (a Turn's `after`, kept with its `before`), beside this one.
+        does (a Turn's `after`, kept with its `before`), beside this one; `checked`: the
+        caller's capture of `real` (`capture`, `capture_unchanged`) just checked its shadow
+        repository within the same hold of the directory's lock, so it is taken as that
+        capture found it (its exclude file not `stat`ed again: one look a job, not two).
 
         Written as git's `files` ref format writes a ref, without starting git: the loose ref
         file through its `.lock` (created exclusively: a lock another writer holds, or a
         killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
-        repo = self._repo(git, cwd, real)
+        known = self._repos.get(real) if checked and real is not None else None
+        repo = known[0] if known is not None else self._repo(git, cwd, real)
         ref = f"{REF_ROOT}/{name}"
         if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})

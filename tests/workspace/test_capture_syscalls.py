@@ -100,3 +100,41 @@ def test_a_turns_refs_are_written_by_their_descriptors_with_no_file_object(
     assert calls.named("os.replace") == [str(refs / "before.lock"), str(refs / "after.lock")]
     tree = got.checkpoint.commit
     assert [(refs / n).read_text() for n in ("before", "after")] == [tree + "\n"] * 2
+
+
+def test_a_capture_job_of_a_known_unchanged_folder_looks_at_the_folder_and_the_exclude_once(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Turn's `before` and `after` jobs: the folder is not `stat`ed for `is_dir` (the
+    snapshot's `lstat` of it answers), and its shadow repository's exclude file is `stat`ed
+    once a job (the capture's look; the `keep` after it, under the same hold of the folder's
+    lock, takes the repository as the capture found it)."""
+    real = os.path.realpath(repo)
+    exclude = str(turns.shadow.repo_dir(repo) / "info" / "exclude")
+    calls = Calls()
+    calls.install(monkeypatch)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    after = turns.capture(str(repo), "s1", "t2", "after", got.checkpoint.tree).result(30)
+    monkeypatch.undo()
+    assert isinstance(after.checkpoint, Checkpoint)
+    stats = calls.named("os.stat")
+    assert stats.count(real) == 0
+    assert stats.count(exclude) == 2
+    # Two a job: the folder resolved (`realpath`'s last step) and the snapshot's key.
+    assert calls.named("os.lstat").count(real) == 4
+
+
+def test_a_known_folder_removed_is_still_recorded_missing(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """The `is_dir` the snapshot saves is still asked when the snapshot does not answer: a
+    folder removed after its captures is `cwd_missing`, as an unknown one is, and no ref is
+    kept for it."""
+    moved = repo.with_name("elsewhere")
+    repo.rename(moved)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert got.checkpoint.reason == "cwd_missing"  # type: ignore[union-attr]
+    assert "does not exist" in got.checkpoint.message  # type: ignore[union-attr]
+    moved.rename(repo)
+    assert "s1/t2/before" not in turns.shadow.refs(repo)
