@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+import actors.checkpoints as checkpoints_module
 from actors.checkpoints import TurnCheckpoints
 from tests.workspace.test_capture_cost import age, aged_store, repo
 from workspace.shadow import Checkpoint
@@ -138,3 +139,24 @@ def test_a_known_folder_removed_is_still_recorded_missing(
     assert "does not exist" in got.checkpoint.message  # type: ignore[union-attr]
     moved.rename(repo)
     assert "s1/t2/before" not in turns.shadow.refs(repo)
+
+
+def test_a_paused_folders_after_is_refused_without_resolving_it(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A folder whose last capture on the asking thread was slow (`HERE_BUDGET_S`) has its
+    `after`s sent to the pool for a while; that refusal, on the Session actor's thread,
+    makes no system call (the folder is not resolved for it: its pool job resolves it)."""
+    monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    assert turns.capture_after_here(str(repo), "s1", "t2", got.checkpoint.tree) is not None
+    got = turns.capture(str(repo), "s1", "t3", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    calls = Calls()
+    calls.install(monkeypatch)
+    refused = turns.capture_after_here(str(repo), "s1", "t3", got.checkpoint.tree)
+    made = list(calls.made)
+    monkeypatch.undo()
+    assert refused is None
+    assert made == []
