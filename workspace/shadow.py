@@ -264,6 +264,9 @@ class _StatSnapshot:
     tree: str
     paths: tuple[str, ...]
     keys: tuple[_StatKey, ...]
+    exclude: str = ""
+    """The shadow repository's exclude file, one of `paths`: while the snapshot answers, that
+    file is the one `_repo` checked (its `lstat` key is stricter than `_repo`'s signature)."""
 
 
 def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
@@ -472,6 +475,10 @@ class ShadowStore:
         (`os.path.realpath`), so it is not resolved again."""
         try:
             real = os.path.realpath(cwd) if real is None else real
+            tree = self._snapshot_tree(real)
+            if tree is not None:
+                head, root = self._head_of(self._git(), cwd, real)
+                return Checkpoint(tree, tree, head, root)
             # A directory this store knows is asked whether it is there only when its stat
             # snapshot cannot answer (`_capture_tree`): the snapshot's `lstat` of it says so.
             known = real in self._repos
@@ -487,6 +494,22 @@ class ShadowStore:
             self._forget_git(exc)
             return Unavailable(exc.reason, str(exc))
 
+    def _snapshot_tree(self, real: str) -> str | None:
+        """The tree of the known directory `real` from its stat snapshot, when it answers,
+        with no `_repo` look: the snapshot's keys hold the shadow repository's exclude file
+        (inode, mode, size, mtime, ctime: any rewrite, removal or new repository changes
+        them), so one `lstat` checks both (one `stat` a capture fewer). None: `capture`'s
+        full way (`_repo`, then git or a walk)."""
+        known = self._repos.get(real)
+        if known is None or known[2] != self.excludes:
+            return None
+        repo = known[0]
+        snap = self._snapshots.get(repo)
+        if snap is None or snap.exclude != known[3]:
+            return None
+        with self._repo_lock(repo):
+            return self._unchanged(repo, repo / "index")
+
     def capture_unchanged(self, cwd: Path, real: str, max_entries: int) -> Checkpoint | None:
         """`capture`'s answer when it takes no process and at most `max_entries` `lstat`s:
         the directory has a stat snapshot of that size or less, unchanged, its repository and
@@ -495,17 +518,13 @@ class ShadowStore:
         `capture` would (a snapshot found changed is dropped). `real`: `cwd` resolved. The
         caller serialises the directory's work, as for `capture`."""
         known = self._repos.get(real)
-        if (
-            self._git_found is None
-            or known is None
-            or known[2] != self.excludes
-            or _signature(known[3]) != known[1]
-        ):
+        if self._git_found is None or known is None or known[2] != self.excludes:
             return None
         repo = known[0]
         snap = self._snapshots.get(repo)
         loc = self._locations.get(real)
-        if snap is None or len(snap.paths) > max_entries or loc is None:
+        # The snapshot's keys hold the exclude file (`_snapshot_tree`): no `stat` of it here.
+        if snap is None or len(snap.paths) > max_entries or loc is None or snap.exclude != known[3]:
             return None
         if loc.probe != _discovery_probe(real):
             return None
@@ -594,7 +613,7 @@ class ShadowStore:
             str(self.root / "git" / "ignore"),
         )
         self._snapshots[repo] = _StatSnapshot(
-            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra)
+            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra), extra[0]
         )
 
     def _capture_tree(

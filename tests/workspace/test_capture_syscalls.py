@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import builtins
 import os
+import subprocess
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -121,7 +122,7 @@ def test_a_capture_job_of_a_known_unchanged_folder_looks_at_the_folder_and_the_e
     assert isinstance(after.checkpoint, Checkpoint)
     stats = calls.named("os.stat")
     assert stats.count(real) == 0
-    assert stats.count(exclude) == 2
+    assert stats.count(exclude) == 0  # the snapshot's `lstat` of it: the next test
     # Two a job: the folder resolved (`realpath`'s last step) and the snapshot's key.
     assert calls.named("os.lstat").count(real) == 4
 
@@ -160,3 +161,45 @@ def test_a_paused_folders_after_is_refused_without_resolving_it(
     monkeypatch.undo()
     assert refused is None
     assert made == []
+
+
+def test_a_snapshot_that_answers_checks_the_shadow_repository_by_its_lstat_alone(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The shadow repository's exclude file is one of the stat snapshot's keys: a capture
+    the snapshot answers (pool or here) looks at it once, by that `lstat`, with no `stat`
+    of it (`_repo`'s signature)."""
+    exclude = str(turns.shadow.repo_dir(repo) / "info" / "exclude")
+    calls = Calls()
+    calls.install(monkeypatch)
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    here = turns.capture_after_here(str(repo), "s1", "t2", got.checkpoint.tree)
+    monkeypatch.undo()
+    assert here is not None
+    assert exclude not in calls.named("os.stat")
+    assert calls.named("os.lstat").count(exclude) == 2
+
+
+def test_an_exclude_file_rewritten_under_a_snapshot_is_mended_before_the_capture(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """The snapshot that stands for the `_repo` look fails on any rewrite of the exclude
+    file: the capture then mends the file and asks git, and what it excludes stays out."""
+    exclude = turns.shadow.repo_dir(repo) / "info" / "exclude"
+    wanted = exclude.read_text()
+    (repo / ".env").write_text("SECRET=1\n")
+    exclude.write_text("# emptied by someone else\n")
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    assert exclude.read_text() == wanted
+    env = {**os.environ, "GIT_DIR": str(turns.shadow.repo_dir(repo))}
+    names = subprocess.run(
+        ["git", "ls-tree", "-r", "--name-only", got.checkpoint.tree],
+        env=env,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.split()
+    assert ".env" not in names and "a.txt" in names
+    assert turns.capture_after_here(str(repo), "s1", "t2", got.checkpoint.tree) is None
