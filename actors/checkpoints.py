@@ -171,7 +171,8 @@ class TurnCheckpoints:
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
-    # Per resolved directory: until when its `after` captures stay on the pool
+    # Per folder as the Session names it (its `cwd`, unresolved: a paused folder is refused
+    # with no `lstat`): until when its `after` captures stay on the pool
     # (`capture_after_here`).
     _here_paused: dict[str, float] = field(default_factory=dict)
 
@@ -207,10 +208,12 @@ class TurnCheckpoints:
         costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
         not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
         and on the actor's thread it would be added to the claim's time."""
-        if self._point_armed("host.checkpoint.after"):
-            return None
+        if self._point_armed("host.checkpoint.after") or self._here_paused.get(cwd, 0.0) > (
+            time.monotonic()
+        ):
+            return None  # a paused folder is refused before it is resolved (ckpt)
         real = os.path.realpath(cwd)
-        if self._here_paused.get(real, 0.0) > time.monotonic() or not self.locks.cleared(real):
+        if not self.locks.cleared(real):
             return None
         lock = self.locks.resolved(real)
         if not lock.acquire(blocking=False):
@@ -222,7 +225,11 @@ class TurnCheckpoints:
             if checkpoint is None or (before is not None and before != checkpoint.tree):
                 return None
             self.shadow.keep(
-                path, checkpoint_ref(session_id, turn_id, "after"), checkpoint.commit, real
+                path,
+                checkpoint_ref(session_id, turn_id, "after"),
+                checkpoint.commit,
+                real,
+                checked=True,
             )
             return Capture(real, checkpoint)
         except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
@@ -231,7 +238,7 @@ class TurnCheckpoints:
         finally:
             lock.release()
             if time.monotonic() - started > HERE_BUDGET_S:
-                self._here_paused[real] = time.monotonic() + HERE_PAUSE_S
+                self._here_paused[cwd] = time.monotonic() + HERE_PAUSE_S
 
     def _point_armed(self, name: str) -> bool:
         """A failpoint may act at `name` (a registry that cannot say counts as armed)."""
@@ -293,6 +300,7 @@ class TurnCheckpoints:
                     reserve=checkpoint_ref(session_id, turn_id, "after")
                     if which == "before"
                     else None,
+                    checked=True,
                 )
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed

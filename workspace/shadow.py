@@ -100,6 +100,10 @@ class Unavailable:
     message: str
 
 
+def _missing(cwd: Path) -> Unavailable:
+    return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
+
+
 def _prune_empty(directory: Path, stop: Path) -> None:
     """Remove now-empty directories from `directory` up to (not including) `stop`."""
     while directory != stop and stop in directory.parents:
@@ -143,6 +147,12 @@ def _make_parent(path: str) -> None:
         os.makedirs(parent, exist_ok=True)
 
 
+def _write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view) :]
+
+
 def _nul(items: Sequence[str]) -> bytes:
     return b"".join(os.fsencode(i) + b"\0" for i in items)
 
@@ -164,17 +174,23 @@ def _index_key(index: Path) -> bytes | None:
     whatever the file's timestamps say; empty for no index (nothing tracked: the empty
     tree). None when there is no checksum to trust (an unreadable index, or one written with
     `index.skipHash`)."""
+    # Four system calls (a Python file object would add a `fstat`, an `ioctl` and two
+    # `lseek`s: two captures a Turn read this; ckpt).
     try:
-        with open(index, "rb") as f:
-            size = os.fstat(f.fileno()).st_size
-            if size < 32:
-                return None
-            f.seek(size - 20)
-            trailer = f.read(20)
+        fd = os.open(index, os.O_RDONLY | os.O_CLOEXEC)
     except FileNotFoundError:
         return b""
     except OSError:
         return None
+    try:
+        size = os.fstat(fd).st_size
+        if size < 32:
+            return None
+        trailer = os.pread(fd, 20, size - 20)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
     if trailer == bytes(20):
         return None
     return size.to_bytes(8, "big") + trailer
@@ -248,6 +264,9 @@ class _StatSnapshot:
     tree: str
     paths: tuple[str, ...]
     keys: tuple[_StatKey, ...]
+    exclude: str = ""
+    """The shadow repository's exclude file, one of `paths`: while the snapshot answers, that
+    file is the one `_repo` checked (its `lstat` key is stricter than `_repo`'s signature)."""
 
 
 def _walk_skips(excludes: Sequence[str]) -> frozenset[str]:
@@ -455,18 +474,41 @@ class ShadowStore:
         a slow tree (the answer is `Unavailable`). `real`: `cwd` already resolved
         (`os.path.realpath`), so it is not resolved again."""
         try:
-            if not cwd.is_dir():
-                return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
-            git = self._git()
             real = os.path.realpath(cwd) if real is None else real
+            tree = self._snapshot_tree(real)
+            if tree is not None:
+                head, root = self._head_of(self._git(), cwd, real)
+                return Checkpoint(tree, tree, head, root)
+            # A directory this store knows is asked whether it is there only when its stat
+            # snapshot cannot answer (`_capture_tree`): the snapshot's `lstat` of it says so.
+            known = real in self._repos
+            if not known and not cwd.is_dir():
+                return _missing(cwd)
+            git = self._git()
             repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
-                tree, too_large = self._capture_tree(git, repo, cwd, real)
+                tree, too_large = self._capture_tree(git, repo, cwd, real, ask_dir=known)
             head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
             self._forget_git(exc)
             return Unavailable(exc.reason, str(exc))
+
+    def _snapshot_tree(self, real: str) -> str | None:
+        """The tree of the known directory `real` from its stat snapshot, when it answers,
+        with no `_repo` look: the snapshot's keys hold the shadow repository's exclude file
+        (inode, mode, size, mtime, ctime: any rewrite, removal or new repository changes
+        them), so one `lstat` checks both (one `stat` a capture fewer). None: `capture`'s
+        full way (`_repo`, then git or a walk)."""
+        known = self._repos.get(real)
+        if known is None or known[2] != self.excludes:
+            return None
+        repo = known[0]
+        snap = self._snapshots.get(repo)
+        if snap is None or snap.exclude != known[3]:
+            return None
+        with self._repo_lock(repo):
+            return self._unchanged(repo, repo / "index")
 
     def capture_unchanged(self, cwd: Path, real: str, max_entries: int) -> Checkpoint | None:
         """`capture`'s answer when it takes no process and at most `max_entries` `lstat`s:
@@ -476,17 +518,13 @@ class ShadowStore:
         `capture` would (a snapshot found changed is dropped). `real`: `cwd` resolved. The
         caller serialises the directory's work, as for `capture`."""
         known = self._repos.get(real)
-        if (
-            self._git_found is None
-            or known is None
-            or known[2] != self.excludes
-            or _signature(known[3]) != known[1]
-        ):
+        if self._git_found is None or known is None or known[2] != self.excludes:
             return None
         repo = known[0]
         snap = self._snapshots.get(repo)
         loc = self._locations.get(real)
-        if snap is None or len(snap.paths) > max_entries or loc is None:
+        # The snapshot's keys hold the exclude file (`_snapshot_tree`): no `stat` of it here.
+        if snap is None or len(snap.paths) > max_entries or loc is None or snap.exclude != known[3]:
             return None
         if loc.probe != _discovery_probe(real):
             return None
@@ -575,17 +613,21 @@ class ShadowStore:
             str(self.root / "git" / "ignore"),
         )
         self._snapshots[repo] = _StatSnapshot(
-            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra)
+            key, tree, paths + extra, keys + tuple(_stat_key(p) for p in extra), extra[0]
         )
 
     def _capture_tree(
-        self, git: Git, repo: Path, cwd: Path, real: str | None = None
+        self, git: Git, repo: Path, cwd: Path, real: str | None = None, ask_dir: bool = False
     ) -> tuple[str, list[str]]:
+        """`ask_dir`: whether `cwd` is a directory is not known yet (asked only here, where
+        the snapshot did not answer)."""
         real = os.path.realpath(cwd) if real is None else real
         index = repo / "index"
         unchanged = self._unchanged(repo, index)
         if unchanged is not None:
             return unchanged, []
+        if ask_dir and not cwd.is_dir():
+            raise GitUnavailable("cwd_missing", _missing(cwd).message)
         env = self._env(repo, cwd)
         racy_from_ns = time.time_ns() - self.racy_margin_ns
         # Only what may have changed since the last checkpoint of this directory, in one
@@ -745,16 +787,21 @@ class ShadowStore:
         commit: str,
         real: str | None = None,
         reserve: str | None = None,
+        checked: bool = False,
     ) -> str:
         """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`);
         `real`: `cwd` already resolved; `reserve`: a ref whose lock to take now as `reserve`
-        does (a Turn's `after`, kept with its `before`), beside this one.
+        does (a Turn's `after`, kept with its `before`), beside this one; `checked`: the
+        caller's capture of `real` (`capture`, `capture_unchanged`) just checked its shadow
+        repository within the same hold of the directory's lock, so it is taken as that
+        capture found it (its exclude file not `stat`ed again: one look a job, not two).
 
         Written as git's `files` ref format writes a ref, without starting git: the loose ref
         file through its `.lock` (created exclusively: a lock another writer holds, or a
         killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
-        repo = self._repo(git, cwd, real)
+        known = self._repos.get(real) if checked and real is not None else None
+        repo = known[0] if known is not None else self._repo(git, cwd, real)
         ref = f"{REF_ROOT}/{name}"
         if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
@@ -773,8 +820,12 @@ class ShadowStore:
         except OSError as exc:
             raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(commit.encode() + b"\n")
+            # Written by the descriptor: a Python file object around it would add a `fstat`,
+            # an `ioctl` and a `lseek` to each ref (two a Turn; ckpt).
+            try:
+                _write_all(fd, commit.encode() + b"\n")
+            finally:
+                os.close(fd)
             os.replace(lock, path)
         except BaseException:
             with contextlib.suppress(FileNotFoundError):
