@@ -12,6 +12,7 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
+from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.base import Database
 from storage.models import (
     Message,
@@ -33,10 +34,11 @@ from storage.rows import (
     require_text,
     require_turn,
     touch,
+    turn_from_row,
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Tx
+from storage.sqlite import Tx, fenced_by
 
 _CLAIM_READ = (
     "SELECT s.deleted,"
@@ -51,6 +53,19 @@ _CLAIM_READ = (
 )
 """A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
 Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`)."""
+
+_SETTLE_READ = (
+    "SELECT x.deleted, x.fenced, t.* FROM (SELECT"
+    " (SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?) AS deleted,"
+    " (SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
+    f" AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1) AS fenced) x"
+    f" LEFT JOIN (SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
+    " AND turn_id = ?) t ON 1"
+)
+"""A settlement's reads, as one statement (always one row): the Session's `deleted` (NULL: no
+such Session), the fork operation holding its fence (`Tx.check_fence`'s probe, NULL: none), and
+the Turn's row (`TURN_COLUMNS`, all NULL: no such Turn). Each was a statement of its own inside
+the writer's baton, and each statement lets the interpreter go twice (its step and its fetch)."""
 
 
 class TurnStore:
@@ -407,8 +422,15 @@ def _settle(
     record is left as it is). `carried`: the active Turn as the store holds it (no
     Interactions); its event then carries the settled Turn built from it. `bound`: the
     provider bind and binding written by the same statement (`TurnBound`)."""
-    require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
-    turn = turn_row(tx, ws, sid, turn_id)
+    # The liveness, the fence and the Turn's row in one statement (`_SETTLE_READ`), each
+    # refused in the order its own statement refused it: no Session, no Turn, then (for a
+    # Turn not yet settled) the fence, all inside this write's transaction (law 3).
+    read = tx.one(_SETTLE_READ, (ws, sid, ws, sid, ws, sid, turn_id))
+    assert read is not None  # the outer SELECT always yields its one row
+    require_live(sid, read[0], include_deleted=include_deleted)
+    if read[2] is None:
+        raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
+    turn = turn_from_row(read[2:])
     root, binding = (None, None) if bound is None else bound.applied_to(turn)
     if turn.phase == TurnPhase.SETTLED:
         if root is not None or binding is not None:
@@ -416,7 +438,8 @@ def _settle(
             # Turn): the settlement does not land, they still do.
             _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
-    tx.check_fence(sid)
+    if read[1] is not None:
+        raise fenced_by(sid, str(read[1]))
     if carried is not None and (
         turn.messages or turn.interactions or _ROW_OF(carried) != _ROW_OF(turn)
     ):

@@ -9,10 +9,23 @@ from __future__ import annotations
 
 from contextlib import AbstractContextManager
 
+import apsw
 import pytest
-from store_builders import TRANSACTION_STATEMENTS, WS, new_session, writer_statements
+from store_builders import (
+    TRANSACTION_STATEMENTS,
+    WS,
+    bare_operation,
+    new_session,
+    writer_statements,
+)
 
-from domain.errors import InvalidArgument, SessionBusy, SessionNotFound
+from domain.errors import (
+    ForkInProgress,
+    InvalidArgument,
+    SessionBusy,
+    SessionNotFound,
+    TurnNotFound,
+)
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
@@ -94,3 +107,40 @@ def test_a_settlement_handed_its_turn_reads_neither_its_final_message_nor_intera
             final_assistant_message_id=mine.message_id,
         )  # fmt: skip
     assert any("FROM messages" in s for s in ran) and any("UPDATE interactions" in s for s in ran)
+
+
+def _fence(store: Store, sid: str) -> None:
+    """An active fork operation of `sid` (its fence held), written beside the store."""
+    conn = apsw.Connection(store.path)
+    try:
+        conn.execute("PRAGMA foreign_keys = OFF")  # the operation row alone, no child
+        bare_operation(conn, 1, "prepared", ws=WS, source=sid)
+    finally:
+        conn.close()
+
+
+def test_a_settlement_reads_its_session_fence_and_turn_in_one_statement(store: Store) -> None:
+    """The Session live, the fence (law 3: inside the settlement's own transaction) and the
+    Turn's row: one read, not three (each statement inside the writer's baton lets the
+    interpreter go at its step and its fetch); each still refused in the order the three
+    statements refused it, and a Turn already settled is not refused by a fence."""
+    sid = new_session(store)
+    turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    image = store.turns.get_turn(WS, sid, turn.turn_id)
+    with _statements(store) as ran:
+        assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed", turn=image)
+    assert _selects(ran) == 1, ran
+    assert store.turns.get_turn(WS, sid, turn.turn_id).phase == "settled"
+
+    with pytest.raises(SessionNotFound):
+        store.turns.record_settlement(WS, "no-such-session", turn.turn_id, outcome="completed")
+    with pytest.raises(TurnNotFound):
+        store.turns.record_settlement(WS, sid, "no-such-turn", outcome="completed")
+    second, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+    _fence(store, sid)
+    with pytest.raises(ForkInProgress) as refused:
+        store.turns.record_settlement(WS, sid, second.turn_id, outcome="completed")
+    assert refused.value.params["operationId"] == "op-1"
+    assert store.turns.get_turn(WS, sid, second.turn_id).phase == "active"
+    # Settled already: answered `False` as before, the fence not in its way.
+    assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed") is False
