@@ -48,11 +48,15 @@ _CLAIM_READ = (
     " AND phase = 'active' LIMIT 1),"
     " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
     " AND session_id = ?),"
-    f" {NEXT_POSITION}"
+    f" {NEXT_POSITION},"
+    " (SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
+    f" AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1)"
     " FROM sessions s WHERE s.workspace_id = ? AND s.session_id = ?"
 )
 """A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
-Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`)."""
+Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`), and the fork
+operation holding the Session's fence (`Tx.check_fence`'s probe; NULL: none), read in the
+claim's own transaction (law 3) but refused only after a replay is answered."""
 
 _SETTLE_READ = (
     "SELECT x.deleted, x.fenced, t.* FROM (SELECT"
@@ -93,13 +97,17 @@ class TurnStore:
         def body(tx: Tx) -> tuple[Turn, bool]:
             # What the claim reads, as one statement: the Session live, a claim of this
             # request, the active Turn, the next sequence and the next Message position.
-            read = tx.one(_CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid))
-            deleted, claimed, active, next_sequence, next_at = read or (None,) * 5
+            # The fence is read by the same statement (one read fewer inside the baton).
+            read = tx.one(
+                _CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid, ws, sid)
+            )
+            deleted, claimed, active, next_sequence, next_at, fence = read or (None,) * 6
             require_live(sid, deleted)  # no row: `deleted` None, not found
             if claimed is not None:
                 # A replay is a read, so it is answered even while the fence holds.
                 return require_turn(tx.conn, ws, sid, claimed), False
-            tx.check_fence(sid)
+            if fence is not None:
+                raise fenced_by(sid, str(fence))
             if active is not None:
                 raise SessionBusy(
                     f"session {sid} already has an active turn", params={"turnId": active}

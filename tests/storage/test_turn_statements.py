@@ -42,15 +42,16 @@ def _selects(ran: list[str]) -> int:
 
 
 def test_a_claim_reads_what_it_needs_in_one_statement(store: Store) -> None:
-    """One read and the fence's check (law 3, its own statement), then its three inserts and
-    the Session's touch; a store reading each fact apart runs five reads and the check."""
+    """One read, the fence's probe in it (law 3: in the claim's own transaction), then its
+    three inserts and the Session's touch; a store reading each fact apart runs five reads and
+    the check, and one with the fence its own statement two reads."""
     sid = new_session(store)
     store.db._writer_connection()
     with _statements(store) as ran:
         turn, created = store.turns.claim_submit(WS, sid, "req-1", "hello")
     assert created
-    assert _selects(ran) == 2, ran  # the claim's read, the fence
-    assert len(ran) == 6, ran  # + the Turn, its user Message, the claim, the touch
+    assert _selects(ran) == 1, ran  # the claim's read, the fence's probe in it
+    assert len(ran) == 5, ran  # + the Turn, its user Message, the claim, the touch
     assert store.turns.get_turn(WS, sid, turn.turn_id) == turn
 
     # What it refused, it still refuses; a replay still answers the claimed Turn.
@@ -63,6 +64,15 @@ def test_a_claim_reads_what_it_needs_in_one_statement(store: Store) -> None:
     with pytest.raises(SessionNotFound):
         store.turns.claim_submit(WS, "no-such-session", "req-3", "x")
     store.turns.record_settlement(WS, sid, second.turn_id, outcome="completed")
+    # Fenced: a new claim is refused, a replay still answered (a read).
+    fenced = new_session(store)
+    replayed, _ = store.turns.claim_submit(WS, fenced, "req-f", "before")
+    store.turns.record_settlement(WS, fenced, replayed.turn_id, outcome="completed")
+    _fence(store, fenced)
+    with pytest.raises(ForkInProgress) as refused:
+        store.turns.claim_submit(WS, fenced, "req-g", "during")
+    assert refused.value.params["operationId"] == "op-1"
+    assert store.turns.claim_submit(WS, fenced, "req-f", "before")[0].turn_id == (replayed.turn_id)
     store.sessions.delete_session(WS, sid)
     with pytest.raises(SessionNotFound):
         store.turns.claim_submit(WS, sid, "req-4", "gone")
