@@ -45,6 +45,7 @@ from domain.turn_events import (
 )
 from domain.worker_messages import TurnAccepted, TurnStart
 from storage.models import Session, Turn, TurnBound
+from storage.turns import turn_with_message
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -773,8 +774,7 @@ class TurnRunner:
                         state.last_assistant_message_id = message.message_id
                     if state.image is not None:
                         # Built from what was inserted (a new id: a new Message, last).
-                        messages = (*state.image.messages, message)
-                        state.image = replace(state.image, messages=messages)
+                        state.image = turn_with_message(state.image, message)
 
                 self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
                 if item_kind == "assistant":

@@ -7,7 +7,11 @@ another Turn)."""
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Callable
 from contextlib import AbstractContextManager
+from dataclasses import fields, replace
+from types import FrameType
 
 import apsw
 import pytest
@@ -26,7 +30,9 @@ from domain.errors import (
     SessionNotFound,
     TurnNotFound,
 )
+from storage.models import Message, Turn
 from storage.store import Store
+from storage.turns import turn_with_message
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -154,3 +160,51 @@ def test_a_settlement_reads_its_session_fence_and_turn_in_one_statement(store: S
     assert store.turns.get_turn(WS, sid, second.turn_id).phase == "active"
     # Settled already: answered `False` as before, the fence not in its way.
     assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed") is False
+
+
+def _python_calls(fn: Callable[[], object]) -> dict[str, int]:
+    """Python functions `fn` called, by name (`sys.setprofile` on this thread: the store runs a
+    writer alone's body on its caller's thread, inside the writer's baton)."""
+    calls: dict[str, int] = {}
+
+    def profile(frame: FrameType, event: str, _arg: object) -> None:
+        if event == "call":
+            name = f"{frame.f_code.co_filename.rsplit('/', 1)[-1]}:{frame.f_code.co_name}"
+            calls[name] = calls.get(name, 0) + 1
+
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return calls
+
+
+def test_a_carried_settlement_builds_its_turn_without_dataclasses_replace(store: Store) -> None:
+    """The settled Turn its event carries is built field by field, not by `replace` (whose walk
+    of the fields ran inside the writer's baton), and equals a fresh read."""
+    sid = new_session(store)
+    turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    image = store.turns.get_turn(WS, sid, turn.turn_id)
+    carried: list[object] = []
+    store.db.subscribe(lambda e: carried.append(getattr(e, "row", None)))
+    calls = _python_calls(
+        lambda: store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed", turn=image, checkpoint_json='{"a":1}'
+        )
+    )
+    assert "dataclasses.py:replace" not in calls, calls
+    assert store.turns.get_turn(WS, sid, turn.turn_id) in carried
+
+
+def test_turn_with_message_is_replace_with_the_message_appended() -> None:
+    """Every field of `Turn` set to a value of its own: `turn_with_message` keeps them all (a
+    field added to `Turn` and not to it fails here)."""
+    values: dict[str, object] = {}
+    for i, f in enumerate(fields(Turn)):
+        values[f.name] = (
+            (Message(f"m{i}", "t", "user", "x", {}, 1, i),) if f.name == "messages" else f"v{i}"
+        )
+    turn = Turn(**values)  # type: ignore[arg-type]
+    message = Message("new", "t", "assistant", "y", {}, 1, 99)
+    assert turn_with_message(turn, message) == replace(turn, messages=(*turn.messages, message))
