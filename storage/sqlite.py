@@ -170,13 +170,15 @@ class Tx:
         # An index beside the list: one transaction may emit the same change many times. A
         # repeat keeps the first one's place and takes what the last one carries (a row it
         # wrote, or none: then a subscriber reads the row back), so a row carried from before
-        # a later change of it in this transaction is never the one published.
-        at = self._seen.get(event)
-        if at is None:
-            self._seen[event] = len(self.events)
-            self.events.append(event)
+        # a later change of it in this transaction is never the one published. One lookup
+        # (`setdefault`): an event's hash is a Python call (a dataclass's), made inside the
+        # writer's baton for every change a write emits (and again as a batch takes it).
+        events = self.events
+        at = self._seen.setdefault(event, len(events))
+        if at == len(events):
+            events.append(event)
         else:
-            self.events[at] = event
+            events[at] = event
 
     def check_fence(self, session_id: str) -> None:
         """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
