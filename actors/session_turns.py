@@ -509,6 +509,18 @@ class TurnRunner:
             if taken:
                 self._writes.bound_landed(taken)
 
+        # The checkpoint record, built here (its JSON is off the writer's baton, which a
+        # Turn's batch holds while it applies this write) and built again when the write
+        # lands only if a capture changed since (a given-up Turn's settlement, queued while
+        # its `after` was still being taken): what lands is the record as of then.
+        captured = (state.before, state.after)
+        record = [self._checkpoint_json(state)]
+
+        def _record() -> str:
+            if state.before is not captured[0] or state.after is not captured[1]:
+                record[0] = self._checkpoint_json(state)
+            return record[0]
+
         def _apply() -> None:
             try:
                 self._core.session_store.turns.record_settlement(
@@ -519,7 +531,7 @@ class TurnRunner:
                     # Read when the write lands: every earlier event has been applied.
                     final_assistant_message_id=state.last_assistant_message_id,
                     error=error,
-                    checkpoint_json=self._checkpoint_json(state),
+                    checkpoint_json=_record(),
                     turn=self._image(state),
                     bound=bound,
                 )

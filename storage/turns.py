@@ -206,7 +206,7 @@ class TurnStore:
         """Settle an active Turn; a second settle is `changed=False` and keeps the first result.
         `include_deleted`: recovery settles a Turn a deleted Session left active (an older
         daemon allowed deleting mid-turn), so it stops failing at every start."""
-        if outcome not in TurnOutcome.__members__.values():
+        if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
 
         def body(tx: Tx) -> tuple[Turn, bool]:
@@ -244,7 +244,7 @@ class TurnStore:
         events thread publishes it without reading it back (design/store.md, "A Turn's claim
         and settlement carry their Turn"). None, or a Turn with Interactions (the settlement
         supersedes the pending ones in SQL): read back."""
-        if outcome not in TurnOutcome.__members__.values():
+        if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         carried = turn if turn is not None and _carriable(turn, ws, sid, turn_id) else None
 
@@ -406,6 +406,9 @@ def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
     tx.emit(TurnChanged(ws, sid, turn_id))
 
 
+_OUTCOMES = frozenset(TurnOutcome.__members__.values())
+"""The outcomes a settlement takes (read once: `__members__` is a Python call, and a Turn's
+settlement runs inside the writer's baton when its batch does)."""
 _SETTLED = TurnPhase.SETTLED.value
 """A settled Turn's phase, read once (an enum member's `.value` is two Python calls)."""
 
@@ -474,8 +477,13 @@ def _settle(
     # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement
     # carry their Turn") names the Turn's Messages and has no Interactions, so what the two
     # statements below would find is known without them.
-    known = () if carried is None else tuple(m.message_id for m in carried.messages)
-    if final_assistant_message_id is not None and final_assistant_message_id not in known:
+    known = False
+    if carried is not None and final_assistant_message_id is not None:
+        for m in carried.messages:  # a loop, not a generator: no call per Message
+            if m.message_id == final_assistant_message_id:
+                known = True
+                break
+    if final_assistant_message_id is not None and not known:
         owner = tx.one(
             f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF} AND message_id = ?",
             (ws, sid, final_assistant_message_id),
