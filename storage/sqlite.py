@@ -615,13 +615,15 @@ _BASE_FILE = str(Path(__file__).with_name("base.py"))
 
 
 class WriteBatch:
-    """One thread's `Database.write_batch`: the member transaction its writes nest in, and
-    why the batch was lost (set when SQLite aborted the transaction under it)."""
+    """One thread's `Database.write_batch`: the member transaction its writes nest in (None
+    until its first write opens it in `member`, the block's exit stack), and why the batch was
+    lost (set when SQLite aborted the transaction under it)."""
 
-    __slots__ = ("tx", "thread", "broken")
+    __slots__ = ("tx", "thread", "broken", "member")
 
-    def __init__(self, tx: Tx) -> None:
-        self.tx = tx
+    def __init__(self, member: contextlib.ExitStack) -> None:
+        self.tx: Tx | None = None
+        self.member = member
         self.thread = threading.get_ident()
         self.broken: str | None = None
 
@@ -639,8 +641,10 @@ def batch_item(
     aborted the whole transaction, the batch is marked lost and nothing of it will be written."""
     if batch.broken is not None:
         raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
-    conn = batch.tx.conn
-    tx = Tx(conn, workspace_id, now_ms, batch.tx.seq)
+    member = batch.tx
+    assert member is not None, "a batch's write before its member was opened"
+    conn = member.conn
+    tx = Tx(conn, workspace_id, now_ms, member.seq)
     try:
         conn.execute("SAVEPOINT agenthost_item")
         try:
@@ -669,5 +673,5 @@ def batch_item(
             raise typed from exc
         raise
     for event in tx.events:
-        batch.tx.emit(event)
+        member.emit(event)
     count(False)

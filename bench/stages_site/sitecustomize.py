@@ -269,14 +269,22 @@ if _DIR and "serve" in sys.argv:
     _MACHINERY = {
         "_take_baton",
         "write",
+        "_write_own",
+        "_batched",
         "submit_write",
         "_owned_write",
         "write_batch",
     }
 
     def _writer() -> str:
-        """The first function outside the store's write machinery: who wrote."""
+        """The first function outside the store's write machinery: who wrote (a Turn's batch,
+        whose baton its first write takes, is `_drain_batch` whatever that write is)."""
         f: Any = sys._getframe(2)
+        batch = f
+        while batch is not None:
+            if batch.f_code.co_name == "_drain_batch":
+                return "_drain_batch"
+            batch = batch.f_back
         while f is not None and (
             f.f_code.co_filename.endswith(_SKIP)
             or (f.f_code.co_filename.endswith("storage/base.py") and f.f_code.co_name in _MACHINERY)

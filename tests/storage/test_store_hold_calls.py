@@ -4,6 +4,7 @@ the interpreter to switch away with the baton held (docs/performance.md, baton).
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -36,5 +37,30 @@ def test_a_change_is_hashed_once_per_emit(tmp_path: Path) -> None:
         assert got.holds == 1
         assert got.of(EVENT_HASH) == 4, got.calls  # two writes' emits, the batch's two
         assert store.sessions.get_session(WS, sid).title == "three"
+    finally:
+        store.close()
+
+
+def test_a_batch_takes_the_baton_at_its_first_write(tmp_path: Path) -> None:
+    """What a batch's block runs before its first write (a Turn's queued writes: the actor's
+    and the store method's preparation of the first) holds no writer waiting: the baton is
+    free until that write, this thread's from it to the block's end; a block that writes
+    nothing takes it not at all. Its writes still land as one member, one COMMIT."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        a, b = _sessions(store, 2)
+        me = threading.get_ident()
+        commits = store.db.write_stats.commits
+        with hold_calls(store.db) as got:
+            with store.db.write_batch():
+                assert store.db._fifo.owner is None  # nothing written yet
+                store.sessions.update_title(WS, a, "one")
+                assert store.db._fifo.owner == me
+                store.sessions.update_title(WS, b, "two")
+            with store.db.write_batch():
+                assert store.db._fifo.owner is None
+        assert got.holds == 1
+        assert store.db.write_stats.commits - commits == 1
+        assert [store.sessions.get_session(WS, s).title for s in (a, b)] == ["one", "two"]
     finally:
         store.close()
