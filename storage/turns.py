@@ -40,6 +40,11 @@ from storage.rows import (
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Tx, fenced_by
 
+_HOST = SequenceProvenance.HOST.value
+_ACTIVE = TurnPhase.ACTIVE.value
+"""A claimed Turn's provenance and phase, read once (an enum member's `.value` is two Python
+calls, and a claim runs inside the writer's baton)."""
+
 _CLAIM_READ = (
     "SELECT s.deleted,"
     " (SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
@@ -92,7 +97,9 @@ class TurnStore:
         require_text("requestId", request_id)
         if not isinstance(text, str):
             raise InvalidArgument("input", "text must be a string")
-        asked_turn_id = turn_id
+        # Its ids and column values made before the writer's baton, not inside the body (a
+        # replay answers the claimed Turn and drops them).
+        new_turn_id, message_id = turn_id or str(uuid.uuid4()), str(uuid.uuid4())
 
         def body(tx: Tx) -> tuple[Turn, bool]:
             # What the claim reads, as one statement: the Session live, a claim of this
@@ -113,12 +120,12 @@ class TurnStore:
                     f"session {sid} already has an active turn", params={"turnId": active}
                 )
             sequence = int(next_sequence)
-            turn_id, message_id = asked_turn_id or str(uuid.uuid4()), str(uuid.uuid4())
+            turn_id = new_turn_id
             position = position_of(next_at)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
-                (ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, tx.now_ms),
+                (ws, sid, turn_id, sequence, _HOST, tx.now_ms),
             )
             tx.execute(
                 "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
@@ -137,7 +144,7 @@ class TurnStore:
             # the events thread publishes the claim without reading the Turn back.
             user = Message(message_id, turn_id, "user", text, {}, 1, position)
             turn = Turn(
-                ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, TurnPhase.ACTIVE.value,
+                ws, sid, turn_id, sequence, _HOST, _ACTIVE,
                 None, None, None, None, None, tx.now_ms, None, (user,), (),
             )  # fmt: skip
             tx.emit(TurnChanged(ws, sid, turn_id, row=turn, seq=tx.seq))

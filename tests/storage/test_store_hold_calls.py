@@ -64,3 +64,21 @@ def test_a_batch_takes_the_baton_at_its_first_write(tmp_path: Path) -> None:
         assert [store.sessions.get_session(WS, s).title for s in (a, b)] == ["one", "two"]
     finally:
         store.close()
+
+
+def test_a_claim_makes_its_ids_and_values_before_the_baton(tmp_path: Path) -> None:
+    """A submit's claim makes its Turn's and Message's ids (`uuid4`) and reads its enum values
+    before it takes the baton: none of them inside its hold; the claim is the same (its Turn
+    under the id it was asked for, a replay answered with the claimed one)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        (sid,) = _sessions(store, 1)
+        with hold_calls(store.db) as got:
+            turn, created = store.turns.claim_submit(WS, sid, "req-1", "hello", "turn-1")
+        assert (turn.turn_id, created, got.holds) == ("turn-1", True, 1)
+        assert got.of("turns.py:body") == 1, got.calls  # not vacuous: its body ran there
+        assert got.of("uuid.py:uuid4") == 0, got.calls
+        assert got.of("enum.py:__get__") == 0, got.calls
+        assert store.turns.claim_submit(WS, sid, "req-1", "hello") == (turn, False)
+    finally:
+        store.close()
