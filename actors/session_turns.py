@@ -44,8 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Session, Turn, TurnBound
-from storage.turns import turn_with_message
+from storage.models import Message, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -821,6 +820,20 @@ class TurnRunner:
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
                 self.settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+
+
+def turn_with_message(turn: Turn, message: Message) -> Turn:
+    """`turn` with `message` appended to its Messages: `dataclasses.replace(turn, messages=…)`
+    without its walk of the fields (the Session actor's image of its Turn, updated inside the
+    writer's baton by each Message write of a batch). `tests/storage/test_turn_statements.py`
+    pins it equal to `replace` with every field set."""
+    t = turn
+    return Turn(
+        t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
+        t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
+        t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
+        (*t.messages, message), t.interactions, t.checkpoint_json,
+    )  # fmt: skip
 
 
 def _bound_of(taken: list[DurableWrite]) -> TurnBound:

@@ -420,20 +420,6 @@ _SETTLED = TurnPhase.SETTLED.value
 """A settled Turn's phase, read once (an enum member's `.value` is two Python calls)."""
 
 
-def turn_with_message(turn: Turn, message: Message) -> Turn:
-    """`turn` with `message` appended to its Messages: `dataclasses.replace(turn, messages=…)`
-    without its walk of the fields (the Session actor's image of its Turn, updated inside the
-    writer's baton by each Message write of a batch). `test_turn_statements` pins it equal to
-    `replace` with every field set."""
-    t = turn
-    return Turn(
-        t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
-        t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
-        t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
-        (*t.messages, message), t.interactions, t.checkpoint_json,
-    )  # fmt: skip
-
-
 _ROW_OF = attrgetter(*(f.name for f in fields(Turn) if f.name not in ("messages", "interactions")))
 """A Turn's row columns, as one tuple: a carried image is compared with the row the settlement
 read by them (and by the row's empty Messages and Interactions) without a copy of the image."""

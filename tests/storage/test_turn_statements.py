@@ -23,6 +23,7 @@ from store_builders import (
     writer_statements,
 )
 
+from actors.session_turns import turn_with_message
 from domain.errors import (
     ForkInProgress,
     InvalidArgument,
@@ -32,7 +33,6 @@ from domain.errors import (
 )
 from storage.models import Message, Turn
 from storage.store import Store
-from storage.turns import turn_with_message
 
 pytestmark = pytest.mark.timeout(30)
 
