@@ -12,7 +12,6 @@ from typing import Any
 
 from domain.enums import TurnOutcome
 from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
-from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.base import Database
 from storage.models import (
     Message,
@@ -34,11 +33,10 @@ from storage.rows import (
     require_text,
     require_turn,
     touch,
-    turn_from_row,
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Tx, fenced_by
+from storage.sqlite import Tx
 
 _HOST = SequenceProvenance.HOST.value
 _ACTIVE = TurnPhase.ACTIVE.value
@@ -53,28 +51,13 @@ _CLAIM_READ = (
     " AND phase = 'active' LIMIT 1),"
     " (SELECT COALESCE(MAX(sequence), 0) + 1 FROM turns WHERE workspace_id = ?"
     " AND session_id = ?),"
-    f" {NEXT_POSITION},"
-    " (SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
-    f" AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1)"
+    f" {NEXT_POSITION}"
     " FROM sessions s WHERE s.workspace_id = ? AND s.session_id = ?"
 )
 """A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
-Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`), and the fork
-operation holding the Session's fence (`Tx.check_fence`'s probe; NULL: none), read in the
-claim's own transaction (law 3) but refused only after a replay is answered."""
-
-_SETTLE_READ = (
-    "SELECT x.deleted, x.fenced, t.* FROM (SELECT"
-    " (SELECT deleted FROM sessions WHERE workspace_id = ? AND session_id = ?) AS deleted,"
-    " (SELECT operation_id FROM fork_operations WHERE workspace_id = ?"
-    f" AND source_session_id = ? AND {STAGE_ACTIVE_SQL} LIMIT 1) AS fenced) x"
-    f" LEFT JOIN (SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
-    " AND turn_id = ?) t ON 1"
-)
-"""A settlement's reads, as one statement (always one row): the Session's `deleted` (NULL: no
-such Session), the fork operation holding its fence (`Tx.check_fence`'s probe, NULL: none), and
-the Turn's row (`TURN_COLUMNS`, all NULL: no such Turn). Each was a statement of its own inside
-the writer's baton, and each statement lets the interpreter go twice (its step and its fetch)."""
+Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`). The fence stays a
+statement of its own: folded in as one more subquery it cost the statement ~5-8 us more CPU
+than its own ~3 us statement (docs/performance.md, baton)."""
 
 
 class TurnStore:
@@ -104,17 +87,13 @@ class TurnStore:
         def body(tx: Tx) -> tuple[Turn, bool]:
             # What the claim reads, as one statement: the Session live, a claim of this
             # request, the active Turn, the next sequence and the next Message position.
-            # The fence is read by the same statement (one read fewer inside the baton).
-            read = tx.one(
-                _CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid, ws, sid)
-            )
-            deleted, claimed, active, next_sequence, next_at, fence = read or (None,) * 6
+            read = tx.one(_CLAIM_READ, (ws, sid, request_id, ws, sid, ws, sid, ws, sid, ws, sid))
+            deleted, claimed, active, next_sequence, next_at = read or (None,) * 5
             require_live(sid, deleted)  # no row: `deleted` None, not found
             if claimed is not None:
                 # A replay is a read, so it is answered even while the fence holds.
                 return require_turn(tx.conn, ws, sid, claimed), False
-            if fence is not None:
-                raise fenced_by(sid, str(fence))
+            tx.check_fence(sid)
             if active is not None:
                 raise SessionBusy(
                     f"session {sid} already has an active turn", params={"turnId": active}
@@ -444,15 +423,11 @@ def _settle(
     record is left as it is). `carried`: the active Turn as the store holds it (no
     Interactions); its event then carries the settled Turn built from it. `bound`: the
     provider bind and binding written by the same statement (`TurnBound`)."""
-    # The liveness, the fence and the Turn's row in one statement (`_SETTLE_READ`), each
-    # refused in the order its own statement refused it: no Session, no Turn, then (for a
-    # Turn not yet settled) the fence, all inside this write's transaction (law 3).
-    read = tx.one(_SETTLE_READ, (ws, sid, ws, sid, ws, sid, turn_id))
-    assert read is not None  # the outer SELECT always yields its one row
-    require_live(sid, read[0], include_deleted=include_deleted)
-    if read[2] is None:
-        raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
-    turn = turn_from_row(read[2:])
+    # Three statements, not one: a single statement of the three reads (the liveness, the
+    # fence and the Turn's row as subqueries of one SELECT) ran ~26-38 us of CPU against
+    # ~11 us for the three (docs/performance.md, baton), inside the writer's baton.
+    require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
+    turn = turn_row(tx, ws, sid, turn_id)
     root, binding = (None, None) if bound is None else bound.applied_to(turn)
     if turn.phase == TurnPhase.SETTLED:
         if root is not None or binding is not None:
@@ -460,8 +435,7 @@ def _settle(
             # Turn): the settlement does not land, they still do.
             _set_bound(tx, ws, sid, turn_id, root, binding)
         return False
-    if read[1] is not None:
-        raise fenced_by(sid, str(read[1]))
+    tx.check_fence(sid)
     if carried is not None and (
         turn.messages or turn.interactions or _ROW_OF(carried) != _ROW_OF(turn)
     ):

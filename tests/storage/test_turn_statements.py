@@ -48,16 +48,16 @@ def _selects(ran: list[str]) -> int:
 
 
 def test_a_claim_reads_what_it_needs_in_one_statement(store: Store) -> None:
-    """One read, the fence's probe in it (law 3: in the claim's own transaction), then its
-    three inserts and the Session's touch; a store reading each fact apart runs five reads and
-    the check, and one with the fence its own statement two reads."""
+    """One read and the fence's check (law 3, its own statement: folded into the read it cost
+    more CPU than it saved, docs/performance.md, baton), then its three inserts and the
+    Session's touch; a store reading each fact apart runs five reads and the check."""
     sid = new_session(store)
     store.db._writer_connection()
     with _statements(store) as ran:
         turn, created = store.turns.claim_submit(WS, sid, "req-1", "hello")
     assert created
-    assert _selects(ran) == 1, ran  # the claim's read, the fence's probe in it
-    assert len(ran) == 5, ran  # + the Turn, its user Message, the claim, the touch
+    assert _selects(ran) == 2, ran  # the claim's read, the fence
+    assert len(ran) == 6, ran  # + the Turn, its user Message, the claim, the touch
     assert store.turns.get_turn(WS, sid, turn.turn_id) == turn
 
     # What it refused, it still refuses; a replay still answers the claimed Turn.
@@ -135,17 +135,14 @@ def _fence(store: Store, sid: str) -> None:
         conn.close()
 
 
-def test_a_settlement_reads_its_session_fence_and_turn_in_one_statement(store: Store) -> None:
-    """The Session live, the fence (law 3: inside the settlement's own transaction) and the
-    Turn's row: one read, not three (each statement inside the writer's baton lets the
-    interpreter go at its step and its fetch); each still refused in the order the three
-    statements refused it, and a Turn already settled is not refused by a fence."""
+def test_a_settlement_refuses_in_order_and_a_settled_turn_is_not_fenced(store: Store) -> None:
+    """The Session live, the Turn's row, the fence (law 3: inside the settlement's own
+    transaction), each its own statement, refused in that order; a Turn already settled is
+    answered `False`, not refused by a fence."""
     sid = new_session(store)
     turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
     image = store.turns.get_turn(WS, sid, turn.turn_id)
-    with _statements(store) as ran:
-        assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed", turn=image)
-    assert _selects(ran) == 1, ran
+    assert store.turns.record_settlement(WS, sid, turn.turn_id, outcome="completed", turn=image)
     assert store.turns.get_turn(WS, sid, turn.turn_id).phase == "settled"
 
     with pytest.raises(SessionNotFound):
