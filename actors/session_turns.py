@@ -44,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Session, Turn, TurnBound
+from storage.models import Message, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -508,6 +508,18 @@ class TurnRunner:
             if taken:
                 self._writes.bound_landed(taken)
 
+        # The checkpoint record, built here (its JSON is off the writer's baton, which a
+        # Turn's batch holds while it applies this write) and built again when the write
+        # lands only if a capture changed since (a given-up Turn's settlement, queued while
+        # its `after` was still being taken): what lands is the record as of then.
+        captured = (state.before, state.after)
+        record = [self._checkpoint_json(state)]
+
+        def _record() -> str:
+            if state.before is not captured[0] or state.after is not captured[1]:
+                record[0] = self._checkpoint_json(state)
+            return record[0]
+
         def _apply() -> None:
             try:
                 self._core.session_store.turns.record_settlement(
@@ -518,7 +530,7 @@ class TurnRunner:
                     # Read when the write lands: every earlier event has been applied.
                     final_assistant_message_id=state.last_assistant_message_id,
                     error=error,
-                    checkpoint_json=self._checkpoint_json(state),
+                    checkpoint_json=_record(),
                     turn=self._image(state),
                     bound=bound,
                 )
@@ -773,8 +785,7 @@ class TurnRunner:
                         state.last_assistant_message_id = message.message_id
                     if state.image is not None:
                         # Built from what was inserted (a new id: a new Message, last).
-                        messages = (*state.image.messages, message)
-                        state.image = replace(state.image, messages=messages)
+                        state.image = turn_with_message(state.image, message)
 
                 self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
                 if item_kind == "assistant":
@@ -809,6 +820,20 @@ class TurnRunner:
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
                 self.settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+
+
+def turn_with_message(turn: Turn, message: Message) -> Turn:
+    """`turn` with `message` appended to its Messages: `dataclasses.replace(turn, messages=…)`
+    without its walk of the fields (the Session actor's image of its Turn, updated inside the
+    writer's baton by each Message write of a batch). `tests/storage/test_turn_statements.py`
+    pins it equal to `replace` with every field set."""
+    t = turn
+    return Turn(
+        t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
+        t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
+        t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
+        (*t.messages, message), t.interactions, t.checkpoint_json,
+    )  # fmt: skip
 
 
 def _bound_of(taken: list[DurableWrite]) -> TurnBound:

@@ -178,6 +178,30 @@ def report(folder: Path) -> list[str]:
                     f"  {what:<28} {wall.n:>5} {wall.p50:>6.2f} / {wall.p99:>6.2f}"
                     f"  {cpu.p50:>6.2f} / {cpu.p99:>6.2f}"
                 )
+        lines.extend(_hold_calls(folder))
+    return lines
+
+
+def _hold_calls(folder: Path, top: int = 30) -> list[str]:
+    """With `AGENTHOST_STAGES_HOLD_CALLS=1` (every phase, not phase A alone): per writer, the
+    Python and C calls its holds made while holding the baton, per hold, and the most made."""
+    got: dict[str, list[Any]] = {}
+    for path in sorted(folder.glob("stages-*.json")):
+        for label, (holds, calls) in json.loads(path.read_text()).get("hold_calls", {}).items():
+            mine = got.setdefault(label, [0, {}])
+            mine[0] += holds
+            for key, n in calls.items():
+                if not key.startswith("sitecustomize.py:"):
+                    mine[1][key] = mine[1].get(key, 0) + n
+    if not got:
+        return []
+    lines = ["calls made while holding the baton, by writer (every phase; per hold):"]
+    for label, (holds, calls) in sorted(got.items(), key=lambda kv: -kv[1][0]):
+        py = sum(n for k, n in calls.items() if not k.startswith("C:"))
+        c = sum(n for k, n in calls.items() if k.startswith("C:"))
+        lines.append(f"  {label}: {holds} holds, {py / holds:.1f} Python + {c / holds:.1f} C calls")
+        for key, n in sorted(calls.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"    {n / holds:8.2f}  {key}")
     return lines
 
 

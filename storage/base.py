@@ -640,8 +640,7 @@ class Database:
             if sub.fence is not None:
                 tx.check_fence(sub.fence)
             sub.result = sub.body(tx)
-            if own_savepoint:
-                conn.execute("RELEASE agenthost_write")
+            # No `RELEASE`: the group's COMMIT ends every savepoint (`_owned_write`).
         except BaseException as exc:  # noqa: BLE001 - delivered to the body's own caller
             sub.error = exc
             if self._group is group:
@@ -657,10 +656,9 @@ class Database:
         self.write_stats.transactions += 1
         self.write_stats.combined += 1
 
-    @contextmanager
     def write(
         self, workspace_id: str | None, fence: str | None = None, *, durable: bool = True
-    ) -> Iterator[Tx]:
+    ) -> contextlib.AbstractContextManager[Tx]:
         """The only way to write: a savepoint in the shared BEGIN IMMEDIATE transaction,
         optional fence check, COMMIT (shared with the writes queued meanwhile), then events.
 
@@ -683,13 +681,30 @@ class Database:
         """
         batch: WriteBatch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.thread == threading.get_ident():
-            with batch_item(batch, workspace_id, fence, self._clock(), self._count_batched) as item:
-                yield item
-            return
+            return self._batched(batch, workspace_id, fence)
+        return self._write_own(workspace_id, fence, durable)
+
+    @contextmanager
+    def _write_own(
+        self, workspace_id: str | None, fence: str | None, durable: bool
+    ) -> Iterator[Tx]:
+        """`write` outside a batch: take the baton, then the member (`_owned_write`)."""
         t0 = time.perf_counter()
         self._take_baton()
         with self._owned_write(workspace_id, fence, durable, t0) as tx:
             yield tx
+
+    def _batched(
+        self, batch: WriteBatch, workspace_id: str | None, fence: str | None
+    ) -> contextlib.AbstractContextManager[Tx]:
+        """A write of this thread's batch: its nested savepoint (`batch_item`) in the batch's
+        member, which the batch's first write opens — the baton is taken only then, so what
+        the batch's caller does before its first write (a Turn's queued writes: the actor's
+        and the store method's own preparation of the first) runs without it. One context
+        manager per write, not `write`'s own around `batch_item`'s."""
+        if batch.tx is None:
+            batch.tx = batch.member.enter_context(self._write_own(None, None, True))
+        return batch_item(batch, workspace_id, fence, self._clock(), self._count_batched)
 
     def submit_write(
         self,
@@ -712,7 +727,7 @@ class Database:
         after this returns. Inside a `write_batch` of this thread it is the batch's."""
         batch: WriteBatch | None = getattr(self._local, "batch", None)
         if batch is not None and batch.thread == threading.get_ident():
-            with batch_item(batch, workspace_id, fence, self._clock(), self._count_batched) as item:
+            with self._batched(batch, workspace_id, fence) as item:
                 return body(item)
         t0 = time.perf_counter()
         sub = Submission(body, workspace_id, fence, durable)
@@ -776,8 +791,12 @@ class Database:
                     failure = exc
                     self._undo_member(group, conn, exc, own_savepoint)
                     raise
-                if own_savepoint:
-                    conn.execute("RELEASE agenthost_write")
+                # No `RELEASE` of a landed member's savepoint: the group's COMMIT ends every
+                # savepoint still open, and a later member that fails rolls back to its own
+                # (the newest of the name: `ROLLBACK TO` and `RELEASE` take the newest), so
+                # the earlier ones stay. One SQLite call fewer inside the baton for every
+                # member but a group's first (each call lets the interpreter go while the
+                # queued writers wait on the baton).
                 group.members += 1
                 if group.lazy:
                     group.held.extend(tx.events)
@@ -785,7 +804,7 @@ class Database:
             finally:
                 self._local.conn = held
         except BaseException as exc:
-            if failure is None:  # BEGIN, SAVEPOINT or RELEASE failed: this member is undone
+            if failure is None:  # BEGIN or SAVEPOINT failed: this member is undone
                 failure = exc
                 if group is not None and self._group is group:
                     self._undo_member(group, conn, exc, group.members > 0)
@@ -825,12 +844,17 @@ class Database:
         block ended and the COMMIT holding it returned; if that COMMIT fails, or SQLite aborts
         the transaction (a full disk, an I/O error), the block raises `StoreBusy` and none of
         its writes exists — after such an abort every later write inside raises `StoreBusy`.
-        A batch inside a batch is the same batch."""
+        A batch inside a batch is the same batch.
+
+        The baton is taken at the batch's first write, not at the block's start (its member
+        opened then, `_batched`): what the block runs before it holds no writer waiting. A
+        block that writes nothing takes no baton; a first write that cannot take it (the busy
+        timeout) raises its `StoreBusy` there, and nothing of the batch exists."""
         if getattr(self._local, "batch", None) is not None:
             yield
             return
-        with self.write(None) as tx:
-            batch = WriteBatch(tx)
+        with contextlib.ExitStack() as member:
+            batch = WriteBatch(member)
             self._local.batch = batch
             try:
                 yield

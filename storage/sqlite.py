@@ -170,13 +170,15 @@ class Tx:
         # An index beside the list: one transaction may emit the same change many times. A
         # repeat keeps the first one's place and takes what the last one carries (a row it
         # wrote, or none: then a subscriber reads the row back), so a row carried from before
-        # a later change of it in this transaction is never the one published.
-        at = self._seen.get(event)
-        if at is None:
-            self._seen[event] = len(self.events)
-            self.events.append(event)
+        # a later change of it in this transaction is never the one published. One lookup
+        # (`setdefault`): an event's hash is a Python call (a dataclass's), made inside the
+        # writer's baton for every change a write emits (and again as a batch takes it).
+        events = self.events
+        at = self._seen.setdefault(event, len(events))
+        if at == len(events):
+            events.append(event)
         else:
-            self.events[at] = event
+            events[at] = event
 
     def check_fence(self, session_id: str) -> None:
         """Fail with `ForkInProgress` if an active fork operation holds `session_id`'s fence.
@@ -191,10 +193,16 @@ class Tx:
             (self.workspace_id, session_id),
         )
         if row is not None:
-            raise ForkInProgress(
-                f"session {session_id} is being forked (operation {row[0]})",
-                params={"operationId": row[0], "forkBoundaryReason": "source_fork_active"},
-            )
+            raise fenced_by(session_id, row[0])
+
+
+def fenced_by(session_id: str, operation_id: str) -> ForkInProgress:
+    """The refusal of a write to `session_id` while fork operation `operation_id` holds its
+    fence (`Tx.check_fence`, or a write that read the fence in a statement of its own)."""
+    return ForkInProgress(
+        f"session {session_id} is being forked (operation {operation_id})",
+        params={"operationId": operation_id, "forkBoundaryReason": "source_fork_active"},
+    )
 
 
 # -- The writer baton ------------------------------------------------------------------------------
@@ -510,8 +518,8 @@ def restart_checkpoint(conn: apsw.Connection) -> bool:
 
 
 class WriteStats:
-    """Counts of the store's writes (what tests pin): `transactions` written (savepoints
-    released), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
+    """Counts of the store's writes (what tests pin): `transactions` written (members that
+    landed), `commits` (each one fsync'd `COMMIT`), `lazy_commits` (a `durable=False`
     write's COMMIT without an fsync of its own), `rolled_back` member
     savepoints, `group_failures` (a COMMIT or a transaction-aborting error that failed every
     member), `checkpoints` (PASSIVE passes of the checkpointer), `checkpoint_signals` (times the
@@ -607,13 +615,15 @@ _BASE_FILE = str(Path(__file__).with_name("base.py"))
 
 
 class WriteBatch:
-    """One thread's `Database.write_batch`: the member transaction its writes nest in, and
-    why the batch was lost (set when SQLite aborted the transaction under it)."""
+    """One thread's `Database.write_batch`: the member transaction its writes nest in (None
+    until its first write opens it in `member`, the block's exit stack), and why the batch was
+    lost (set when SQLite aborted the transaction under it)."""
 
-    __slots__ = ("tx", "thread", "broken")
+    __slots__ = ("tx", "thread", "broken", "member")
 
-    def __init__(self, tx: Tx) -> None:
-        self.tx = tx
+    def __init__(self, member: contextlib.ExitStack) -> None:
+        self.tx: Tx | None = None
+        self.member = member
         self.thread = threading.get_ident()
         self.broken: str | None = None
 
@@ -631,8 +641,10 @@ def batch_item(
     aborted the whole transaction, the batch is marked lost and nothing of it will be written."""
     if batch.broken is not None:
         raise StoreBusy(f"the store lost this batch of writes, try again ({batch.broken})")
-    conn = batch.tx.conn
-    tx = Tx(conn, workspace_id, now_ms, batch.tx.seq)
+    member = batch.tx
+    assert member is not None, "a batch's write before its member was opened"
+    conn = member.conn
+    tx = Tx(conn, workspace_id, now_ms, member.seq)
     try:
         conn.execute("SAVEPOINT agenthost_item")
         try:
@@ -650,7 +662,9 @@ def batch_item(
                 # The whole transaction is gone: nothing of the batch will be written.
                 batch.broken = type(exc).__name__
             raise
-        conn.execute("RELEASE agenthost_item")
+        # No `RELEASE` of a landed item's savepoint: the group's COMMIT ends it (and a later
+        # item that fails rolls back to its own, the newest of the name), one SQLite call
+        # fewer inside the baton per write of the batch.
     except BaseException as exc:
         if conn.getautocommit() and batch.broken is None:
             batch.broken = type(exc).__name__
@@ -659,5 +673,5 @@ def batch_item(
             raise typed from exc
         raise
     for event in tx.events:
-        batch.tx.emit(event)
+        member.emit(event)
     count(False)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from dataclasses import fields, replace
+from dataclasses import fields
 from operator import attrgetter
 from typing import Any
 
@@ -38,6 +38,11 @@ from storage.rows import (
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Tx
 
+_HOST = SequenceProvenance.HOST.value
+_ACTIVE = TurnPhase.ACTIVE.value
+"""A claimed Turn's provenance and phase, read once (an enum member's `.value` is two Python
+calls, and a claim runs inside the writer's baton)."""
+
 _CLAIM_READ = (
     "SELECT s.deleted,"
     " (SELECT turn_id FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
@@ -50,7 +55,9 @@ _CLAIM_READ = (
     " FROM sessions s WHERE s.workspace_id = ? AND s.session_id = ?"
 )
 """A submit claim's reads: the Session's `deleted`, the request's claimed Turn, the active
-Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`)."""
+Turn, the next Turn sequence, the next Message position (`NEXT_POSITION`). The fence stays a
+statement of its own: folded in as one more subquery it cost the statement ~5-8 us more CPU
+than its own ~3 us statement (docs/performance.md, baton)."""
 
 
 class TurnStore:
@@ -73,7 +80,9 @@ class TurnStore:
         require_text("requestId", request_id)
         if not isinstance(text, str):
             raise InvalidArgument("input", "text must be a string")
-        asked_turn_id = turn_id
+        # Its ids and column values made before the writer's baton, not inside the body (a
+        # replay answers the claimed Turn and drops them).
+        new_turn_id, message_id = turn_id or str(uuid.uuid4()), str(uuid.uuid4())
 
         def body(tx: Tx) -> tuple[Turn, bool]:
             # What the claim reads, as one statement: the Session live, a claim of this
@@ -90,12 +99,12 @@ class TurnStore:
                     f"session {sid} already has an active turn", params={"turnId": active}
                 )
             sequence = int(next_sequence)
-            turn_id, message_id = asked_turn_id or str(uuid.uuid4()), str(uuid.uuid4())
+            turn_id = new_turn_id
             position = position_of(next_at)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
                 " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
-                (ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, tx.now_ms),
+                (ws, sid, turn_id, sequence, _HOST, tx.now_ms),
             )
             tx.execute(
                 "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
@@ -114,7 +123,7 @@ class TurnStore:
             # the events thread publishes the claim without reading the Turn back.
             user = Message(message_id, turn_id, "user", text, {}, 1, position)
             turn = Turn(
-                ws, sid, turn_id, sequence, SequenceProvenance.HOST.value, TurnPhase.ACTIVE.value,
+                ws, sid, turn_id, sequence, _HOST, _ACTIVE,
                 None, None, None, None, None, tx.now_ms, None, (user,), (),
             )  # fmt: skip
             tx.emit(TurnChanged(ws, sid, turn_id, row=turn, seq=tx.seq))
@@ -183,7 +192,7 @@ class TurnStore:
         """Settle an active Turn; a second settle is `changed=False` and keeps the first result.
         `include_deleted`: recovery settles a Turn a deleted Session left active (an older
         daemon allowed deleting mid-turn), so it stops failing at every start."""
-        if outcome not in TurnOutcome.__members__.values():
+        if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
 
         def body(tx: Tx) -> tuple[Turn, bool]:
@@ -221,7 +230,7 @@ class TurnStore:
         events thread publishes it without reading it back (design/store.md, "A Turn's claim
         and settlement carry their Turn"). None, or a Turn with Interactions (the settlement
         supersedes the pending ones in SQL): read back."""
-        if outcome not in TurnOutcome.__members__.values():
+        if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         carried = turn if turn is not None and _carriable(turn, ws, sid, turn_id) else None
 
@@ -383,6 +392,13 @@ def _rebind(tx: Tx, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
     tx.emit(TurnChanged(ws, sid, turn_id))
 
 
+_OUTCOMES = frozenset(TurnOutcome.__members__.values())
+"""The outcomes a settlement takes (read once: `__members__` is a Python call, and a Turn's
+settlement runs inside the writer's baton when its batch does)."""
+_SETTLED = TurnPhase.SETTLED.value
+"""A settled Turn's phase, read once (an enum member's `.value` is two Python calls)."""
+
+
 _ROW_OF = attrgetter(*(f.name for f in fields(Turn) if f.name not in ("messages", "interactions")))
 """A Turn's row columns, as one tuple: a carried image is compared with the row the settlement
 read by them (and by the row's empty Messages and Interactions) without a copy of the image."""
@@ -407,6 +423,9 @@ def _settle(
     record is left as it is). `carried`: the active Turn as the store holds it (no
     Interactions); its event then carries the settled Turn built from it. `bound`: the
     provider bind and binding written by the same statement (`TurnBound`)."""
+    # Three statements, not one: a single statement of the three reads (the liveness, the
+    # fence and the Turn's row as subqueries of one SELECT) ran ~26-38 us of CPU against
+    # ~11 us for the three (docs/performance.md, baton), inside the writer's baton.
     require_live_session(tx.conn, ws, sid, include_deleted=include_deleted)
     turn = turn_row(tx, ws, sid, turn_id)
     root, binding = (None, None) if bound is None else bound.applied_to(turn)
@@ -425,8 +444,13 @@ def _settle(
     # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement
     # carry their Turn") names the Turn's Messages and has no Interactions, so what the two
     # statements below would find is known without them.
-    known = () if carried is None else tuple(m.message_id for m in carried.messages)
-    if final_assistant_message_id is not None and final_assistant_message_id not in known:
+    known = False
+    if carried is not None and final_assistant_message_id is not None:
+        for m in carried.messages:  # a loop, not a generator: no call per Message
+            if m.message_id == final_assistant_message_id:
+                known = True
+                break
+    if final_assistant_message_id is not None and not known:
         owner = tx.one(
             f"SELECT turn_id FROM messages WHERE session_key = {SESSION_KEY_OF} AND message_id = ?",
             (ws, sid, final_assistant_message_id),
@@ -464,20 +488,17 @@ def _settle(
     if carried is None:
         tx.emit(TurnChanged(ws, sid, turn_id))
     else:
-        # What the statement above wrote, on the Turn as it stood: no read inside the baton.
-        settled = replace(
-            carried,
-            phase=TurnPhase.SETTLED.value,
-            outcome=outcome,
-            final_assistant_message_id=final_assistant_message_id,
-            error=error,
-            settled_at_ms=tx.now_ms,
-            checkpoint_json=carried.checkpoint_json if checkpoint_json is None else checkpoint_json,
-            root_provider_turn_id=carried.root_provider_turn_id if root is None else root,
-            provider_turn_binding_json=(
-                carried.provider_turn_binding_json if binding is None else binding
-            ),
-        )
+        # What the statement above wrote, on the Turn as it stood: no read inside the baton,
+        # and no `dataclasses.replace` (its walk of the fields is ~20 calls more in the baton).
+        c = carried
+        settled = Turn(
+            c.workspace_id, c.session_id, c.turn_id, c.sequence, c.sequence_provenance,
+            _SETTLED, outcome,
+            c.root_provider_turn_id if root is None else root,
+            c.provider_turn_binding_json if binding is None else binding,
+            final_assistant_message_id, error, c.created_at_ms, tx.now_ms, c.messages,
+            c.interactions, c.checkpoint_json if checkpoint_json is None else checkpoint_json,
+        )  # fmt: skip
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid, settled=turn_id)
     return True

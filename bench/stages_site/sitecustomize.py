@@ -49,6 +49,22 @@ if _DIR and "serve" in sys.argv:
     group COMMITs it ran (all ms)."""
     _local = threading.local()
     _by_message: dict[int, str] = {}
+    _HOLD_CALLS = bool(os.environ.get("AGENTHOST_STAGES_HOLD_CALLS"))
+    _hold_calls: dict[str, list[Any]] = {}
+    """With `AGENTHOST_STAGES_HOLD_CALLS=1`, per writer: [holds, {function: Python and C calls
+    made while its holds held the baton}] (`sys.setprofile` on the holder's thread from the
+    baton's take to its hand-on; the probe's own wrappers left out at the report)."""
+
+    def _profiler(frame: Any, event: str, arg: Any) -> None:
+        if event == "call":
+            code = frame.f_code
+            key = f"{code.co_filename.rsplit('/', 2)[-1]}:{code.co_name}"
+        elif event == "c_call":
+            key = f"C:{getattr(arg, '__qualname__', None) or getattr(arg, '__name__', '?')}"
+        else:
+            return
+        calls = _local.calls
+        calls[key] = calls.get(key, 0) + 1
 
     def _stamp(rid: str | None, stage: str) -> None:
         """The stage's first stamp for the request (a later write of the same handler, say a
@@ -72,6 +88,7 @@ if _DIR and "serve" in sys.argv:
                 "holds": list(_holds),
                 "cpu": list(_cpu),
                 "items": list(_items),
+                "hold_calls": {k: [v[0], dict(v[1])] for k, v in list(_hold_calls.items())},
             }
             with open(tmp, "w") as f:
                 json.dump(got, f)
@@ -252,14 +269,22 @@ if _DIR and "serve" in sys.argv:
     _MACHINERY = {
         "_take_baton",
         "write",
+        "_write_own",
+        "_batched",
         "submit_write",
         "_owned_write",
         "write_batch",
     }
 
     def _writer() -> str:
-        """The first function outside the store's write machinery: who wrote."""
+        """The first function outside the store's write machinery: who wrote (a Turn's batch,
+        whose baton its first write takes, is `_drain_batch` whatever that write is)."""
         f: Any = sys._getframe(2)
+        batch = f
+        while batch is not None:
+            if batch.f_code.co_name == "_drain_batch":
+                return "_drain_batch"
+            batch = batch.f_back
         while f is not None and (
             f.f_code.co_filename.endswith(_SKIP)
             or (f.f_code.co_filename.endswith("storage/base.py") and f.f_code.co_name in _MACHINERY)
@@ -280,6 +305,9 @@ if _DIR and "serve" in sys.argv:
             _local.combined = 0
             _local.commit_ms = 0.0
             _local.commit_cpu = 0.0
+            if _HOLD_CALLS:
+                _local.calls = {}
+                sys.setprofile(_profiler)
 
         def traced_take(self: Any, timeout_s: float) -> None:
             label = _writer()
@@ -300,6 +328,12 @@ if _DIR and "serve" in sys.argv:
 
         def traced_pass_on(self: Any) -> None:
             hold = getattr(_local, "hold", None)
+            if _HOLD_CALLS and hold is not None:
+                sys.setprofile(None)
+                got = _hold_calls.setdefault(hold[1], [0, {}])
+                got[0] += 1
+                for key, n in _local.calls.items():
+                    got[1][key] = got[1].get(key, 0) + n
             pass_on(self)
             if hold is not None:
                 _local.hold = None
