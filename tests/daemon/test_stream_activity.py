@@ -69,7 +69,9 @@ def test_a_backstopped_providers_first_delta_is_told_at_once(
     sid = create_session(client, WS)["agentSessionId"]
     turns = [run_turn(client, sid, f"/stream say {uuid.uuid4().hex}", WS) for _ in range(3)]
     streamed = [a.turn_id for a in told if a.kind == ACTIVITY_STREAM]
-    assert streamed == [t["turnId"] for t in turns]
+    # Each Turn's first delta is told; a Turn a loaded machine streams for over a second is told
+    # again a second later (the once-a-second clock), so a Turn may appear more than once.
+    assert list(dict.fromkeys(streamed)) == [t["turnId"] for t in turns]
     assert {a.kind for a in told} == {ACTIVITY_STREAM, ACTIVITY_ITEM}  # the item's start too
 
 
