@@ -1,0 +1,75 @@
+"""Every statement the store runs is compiled once per connection, not at each execution: the
+connections run with SQLite's query planner stability guarantee (QPSG), so no plan reads a bound
+value and a rebinding never expires a cached statement (docs/design/store.md, "Statements
+compiled once"). A compilation is what SQLite asks the authorizer about; a cached statement run
+again asks nothing."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import replace
+from pathlib import Path
+
+import apsw
+
+from storage.sqlite import open_connection
+from storage.store import Store
+
+WS = "ws-statement-reuse"
+
+
+def test_every_connection_runs_with_the_planner_stability_guarantee(tmp_path: Path) -> None:
+    conn = open_connection(str(tmp_path / "s.sqlite3"))
+    try:
+        assert conn.config(apsw.SQLITE_DBCONFIG_ENABLE_QPSG, -1) == 1
+    finally:
+        conn.close()
+
+
+def _turn(store: Store, sid: str, i: int) -> None:
+    turn, _ = store.turns.claim_submit(WS, sid, str(uuid.uuid4()), f"hello {i}")
+    with store.db.write_batch():
+        reply = store.history.append_message(
+            WS, sid, turn.turn_id, kind="assistant", text="reply", payload={}
+        )
+        store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id,
+            checkpoint_json='{"state":"unavailable"}',
+            turn=replace(turn, messages=(*turn.messages, reply)),
+        )  # fmt: skip
+    store.sessions.update_title(WS, sid, f"title {i}")
+
+
+def test_a_warm_turns_statements_are_not_compiled_again(tmp_path: Path) -> None:
+    """A Turn's claim (its read has a MAX under an equality on bound values: compiled again at
+    every execution without QPSG), its reply and settlement, and a rename: after a few Turns,
+    the next Turns compile nothing on the writer's connection."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sid = store.sessions.create_session(
+            WS, session_id="s1", provider="tutti-agent", title="t", cwd="/", settings={}
+        ).session_id
+        for i in range(4):
+            _turn(store, sid, i)
+        compiled: list[tuple[int, str | None, str | None]] = []
+
+        def authorizer(op: int, a: str | None, b: str | None, *_: object) -> int:
+            compiled.append((op, a, b))
+            return apsw.SQLITE_OK
+
+        conn = store.db._writer_connection()
+        # Setting an authorizer expires every prepared statement: the next Turn compiles each
+        # of its statements once more, the Turns after it compile nothing.
+        conn.authorizer = authorizer
+        try:
+            _turn(store, sid, 4)
+            assert compiled  # the counter sees compilations
+            compiled.clear()
+            for i in range(5, 9):
+                _turn(store, sid, i)
+        finally:
+            conn.authorizer = None
+        assert compiled == []
+    finally:
+        store.close()
