@@ -12,8 +12,10 @@ from pathlib import Path
 
 import apsw
 
+from storage.fork_snapshot import load_boundary
 from storage.sqlite import open_connection
 from storage.store import Store
+from tests.storage.store_builders import new_session, settled_turn
 
 WS = "ws-statement-reuse"
 
@@ -70,6 +72,42 @@ def test_a_warm_turns_statements_are_not_compiled_again(tmp_path: Path) -> None:
                 _turn(store, sid, i)
         finally:
             conn.authorizer = None
+        assert compiled == []
+    finally:
+        store.close()
+
+
+def test_the_boundary_read_of_a_session_not_read_before_compiles_nothing(tmp_path: Path) -> None:
+    """A fork's boundary read (`load_boundary`, its Turns found by the Session's key) is one
+    statement text for every Session: the first fork of a Session not forked before compiles
+    nothing on a warm connection, and takes no second entry of its statement cache (with the
+    key written into the text each new Session compiled one and evicted another)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sources = []
+        for _ in range(8):
+            sid = new_session(store, WS)
+            sources.append((sid, settled_turn(store, sid, WS).turn_id))
+        conn = store.db.connection()
+        compiled: list[int] = []
+
+        def authorizer(op: int, *_: object) -> int:
+            compiled.append(op)
+            return apsw.SQLITE_OK
+
+        conn.authorizer = authorizer  # expires every statement: the first read compiles
+        try:
+            for sid, turn_id in sources[:2]:
+                load_boundary(conn, WS, sid, turn_id, messages=False)
+            assert compiled
+            compiled.clear()
+            misses = conn.cache_stats()["misses"]
+            for sid, turn_id in sources[2:]:
+                assert load_boundary(conn, WS, sid, turn_id, messages=False).turns
+            assert conn.cache_stats()["misses"] == misses
+        finally:
+            conn.authorizer = None
+            store.db.release_thread_connection()
         assert compiled == []
     finally:
         store.close()
