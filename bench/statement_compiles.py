@@ -16,7 +16,9 @@ app-server). Every connection the store opens is recorded as it opens (`storage.
 Counts, not timings: the load does not move them. Phases: `fork` (a warm fork of a 3-Turn
 source and its ACK), `turn` (a warm Turn submitted and read until settled), `reads` (the reads a
 GUI makes: session list and get, a timeline page, the lineage), `sources` (the first fork of
-each of many one-Turn sources).
+each of many one-Turn sources), `mixed` (a fork, three Turns and the reads: apsw's cache is a
+ring that a statement's every execution re-enters, so one run less often than the last
+`statementcachesize` executions is evicted).
 
     cd $TREE && PYTHONPATH=$TREE build/venv/bin/python -m bench.statement_compiles \\
         [--warm 5] [--rounds 10] [--sql]
@@ -146,9 +148,18 @@ def main() -> None:
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--sql", action="store_true", help="name the statements compiled")
+    ap.add_argument("--cache", type=int, default=0, help="statementcachesize (0: the store's)")
     args = ap.parse_args()
     with open("/proc/loadavg") as f:
         print(f"load {f.read().split()[0]} probe {cpu_probe_ms():.1f} ms")
+    if args.cache:
+        real_connection = apsw.Connection
+
+        def sized(path: str, *a: Any, **kw: Any) -> apsw.Connection:
+            kw["statementcachesize"] = args.cache
+            return real_connection(path, *a, **kw)
+
+        apsw.Connection = sized  # type: ignore[misc,assignment]
     install()
     with (
         tempfile.TemporaryDirectory() as tmp,
@@ -194,11 +205,18 @@ def main() -> None:
                 {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
             )
 
+        def mixed_round() -> None:
+            fork_round()
+            for _ in range(3):
+                turn_round()
+            reads_round()
+
         phases = (
             ("fork", fork_round),
             ("turn", turn_round),
             ("reads", reads_round),
             ("sources", sources_round),
+            ("mixed", mixed_round),
         )
         for phase, fn in phases:
             for _ in range(args.warm):
@@ -209,6 +227,12 @@ def main() -> None:
                 fn()
             kinds(daemon)
             report(phase, args.rounds, before, snap_all(), args.sql)
+        print(f"SQLite memory in use at the end: {apsw.memory_used() / 1e6:.1f} MB")
+        print("statement caches at the end (entries held / size, lifetime evictions):")
+        for w in WATCHED:
+            stats = w.conn.cache_stats(include_entries=True)
+            entries = len(stats["entries"])
+            print(f"  {w.kind:<11} {entries:>4} / {stats['size']}  {stats['evictions']}")
 
 
 def reads(c: Client, sid: str) -> None:

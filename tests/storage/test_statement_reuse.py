@@ -13,7 +13,7 @@ from pathlib import Path
 import apsw
 
 from storage.fork_snapshot import load_boundary
-from storage.sqlite import open_connection
+from storage.sqlite import STATEMENT_CACHE_SIZE, open_connection
 from storage.store import Store
 from tests.storage.store_builders import new_session, settled_turn
 
@@ -108,6 +108,53 @@ def test_the_boundary_read_of_a_session_not_read_before_compiles_nothing(tmp_pat
         finally:
             conn.authorizer = None
             store.db.release_thread_connection()
+        assert compiled == []
+    finally:
+        store.close()
+
+
+def _bind(store: Store, sid: str, provider_session_id: str) -> None:
+    store.sessions.update_runtime(
+        WS,
+        sid,
+        provider_session_id=provider_session_id,
+        runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.0.10"},
+    )
+
+
+def test_a_statement_run_again_after_a_few_hundred_executions_is_not_compiled_again(
+    tmp_path: Path,
+) -> None:
+    """apsw's statement cache is a ring each execution re-enters: a statement not run within the
+    last `STATEMENT_CACHE_SIZE` executions is compiled again (at apsw's default, 100, a fork
+    after three Turns compiled 31 of its statements again). A rename after ten Turns (~230 of
+    the writer's executions) compiles nothing."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sid = store.sessions.create_session(
+            WS, session_id="s1", provider="tutti-agent", title="t", cwd="/", settings={}
+        ).session_id
+        conn = store.db._writer_connection()
+        compiled: list[int] = []
+
+        def authorizer(op: int, *_: object) -> int:
+            compiled.append(op)
+            return apsw.SQLITE_OK
+
+        conn.authorizer = authorizer  # expires every statement: the first round compiles
+        try:
+            _turn(store, sid, 0)
+            _bind(store, sid, "warm")
+            assert compiled
+            compiled.clear()
+            hits = conn.cache_stats()["hits"]
+            for i in range(1, 13):
+                _turn(store, sid, i)
+            assert compiled == []
+            assert 100 < conn.cache_stats()["hits"] - hits < STATEMENT_CACHE_SIZE
+            _bind(store, sid, "after twelve Turns")
+        finally:
+            conn.authorizer = None
         assert compiled == []
     finally:
         store.close()
