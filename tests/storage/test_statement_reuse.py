@@ -158,3 +158,32 @@ def test_a_statement_run_again_after_a_few_hundred_executions_is_not_compiled_ag
         assert compiled == []
     finally:
         store.close()
+
+
+def _misses(store: Store) -> int:
+    """Statement-cache misses over every connection of the store's pool (writer and readers)."""
+    return sum(c.cache_stats()["misses"] for c in store.db._connections)
+
+
+def test_timeline_pages_of_a_few_more_turns_compile_nothing(tmp_path: Path) -> None:
+    """A page's Messages and Interactions are read with an IN list of its Turns, padded to the
+    next power of two: a Session read at 5, 6, 7 and 8 Turns runs one text of each statement
+    (unpadded, a text and a compilation per number of Turns, on every reader)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sid = new_session(store, WS)
+        for _ in range(5):
+            settled_turn(store, sid, WS)
+        first = store.history.timeline_page(WS, sid)
+        assert len(first.turn_rows) == 5
+        misses = _misses(store)
+        for n in (6, 7, 8):
+            turn = settled_turn(store, sid, WS)
+            page = store.history.timeline_page(WS, sid)
+            assert len(page.turn_rows) == n
+            assert [m[0] for m in page.message_rows[turn.turn_id]] == [
+                m.message_id for m in turn.messages
+            ]
+        assert _misses(store) == misses
+    finally:
+        store.close()
