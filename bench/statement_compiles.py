@@ -33,15 +33,15 @@ import threading
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import apsw
 
 import storage.base
 from bench.common import cpu_probe_ms
-from tests.support.daemon import WS, create_session, fork_params, run_turn
-from tests.support.in_process import in_process_daemon
-from transport.client import Client
+
+if TYPE_CHECKING:
+    from transport.client import Client
 
 CACHE_KEYS = ("hits", "misses", "evictions", "too_big", "no_cache")
 
@@ -101,6 +101,16 @@ def install() -> None:
         return conn
 
     storage.base.open_connection = opened  # type: ignore[assignment]
+    real_writer = storage.base.Database._writer_connection
+
+    def writer(self: storage.base.Database) -> apsw.Connection:
+        conn = real_writer(self)
+        for w in WATCHED:
+            if w.conn is conn:
+                w.kind = "writer"
+        return conn
+
+    storage.base.Database._writer_connection = writer  # type: ignore[method-assign]
 
 
 def kinds(daemon: Any) -> None:
@@ -149,7 +159,15 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=10)
     ap.add_argument("--sql", action="store_true", help="name the statements compiled")
     ap.add_argument("--cache", type=int, default=0, help="statementcachesize (0: the store's)")
+    ap.add_argument("--series", help="print a bench/compiles_site file's counts and stop")
     args = ap.parse_args()
+    if args.series:
+        series(args.series)
+        return
+    # Here, not at the top: bench/compiles_site imports this module into a daemon.
+    from tests.support.daemon import WS, create_session, fork_params, run_turn
+    from tests.support.in_process import in_process_daemon
+
     with open("/proc/loadavg") as f:
         print(f"load {f.read().split()[0]} probe {cpu_probe_ms():.1f} ms")
     if args.cache:
@@ -235,7 +253,40 @@ def main() -> None:
             print(f"  {w.kind:<11} {entries:>4} / {stats['size']}  {stats['evictions']}")
 
 
+def series(path: str) -> None:
+    """A bench/compiles_site file: each kind's counts over the run's last 60 % (the first 40 %
+    is start-up and warm-up), per second, and the whole run's."""
+    import json
+
+    with open(path) as f:
+        rows = [json.loads(line) for line in f if line.strip()]
+    t0, t1 = rows[0][0], rows[-1][0]
+    mid = next(r for r in rows if r[0] >= t0 + 0.4 * (t1 - t0))
+    end = rows[-1]
+    secs = end[0] - mid[0]
+    print(f"{len(rows)} s sampled; per second over the last {secs:.0f} s (whole run's total):")
+    print(f"  {'kind':<11} {'conns':>5} {'compiles':>9} " + " ".join(f"{k:>9}" for k in CACHE_KEYS))
+    for kind, row in sorted(end[1].items()):
+        before = mid[1].get(kind, [0] * len(row))
+        rates = [(a - b) / secs for a, b in zip(row[1:], before[1:], strict=True)]
+        print(
+            f"  {kind:<11} {row[0]:>5} "
+            + " ".join(f"{r:>9.2f}" for r in rates)
+            + "  ("
+            + " ".join(str(v) for v in row[1:])
+            + ")"
+        )
+    if len(end) > 2:
+        first = mid[2] if len(mid) > 2 else {}
+        grew = sorted(((n - first.get(k, 0), k) for k, n in end[2].items()), reverse=True)
+        for n, text in grew[:25]:
+            if n:
+                print(f"    {n:5d}  {text}")
+
+
 def reads(c: Client, sid: str) -> None:
+    from tests.support.daemon import WS
+
     c.call("session.list", {"workspaceId": WS})
     c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
     c.call("session.timeline", {"workspaceId": WS, "agentSessionId": sid})
