@@ -78,7 +78,7 @@ def main() -> int:
             conn = store.db._writer_connection()
             cpu: list[float] = []
             misses: list[int] = []
-            for i in range(args.forks):
+            for _ in range(args.forks):
                 for j in range(args.turns):
                     turn(store, other, j)
                 before = conn.cache_stats()["misses"]

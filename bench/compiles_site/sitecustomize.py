@@ -18,11 +18,10 @@ import sys
 _OUT = os.environ.get("AGENTHOST_COMPILES_OUT")
 
 if _OUT and "serve" in sys.argv:
+    import importlib.util
     import json
     import threading
     import time
-
-    import importlib.util
     from pathlib import Path
 
     # By its path beside this folder: the daemon's tree (which leads PYTHONPATH) may have none.
