@@ -188,10 +188,12 @@ _TURNS_SQL = f"SELECT {_TURN_COLUMNS} FROM turns t{_TURNS_WHERE} ORDER BY t.sequ
 # ... and with each one's final assistant Message (its position and its own Turn; NULLs when the
 # Session holds no row of it) looked up by the `(session_key, message_id)` key as the walk reaches
 # the Turn: one walk of the Turns, not a second one joining them to their final Messages. The
-# Turns are found from the Session's key, written into the text as an integer (`{key}`; `?1` the
-# selected Turn's sequence): with the key or the Session's ids bound, SQLite judged the join's
-# plan dependent on them and compiled the statement again at every execution (~30 µs of a
-# 10-Turn prepare); this text is compiled once per Session and kept in the statement cache.
+# Turns are found from the Session's key, bound (`?2`; `?1` the selected Turn's sequence): one
+# text for every Session, compiled once per connection. (Before the connections ran with the
+# planner's stability guarantee, a bound key had SQLite compile the join again at every
+# execution, so the key was written into the text: a statement compiled, and an entry of the
+# writer's statement cache taken, per Session forked; docs/design/store.md "Statements
+# compiled once".)
 _TURNS_FINALS_SQL = (
     "SELECT t.turn_id, t.sequence, t.sequence_provenance, t.phase, t.outcome,"
     " t.root_provider_turn_id, t.provider_turn_binding_json, t.final_assistant_message_id,"
@@ -199,7 +201,7 @@ _TURNS_FINALS_SQL = (
     " JOIN turns t ON t.workspace_id = k.workspace_id AND t.session_id = k.session_id"
     " LEFT JOIN messages fm ON fm.session_key = k.session_key"
     " AND fm.message_id = t.final_assistant_message_id"
-    " WHERE k.session_key = {key} AND t.sequence <= ?1 ORDER BY t.sequence"
+    " WHERE k.session_key = ?2 AND t.sequence <= ?1 ORDER BY t.sequence"
 )
 # A Session without a key (no row in `session_keys`): its Turns, no final Message found.
 _TURNS_NO_FINALS_SQL = (
@@ -256,8 +258,7 @@ def load_boundary(
             turn_rows = conn.execute(_TURNS_NO_FINALS_SQL, (ws, sid, through)).fetchall()
         else:
             session_key = int(key[0])
-            finals = _TURNS_FINALS_SQL.format(key=session_key)
-            turn_rows = conn.execute(finals, (through,)).fetchall()
+            turn_rows = conn.execute(_TURNS_FINALS_SQL, (through, session_key)).fetchall()
     turns: list[Any] = []
     by_id: dict[str, Any] = {}
     interactions_of: dict[str, list[dict[str, Any]]] = {}

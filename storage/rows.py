@@ -199,9 +199,18 @@ def turn_from_row(
     )
 
 
-def _chunks(items: Sequence[str], size: int = 400) -> Iterable[Sequence[str]]:
+CHUNK = 400
+
+
+def _chunks(items: Sequence[str], size: int = CHUNK) -> Iterable[Sequence[str]]:
     for start in range(0, len(items), size):
         yield items[start : start + size]
+
+
+def _padded(n: int) -> int:
+    """How many `?` an IN list of `n` values is written with: the next power of two, at most
+    `CHUNK` (1, 2, 4, ... 256, 400: ten texts of a statement for any number of values)."""
+    return min(1 << (n - 1).bit_length(), CHUNK) if n > 1 else 1
 
 
 # The Messages of some Turns, each Turn's in position order. Ordered by (turn, position), the
@@ -256,8 +265,12 @@ def turn_history_rows(
     interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
     opened: dict[str, list[Row]] = {}
     for chunk in _chunks(ids):
-        marks = ",".join("?" * len(chunk))
-        params: list[Any] = [ws, sid, *chunk]
+        # The list padded with NULLs (never equal to a Turn id) to the next power of two: a
+        # statement text per size class, not per number of Turns read (each its own compilation
+        # and entry of the reader's statement cache); the plan is the same either way.
+        width = _padded(len(chunk))
+        marks = ",".join("?" * width)
+        params: list[Any] = [ws, sid, *chunk, *([None] * (width - len(chunk)))]
         for r in conn.execute(HYDRATE_MESSAGES_SQL.format(marks=marks), params):
             messages[r[1]].append(r)
         for r in conn.execute(INTERACTIONS_SQL.format(marks=marks), params):

@@ -30,6 +30,13 @@ from storage.models import ChangeEvent
 # -- Connections, JSON columns, typed failures -----------------------------------------------------
 
 BUSY_TIMEOUT_MS = 10_000
+# apsw's statement cache per connection, in executions: a ring that every finished execution
+# re-enters at its next slot, evicting what was there, so a statement is compiled again unless
+# it ran within the last this-many executions (apsw's default 100: a fork after three Turns
+# compiled 31 of its statements again on the writer). 512 is apsw's most. It holds at most one
+# entry per distinct statement run within the window (the writer ~50); a hit's linear search
+# of the ring costs ~0.1 us more than at 100 (docs/design/store.md, "Statements compiled once").
+STATEMENT_CACHE_SIZE = 512
 
 Row = tuple[Any, ...]
 
@@ -118,7 +125,7 @@ class BusyWaits:
 def open_connection(
     path: str, busy_timeout_ms: int = BUSY_TIMEOUT_MS, busy: BusyWaits | None = None
 ) -> apsw.Connection:
-    conn = apsw.Connection(path)
+    conn = apsw.Connection(path, statementcachesize=STATEMENT_CACHE_SIZE)
     if busy is None:
         conn.set_busy_timeout(busy_timeout_ms)
     else:

@@ -12,8 +12,10 @@ from pathlib import Path
 
 import apsw
 
-from storage.sqlite import open_connection
+from storage.fork_snapshot import load_boundary
+from storage.sqlite import STATEMENT_CACHE_SIZE, open_connection
 from storage.store import Store
+from tests.storage.store_builders import new_session, settled_turn
 
 WS = "ws-statement-reuse"
 
@@ -71,5 +73,117 @@ def test_a_warm_turns_statements_are_not_compiled_again(tmp_path: Path) -> None:
         finally:
             conn.authorizer = None
         assert compiled == []
+    finally:
+        store.close()
+
+
+def test_the_boundary_read_of_a_session_not_read_before_compiles_nothing(tmp_path: Path) -> None:
+    """A fork's boundary read (`load_boundary`, its Turns found by the Session's key) is one
+    statement text for every Session: the first fork of a Session not forked before compiles
+    nothing on a warm connection, and takes no second entry of its statement cache (with the
+    key written into the text each new Session compiled one and evicted another)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sources = []
+        for _ in range(8):
+            sid = new_session(store, WS)
+            sources.append((sid, settled_turn(store, sid, WS).turn_id))
+        conn = store.db.connection()
+        compiled: list[int] = []
+
+        def authorizer(op: int, *_: object) -> int:
+            compiled.append(op)
+            return apsw.SQLITE_OK
+
+        conn.authorizer = authorizer  # expires every statement: the first read compiles
+        try:
+            for sid, turn_id in sources[:2]:
+                load_boundary(conn, WS, sid, turn_id, messages=False)
+            assert compiled
+            compiled.clear()
+            misses = conn.cache_stats()["misses"]
+            for sid, turn_id in sources[2:]:
+                assert load_boundary(conn, WS, sid, turn_id, messages=False).turns
+            assert conn.cache_stats()["misses"] == misses
+        finally:
+            conn.authorizer = None
+            store.db.release_thread_connection()
+        assert compiled == []
+    finally:
+        store.close()
+
+
+def _bind(store: Store, sid: str, provider_session_id: str) -> None:
+    store.sessions.update_runtime(
+        WS,
+        sid,
+        provider_session_id=provider_session_id,
+        runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.0.10"},
+    )
+
+
+def test_a_statement_run_again_after_a_few_hundred_executions_is_not_compiled_again(
+    tmp_path: Path,
+) -> None:
+    """apsw's statement cache is a ring each execution re-enters: a statement not run within the
+    last `STATEMENT_CACHE_SIZE` executions is compiled again (at apsw's default, 100, a fork
+    after three Turns compiled 31 of its statements again). A rename after ten Turns (~230 of
+    the writer's executions) compiles nothing."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sid = store.sessions.create_session(
+            WS, session_id="s1", provider="tutti-agent", title="t", cwd="/", settings={}
+        ).session_id
+        conn = store.db._writer_connection()
+        compiled: list[int] = []
+
+        def authorizer(op: int, *_: object) -> int:
+            compiled.append(op)
+            return apsw.SQLITE_OK
+
+        conn.authorizer = authorizer  # expires every statement: the first round compiles
+        try:
+            _turn(store, sid, 0)
+            _bind(store, sid, "warm")
+            assert compiled
+            compiled.clear()
+            hits = conn.cache_stats()["hits"]
+            for i in range(1, 13):
+                _turn(store, sid, i)
+            assert compiled == []
+            assert 100 < conn.cache_stats()["hits"] - hits < STATEMENT_CACHE_SIZE
+            _bind(store, sid, "after twelve Turns")
+        finally:
+            conn.authorizer = None
+        assert compiled == []
+    finally:
+        store.close()
+
+
+def _misses(store: Store) -> int:
+    """Statement-cache misses over every connection of the store's pool (writer and readers)."""
+    return sum(c.cache_stats()["misses"] for c in store.db._connections)
+
+
+def test_timeline_pages_of_a_few_more_turns_compile_nothing(tmp_path: Path) -> None:
+    """A page's Messages and Interactions are read with an IN list of its Turns, padded to the
+    next power of two: a Session read at 5, 6, 7 and 8 Turns runs one text of each statement
+    (unpadded, a text and a compilation per number of Turns, on every reader)."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        sid = new_session(store, WS)
+        for _ in range(5):
+            settled_turn(store, sid, WS)
+        first = store.history.timeline_page(WS, sid)
+        assert len(first.turn_rows) == 5
+        misses = _misses(store)
+        for n in (6, 7, 8):
+            turn = settled_turn(store, sid, WS)
+            page = store.history.timeline_page(WS, sid)
+            assert len(page.turn_rows) == n
+            assert [m[0] for m in page.message_rows[turn.turn_id]] == [
+                m.message_id for m in turn.messages
+            ]
+        assert _misses(store) == misses
     finally:
         store.close()
