@@ -7,6 +7,8 @@ again asks nothing."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
@@ -18,6 +20,24 @@ from storage.store import Store
 from tests.storage.store_builders import new_session, settled_turn
 
 WS = "ws-statement-reuse"
+
+
+@contextmanager
+def compilations(conn: apsw.Connection) -> Iterator[list[int]]:
+    """The authorizer actions SQLite asks about while `conn` compiles statements (a cached
+    statement run again asks nothing). Setting an authorizer expires every prepared statement,
+    so the first round after it compiles each statement once more."""
+    compiled: list[int] = []
+
+    def authorizer(op: int, *_: object) -> int:
+        compiled.append(op)
+        return apsw.SQLITE_OK
+
+    conn.authorizer = authorizer
+    try:
+        yield compiled
+    finally:
+        conn.authorizer = None
 
 
 def test_every_connection_runs_with_the_planner_stability_guarantee(tmp_path: Path) -> None:
@@ -54,24 +74,12 @@ def test_a_warm_turns_statements_are_not_compiled_again(tmp_path: Path) -> None:
         ).session_id
         for i in range(4):
             _turn(store, sid, i)
-        compiled: list[tuple[int, str | None, str | None]] = []
-
-        def authorizer(op: int, a: str | None, b: str | None, *_: object) -> int:
-            compiled.append((op, a, b))
-            return apsw.SQLITE_OK
-
-        conn = store.db._writer_connection()
-        # Setting an authorizer expires every prepared statement: the next Turn compiles each
-        # of its statements once more, the Turns after it compile nothing.
-        conn.authorizer = authorizer
-        try:
-            _turn(store, sid, 4)
+        with compilations(store.db._writer_connection()) as compiled:
+            _turn(store, sid, 4)  # compiles each statement once more (the authorizer expired it)
             assert compiled  # the counter sees compilations
             compiled.clear()
             for i in range(5, 9):
                 _turn(store, sid, i)
-        finally:
-            conn.authorizer = None
         assert compiled == []
     finally:
         store.close()
@@ -89,24 +97,17 @@ def test_the_boundary_read_of_a_session_not_read_before_compiles_nothing(tmp_pat
             sid = new_session(store, WS)
             sources.append((sid, settled_turn(store, sid, WS).turn_id))
         conn = store.db.connection()
-        compiled: list[int] = []
-
-        def authorizer(op: int, *_: object) -> int:
-            compiled.append(op)
-            return apsw.SQLITE_OK
-
-        conn.authorizer = authorizer  # expires every statement: the first read compiles
         try:
-            for sid, turn_id in sources[:2]:
-                load_boundary(conn, WS, sid, turn_id, messages=False)
-            assert compiled
-            compiled.clear()
-            misses = conn.cache_stats()["misses"]
-            for sid, turn_id in sources[2:]:
-                assert load_boundary(conn, WS, sid, turn_id, messages=False).turns
-            assert conn.cache_stats()["misses"] == misses
+            with compilations(conn) as compiled:  # the first read compiles
+                for sid, turn_id in sources[:2]:
+                    load_boundary(conn, WS, sid, turn_id, messages=False)
+                assert compiled
+                compiled.clear()
+                misses = conn.cache_stats()["misses"]
+                for sid, turn_id in sources[2:]:
+                    assert load_boundary(conn, WS, sid, turn_id, messages=False).turns
+                assert conn.cache_stats()["misses"] == misses
         finally:
-            conn.authorizer = None
             store.db.release_thread_connection()
         assert compiled == []
     finally:
@@ -135,14 +136,7 @@ def test_a_statement_run_again_after_a_few_hundred_executions_is_not_compiled_ag
             WS, session_id="s1", provider="tutti-agent", title="t", cwd="/", settings={}
         ).session_id
         conn = store.db._writer_connection()
-        compiled: list[int] = []
-
-        def authorizer(op: int, *_: object) -> int:
-            compiled.append(op)
-            return apsw.SQLITE_OK
-
-        conn.authorizer = authorizer  # expires every statement: the first round compiles
-        try:
+        with compilations(conn) as compiled:  # the first round compiles
             _turn(store, sid, 0)
             _bind(store, sid, "warm")
             assert compiled
@@ -153,8 +147,6 @@ def test_a_statement_run_again_after_a_few_hundred_executions_is_not_compiled_ag
             assert compiled == []
             assert 100 < conn.cache_stats()["hits"] - hits < STATEMENT_CACHE_SIZE
             _bind(store, sid, "after twelve Turns")
-        finally:
-            conn.authorizer = None
         assert compiled == []
     finally:
         store.close()
