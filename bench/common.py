@@ -371,8 +371,9 @@ def log(message: str) -> None:
 
 
 def thread_counters(pid: int) -> Counter[str]:
-    """CPU ticks ("cpu:<name>") and voluntary context switches ("cs:<name>") of each thread
-    of `pid`, summed by name (numbered pool threads together)."""
+    """CPU ticks ("cpu:<name>"), voluntary ("cs:<name>") and involuntary ("ncs:<name>")
+    context switches and the thread count ("n:<name>") of each thread of `pid`, summed by name
+    (numbered pool threads together)."""
     out: Counter[str] = Counter()
     for tid in os.listdir(f"/proc/{pid}/task"):
         try:
@@ -383,7 +384,10 @@ def thread_counters(pid: int) -> Counter[str]:
         name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
         fields = stat[stat.rindex(")") + 2 :].split()
         out["cpu:" + name] += int(fields[11]) + int(fields[12])
+        out["n:" + name] += 1
         for line in status.splitlines():
             if line.startswith("voluntary_ctxt_switches"):
                 out["cs:" + name] += int(line.split()[1])
+            elif line.startswith("nonvoluntary_ctxt_switches"):
+                out["ncs:" + name] += int(line.split()[1])
     return out

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import cpu_probe_ms
+from bench.common import thread_counters as counters
 from bench.fork_daemon import _STATS_KEYS, _site_env, _write_stats
 from bench.harness import (
     WS,
@@ -66,28 +67,6 @@ PERF_EVENTS = (
 )
 """What `--perf` counts per thread: `sched_switch` is the thread leaving its core (asleep or
 preempted), `sched_wakeup` a wake-up the thread issued (of any task)."""
-
-
-def counters(pid: int) -> Counter[str]:
-    """Per thread name (numbered threads summed): CPU ticks `cpu:`, voluntary `vcs:` and
-    involuntary `ncs:` context switches, and `n:` the thread count."""
-    out: Counter[str] = Counter()
-    for tid in os.listdir(f"/proc/{pid}/task"):
-        try:
-            stat = Path(f"/proc/{pid}/task/{tid}/stat").read_text()
-            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
-        except OSError:
-            continue
-        name = re.sub(r"[_-]?\d+$", "", stat[stat.index("(") + 1 : stat.rindex(")")])
-        fields = stat[stat.rindex(")") + 2 :].split()
-        out["cpu:" + name] += int(fields[11]) + int(fields[12])
-        out["n:" + name] += 1
-        for line in status.splitlines():
-            if line.startswith("voluntary_ctxt_switches"):
-                out["vcs:" + name] += int(line.split()[1])
-            elif line.startswith("nonvoluntary_ctxt_switches"):
-                out["ncs:" + name] += int(line.split()[1])
-    return out
 
 
 def _strace_c(text: str) -> dict[str, int]:
@@ -204,7 +183,7 @@ def one_round(
         "forks": forks,
         "forksPerSecond": forks / seconds,
         "cpuMsPerFork": sum(t.get("cpu", 0.0) for t in by_thread.values()),
-        "voluntaryPerFork": sum(t.get("vcs", 0.0) for t in by_thread.values()),
+        "voluntaryPerFork": sum(t.get("cs", 0.0) for t in by_thread.values()),
         "involuntaryPerFork": sum(t.get("ncs", 0.0) for t in by_thread.values()),
         "byThread": by_thread,
         "writesPerFork": {k: (stats1.get(k, 0) - stats0.get(k, 0)) / n for k in _STATS_KEYS},
@@ -222,9 +201,9 @@ def one_round(
 def line(row: dict[str, Any]) -> str:
     threads = sorted(row["byThread"].items(), key=lambda kv: -kv[1].get("cpu", 0.0))
     per = "; ".join(
-        f"{name} {t.get('cpu', 0):.2f} ms v{t.get('vcs', 0):.1f} n{t.get('ncs', 0):.1f}"
+        f"{name} {t.get('cpu', 0):.2f} ms v{t.get('cs', 0):.1f} n{t.get('ncs', 0):.1f}"
         for name, t in threads
-        if t.get("cpu", 0) >= 0.02 or t.get("vcs", 0) >= 0.3
+        if t.get("cpu", 0) >= 0.02 or t.get("cs", 0) >= 0.3
     )
     writes = ", ".join(f"{k} {v:.2f}" for k, v in row["writesPerFork"].items())
     out = (

@@ -205,15 +205,35 @@ def _hold_calls(folder: Path, top: int = 30) -> list[str]:
     return lines
 
 
-def run(folder: Path, mode: str) -> None:
+def run_mutations(site: Path, folder: Path, mode: str, extra: dict[str, str]) -> None:
+    """`bench.mutations` (`full`, `quick` or `smoke`) in a fresh process with the `site`
+    folder's `sitecustomize` loaded and `extra` in its environment; its output in
+    `folder/mutations.log`."""
     tree = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join((str(SITE), str(tree), env.get("PYTHONPATH", "")))
-    env["AGENTHOST_MUTATION_STAGES"] = str(folder)
-    env["BENCH_MUTATIONS_RECORDS"] = str(folder / "records.json")
+    env = {**os.environ, **extra}
+    env["PYTHONPATH"] = os.pathsep.join((str(site), str(tree), os.environ.get("PYTHONPATH", "")))
     cmd = [sys.executable, "-m", "bench.mutations", *([] if mode == "full" else [f"--{mode}"])]
     with open(folder / "mutations.log", "w") as f:
         subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+
+
+def print_start() -> None:
+    """The run's start line: UTC time, the 1-minute load and the CPU probe."""
+    started = time.strftime("%H:%M:%S", time.gmtime())
+    load, probe = os.getloadavg()[0], cpu_probe_ms()
+    print(f"start {started} UTC, load {load:.2f}, cpu probe {probe:.1f} ms")
+
+
+def run(folder: Path, mode: str) -> None:
+    run_mutations(
+        SITE,
+        folder,
+        mode,
+        {
+            "AGENTHOST_MUTATION_STAGES": str(folder),
+            "BENCH_MUTATIONS_RECORDS": str(folder / "records.json"),
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -229,9 +249,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="mutation-stages-") as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        started = time.strftime("%H:%M:%S", time.gmtime())
-        load, probe = os.getloadavg()[0], cpu_probe_ms()
-        print(f"start {started} UTC, load {load:.2f}, cpu probe {probe:.1f} ms")
+        print_start()
         run(folder, "full" if args.full else "smoke" if args.smoke else "quick")
         print("\n".join(report(folder)))
         summary: dict[str, Any] = {"folder": str(folder)}

@@ -12,16 +12,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import pstats
-import subprocess
 import sys
 import tempfile
-import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from bench.common import cpu_probe_ms
+from bench.mutation_stages import print_start, run_mutations
 
 SITE = Path(__file__).resolve().parent / "readprof_site"
 
@@ -60,14 +57,15 @@ def report(folder: Path, top: int = 30) -> list[str]:
 
 
 def run(folder: Path, mode: str, profile: bool) -> None:
-    tree = Path(__file__).resolve().parent.parent
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join((str(SITE), str(tree), env.get("PYTHONPATH", "")))
-    env["AGENTHOST_READ_PROFILE"] = str(folder)
-    env["AGENTHOST_READ_PROFILE_MODE"] = "profile" if profile else "count"
-    cmd = [sys.executable, "-m", "bench.mutations", f"--{mode}"]
-    with open(folder / "mutations.log", "w") as f:
-        subprocess.run(cmd, cwd=tree, env=env, stdout=f, stderr=subprocess.STDOUT, check=True)
+    run_mutations(
+        SITE,
+        folder,
+        mode,
+        {
+            "AGENTHOST_READ_PROFILE": str(folder),
+            "AGENTHOST_READ_PROFILE_MODE": "profile" if profile else "count",
+        },
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -83,9 +81,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="read-profile-") as tmp:
         folder = args.keep or Path(tmp)
         folder.mkdir(parents=True, exist_ok=True)
-        started = time.strftime("%H:%M:%S", time.gmtime())
-        load, probe = os.getloadavg()[0], cpu_probe_ms()
-        print(f"start {started} UTC, load {load:.2f}, cpu probe {probe:.1f} ms")
+        print_start()
         run(folder, "smoke" if args.smoke else "quick", args.profile)
         print("\n".join(report(folder)))
     return 0

@@ -29,4 +29,4 @@ def test_perf_lines_are_summed_by_thread_name_and_short_event() -> None:
 def test_counters_read_this_process_threads() -> None:
     got = counters(os.getpid())
     assert sum(v for k, v in got.items() if k.startswith("n:")) >= 1
-    assert any(k.startswith("vcs:") for k in got) and any(k.startswith("ncs:") for k in got)
+    assert any(k.startswith("cs:") for k in got) and any(k.startswith("ncs:") for k in got)
