@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import shutil
 from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +31,7 @@ from bench.months import (
 )
 from storage.base import ReadView
 from storage.store import Store
+from tests.support.sql_trace import traced_selects
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -83,29 +83,9 @@ def months_path(months_store: Path, tmp_path: Path) -> Path:
     return path
 
 
-@contextmanager
-def _traced() -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
-    """Every SELECT a connection opened inside the block runs, with its bindings."""
-    seen: list[tuple[str, tuple[Any, ...]]] = []
-
-    def hook(conn: apsw.Connection) -> None:
-        def trace(_cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
-            if sql.lstrip().upper().startswith("SELECT"):
-                seen.append((sql, tuple(bindings or ())))
-            return True
-
-        conn.exec_trace = trace
-
-    apsw.connection_hooks.append(hook)
-    try:
-        yield seen
-    finally:
-        apsw.connection_hooks.remove(hook)
-
-
 def _statements(path: Path) -> Iterator[tuple[str, str, tuple[Any, ...]]]:
     """(read, SQL, bindings) of every SELECT the three reads run, as the store runs them."""
-    with _traced() as seen:
+    with traced_selects() as seen:
         store, view = Store(path), ReadView(str(path))
         try:
             reads = {
@@ -194,7 +174,7 @@ def test_the_three_reads_keep_their_plans_without_and_with_statistics(months_pat
 def _trees_to_remove(path: Path) -> tuple[list[tuple[str, str]], list[str]]:
     """What a start's `remove_failed_trees` asks first: the failed operations whose tree is not
     known removed (workspace, operation), and the plan of the statement the store ran."""
-    with _traced() as seen, Store(path) as store:
+    with traced_selects() as seen, Store(path) as store:
         found = store.fork_workspace.fork_worktrees_to_remove(limit=500)
         ((sql, bindings),) = [s for s in seen if "workspace_state IN" in s[0]]
         conn = apsw.Connection(str(path))

@@ -14,7 +14,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import apsw
 import pytest
 from store_builders import WS, new_session, settled_turn
 
@@ -25,6 +24,7 @@ from drivers.claude_transcript import encode_binding
 from protocol.envelope import pack_result
 from storage.models import Turn
 from storage.store import Store
+from tests.support.sql_trace import traced_selects
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -121,30 +121,10 @@ def test_the_timeline_page_builds_no_turn_value(store: Store) -> None:
     assert built == [], "a Turn value was built for the wire page"
 
 
-@contextmanager
-def _selects() -> Iterator[list[tuple[str, tuple[Any, ...]]]]:
-    """Every SELECT a connection opened inside the block runs, with its bindings."""
-    seen: list[tuple[str, tuple[Any, ...]]] = []
-
-    def hook(conn: apsw.Connection) -> None:
-        def trace(_cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
-            if sql.lstrip().upper().startswith("SELECT"):
-                seen.append((sql, tuple(bindings or ())))
-            return True
-
-        conn.exec_trace = trace
-
-    apsw.connection_hooks.append(hook)
-    try:
-        yield seen
-    finally:
-        apsw.connection_hooks.remove(hook)
-
-
 def test_a_timeline_pages_statements_sort_nothing(store_path: Path) -> None:
     """Every statement of a page reads its rows in the order an index gives them: no sorter
     opened (a Turn's Interactions are put in the order opened by the store, in Python)."""
-    with _selects() as seen:
+    with traced_selects() as seen:
         store = Store.open(store_path)
         try:
             sid = _varied_session(store, "tutti-agent")
