@@ -208,16 +208,10 @@ class Tx:
             (self.workspace_id, session_id),
         )
         if row is not None:
-            raise fenced_by(session_id, row[0])
-
-
-def fenced_by(session_id: str, operation_id: str) -> ForkInProgress:
-    """The refusal of a write to `session_id` while fork operation `operation_id` holds its
-    fence (`Tx.check_fence`, or a write that read the fence in a statement of its own)."""
-    return ForkInProgress(
-        f"session {session_id} is being forked (operation {operation_id})",
-        params={"operationId": operation_id, "forkBoundaryReason": "source_fork_active"},
-    )
+            raise ForkInProgress(
+                f"session {session_id} is being forked (operation {row[0]})",
+                params={"operationId": row[0], "forkBoundaryReason": "source_fork_active"},
+            )
 
 
 # -- The writer baton ------------------------------------------------------------------------------
