@@ -119,6 +119,9 @@ def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
         assert turns.capture_after_here(str(repo), "s1", "t1", None) is None
         tree = before(turns, repo)
         monkeypatch.setattr(checkpoints_module, "HERE_MAX_ENTRIES", 2)
+        # A budget no loaded machine overruns: this refusal is the snapshot's size, and a slow
+        # attempt would pause the folder (the assertion after it would then see the pause).
+        monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 60.0)
         assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
         monkeypatch.setattr(checkpoints_module, "HERE_MAX_ENTRIES", 1_000)
         monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0)
