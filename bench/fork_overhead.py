@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import sync_floor
+from bench import hop_floor, sync_floor
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, log, pick, ratio
 from bench.harness import (
     BenchDaemon,
@@ -139,6 +139,7 @@ def run(mode: Mode) -> BenchResult:
     skipped: list[tuple[str, str]] = []
     measured: list[tuple[str, Latency, Latency]] = []
     floor: sync_floor.Floor | None = None
+    hops: hop_floor.HopFloor | None = None
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp_text:
         for entry in PROVIDERS:
             why = entry.unavailable()
@@ -186,6 +187,9 @@ def run(mode: Mode) -> BenchResult:
                 floor = sync_floor.measure(bare.p50, forks=pick(mode, 10, 5, 2), turns=turns)
                 result.figures[entry.name]["durabilityFloor"] = floor.to_json()
                 floor_lines.append(floor.line())
+            if hops is None:
+                hops = hop_floor.measure(pick(mode, 400, 200, 20), pick(mode, 50, 20, 3))
+                result.figures["hopFloor"] = hops.to_json()
             result.issue_target(
                 f"fork-ratio:{entry.name}",
                 r50,
@@ -247,7 +251,7 @@ def run(mode: Mode) -> BenchResult:
             profile={"lines": [f"{name} was not measured: {why}"]},
         )
     result.figures["skipped"] = dict(skipped)
-    _issue36_rows(result, measured, floor, skipped)
+    _issue36_rows(result, measured, floor, hops, skipped)
     return result
 
 
@@ -255,12 +259,22 @@ def _issue36_rows(
     result: BenchResult,
     measured: Sequence[tuple[str, Latency, Latency]],
     floor: sync_floor.Floor | None,
+    hops: hop_floor.HopFloor | None,
     skipped: Sequence[tuple[str, str]],
 ) -> None:
     """Issue 36 target 1: each provider's host fork p50 against its durability floor in this
     run (its own bare p50 + the syncs a fork waits for, counted and timed by
     `bench.sync_floor` through a tutti-agent daemon: the saga's COMMITs and the binder's rounds
-    are the same for every provider), and that floor's distance from the bare call."""
+    are the same for every provider), and that floor's distance from the bare call; beside
+    them, the process view's hop floor (`bench.hop_floor`) and what the host adds beyond both."""
+    if hops is not None:
+        result.issue_target(
+            "36:hop-floor",
+            hops.hops_ms,
+            measured=f"bench.hop_floor: {hops.chain.n} no-work requests, chain p50"
+            f" {hops.chain.p50:.2f} ms, the app-server's pipes alone {hops.pipe.p50:.2f} ms",
+            profile={"lines": [hops.line()]},
+        )
     if floor is None:
         why = "no durability floor in this run (tutti-agent not measured, or strace missing)"
         for name, _, _ in measured:
@@ -273,13 +287,20 @@ def _issue36_rows(
     else:
         for name, host, bare in measured:
             floor_ms = bare.p50 + floor.sync_ms
+            lines = [floor.line()]
+            if hops is not None:
+                lines.append(
+                    f"host p50 - floor - hop floor = {host.p50 - floor_ms - hops.hops_ms:.1f} ms:"
+                    " the host's own work beyond what the process view and the durability laws"
+                    f" make any host wait for ({hops.line()})"
+                )
             result.issue_target(
                 f"36:fork-over-floor:{name}",
                 ratio(host.p50, floor_ms),
                 measured=f"bench.fork_overhead: {host.n} forks; host p50 {host.p50:.1f} ms,"
                 f" bare {bare.p50:.1f} ms, floor {floor_ms:.1f} ms (bare + {floor.sync_ms:.1f}"
                 " ms of syncs)",
-                profile={"lines": [floor.line()], "floorMs": floor_ms, "bareMs": bare.p50},
+                profile={"lines": lines, "floorMs": floor_ms, "bareMs": bare.p50},
             )
         result.issue_target(
             "36:floor-over-bare",

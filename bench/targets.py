@@ -144,6 +144,13 @@ ISSUE36: tuple[IssueTarget, ...] = (
         "bench.fork_overhead",
         "1",
     ),
+    _info36(
+        "hop-floor",
+        "hop floor: a no-work request through client → daemon → worker → app-server and back,"
+        " beyond the app-server's pipes alone, ms (bench.hop_floor; the process view's minimum)",
+        "bench.fork_overhead",
+        "1",
+    ),
     *(
         row
         for p in PROVIDER_NAMES

@@ -19,7 +19,9 @@ same clock as the clients), so each delta's lag is its arrival minus the model's
   host ever held a delta back (limit 10 ms);
 - the turn floor (`bench.turn_floor`, timed right after each provider's Turns): what the laws
   make any host Turn wait for beyond the bare one (two durable COMMITs and the cheapest
-  `before` and `after` captures), beside turn overhead with their ratio.
+  `before` and `after` captures), beside turn overhead with their ratio; and the hop floor
+  (`bench.hop_floor`, once a run): what the process view's path costs a no-work request, so the
+  profile says what the host adds beyond both floors.
 
 Where a Turn's time goes, on each side (the model stamps when it has the timed reply's request):
 before the model (submit or `turn/start`/`query()` → the model has the request: runtime,
@@ -47,7 +49,7 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from bench import turn_floor
+from bench import hop_floor, turn_floor
 from bench.common import BenchResult, Latency, Mode, Table, bench_main, cpu_probe_ms, log, pick
 from bench.harness import WS, BenchDaemon, create_session, run_turn, submit
 from bench.profile import TreeProfile, cpu_line
@@ -414,6 +416,7 @@ def run(mode: Mode) -> BenchResult:
     stage_rows: list[tuple[Any, ...]] = []
     floor_rows: list[tuple[Any, ...]] = []
     floors: list[tuple[str, turn_floor.TurnFloor]] = []
+    hops: hop_floor.HopFloor | None = None
     wanted = os.environ.get("AGENTHOST_BENCH_PROVIDERS")
     names = [n for n in PROVIDER_NAMES if not wanted or n in wanted.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp_text:
@@ -436,6 +439,9 @@ def run(mode: Mode) -> BenchResult:
             # In the same minute as the Turns it is compared with: the load moves it.
             floor = turn_floor.measure(samples=pick(mode, 100, 50, 5))
             floors.append((name, floor))
+            if hops is None:
+                hops = hop_floor.measure(pick(mode, 400, 200, 20), pick(mode, 50, 20, 3))
+                result.figures["hopFloor"] = hops.to_json()
             turns = max(1, len(m["host"]))
             cpu = {k: round(1000 * v / turns, 2) for k, v in m["cpu"].items()}
             result.figures[name] = {**f, "cpuMsPerHostTurn": cpu, "turnFloor": floor.to_json()}
@@ -461,6 +467,10 @@ def run(mode: Mode) -> BenchResult:
                 ),
                 cpu_line(cpu, "ms per host Turn"),
                 floor.line(),
+                f"host - bare - turn floor - hop floor ="
+                f" {f['turnOverheadMs'] - floor.floor_ms - hops.hops_ms:.1f} ms: the host's own"
+                " work beyond what the process view and the Turn's laws make any host wait for"
+                f" ({hops.line()})",
             ]
             measured = (
                 f"bench.turn_overhead: {ht.n} turns each side, {DELTAS} deltas"

@@ -61,6 +61,8 @@ def test_every_benchmark_runs_in_smoke_mode_and_writes_json_tables_and_zero_viol
     for name in ("tutti-agent", "claude-code"):
         assert overhead["figures"][name]["host"]["n"] > 0
         assert overhead["figures"][name]["bare"]["n"] == overhead["figures"][name]["host"]["n"]
+    # The process view's hop floor, measured beside the forks (bench.hop_floor).
+    assert overhead["figures"]["hopFloor"]["chain"]["n"] > 0
     # The `ISSUE20` targets: every one measured (codex only where it is installed), in
     # their table's order, printed at the end of the run, and in the markdown.
     rows = doc["issue20Targets"]
