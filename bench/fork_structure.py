@@ -13,9 +13,10 @@ item's count by the thread that did it (call counts: the profiler does not chang
 thread's profiled CPU (cProfile inflates Python ~3x: shares, not timings) and the daemon's
 profiled CPU by kind of code. Not a benchmark of record.
 
-    PYTHONPATH=$TREE build/venv/bin/python <this checkout>/bench/fork_structure.py [--seconds 6]
+    cd $TREE && PYTHONPATH=$TREE build/venv/bin/python -m bench.fork_structure [--seconds 6]
 
-(the code measured, the daemon's and the worker's, is whichever tree leads PYTHONPATH).
+(a tree without this file: copy it and `bench/structure_site` in; run as a script, this
+directory's `profile.py` would shadow the standard library's).
 """
 
 from __future__ import annotations
