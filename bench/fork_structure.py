@@ -61,7 +61,7 @@ ITEMS: tuple[tuple[str, str], ...] = (
     ("SimpleQueue puts (a hand-off each)", r"^<method 'put' of '_queue\.SimpleQueue"),
     ("SimpleQueue blocking gets (a sleep each)", r"^<method 'get' of '_queue\.SimpleQueue"),
     ("eventfd writes (a wake of a poller)", r"^<built-in method posix\.eventfd_write"),
-    ("os.write (a pipe: the app-server's stdin, a link wake)", r"^<built-in method posix\.write>"),
+    ("os.write (the binder's file write; a link wake)", r"^<built-in method posix\.write>"),
     ("Condition notifies", r"^notify .*threading\.py"),
     ("epoll/poll sleeps", r"^<method 'poll' of 'select\.(e)?poll"),
     ("store writes submitted (transactions)", r"^submit_write .*storage/base\.py"),
