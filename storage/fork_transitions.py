@@ -198,9 +198,11 @@ class ForkTransitions:
                 and known.status is ForkStatus.DISPATCHING
             ):
                 validate_evidence(known, evidence)
-                record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
+                receipt = record_accepted(
+                    tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING
+                )
                 if tx.changes() == 1:
-                    return _carried(tx, _accepted(known, evidence, tx.now_ms)), True
+                    return _carried(tx, _accepted(known, evidence, tx.now_ms, receipt)), True
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status in (ForkStatus.PROVIDER_ACCEPTED, ForkStatus.COMMITTED):
                 if op.target_provider_session_id != evidence.child_provider_session_id:
@@ -215,8 +217,8 @@ class ForkTransitions:
                     params={"operationId": op_id, "status": op.status.value},
                 )
             validate_evidence(op, evidence)
-            record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
-            return _carried(tx, _accepted(op, evidence, tx.now_ms)), True
+            receipt = record_accepted(tx, ws, op_id, evidence, from_status=ForkStatus.DISPATCHING)
+            return _carried(tx, _accepted(op, evidence, tx.now_ms, receipt)), True
 
         return self._submit(body, ws, durable=durable)
 
@@ -283,17 +285,28 @@ def _carried(tx: Tx, op: ForkOperation) -> ForkOperation:
     return op
 
 
-def _accepted(op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int) -> ForkOperation:
+def _accepted(
+    op: ForkOperation, evidence: ProviderForkEvidence, now_ms: int, receipt_json: str
+) -> ForkOperation:
     """The row as `record_accepted` wrote it, without a re-read: the columns it set, each as a
-    read decodes it (JSON round trip included: `_as_read`)."""
+    read decodes it (JSON round trip included: `_as_read`; the receipt decoded from the very
+    text written, `receipt_json`, not dumped a second time for its round trip)."""
     return replace(
         op,
         status=ForkStatus.PROVIDER_ACCEPTED,
         accepted_at_ms=now_ms,
         target_provider_session_id=evidence.child_provider_session_id,
         target_provider_turn_ids=tuple(_as_read(list(evidence.provider_turn_ids))),
-        binding_receipt=_as_read(dict(evidence.receipt)),
+        binding_receipt=_receipt_as_read(evidence.receipt, receipt_json),
     )
+
+
+def _receipt_as_read(receipt: Mapping[str, Any], written: str) -> Any:
+    """`_as_read(dict(receipt))`, whose JSON round trip (a receipt is nested) would dump the
+    receipt again: `written` is that dump, so it is only decoded."""
+    if all(type(k) is str and _scalar(v) for k, v in receipt.items()):
+        return {k: receipt[k] for k in sorted(receipt)}
+    return loads(written)
 
 
 DELETE_RESERVATION_SQL = (
@@ -310,14 +323,16 @@ key (workspace, target; schema v21), the operation id guarding that it is this o
 
 def record_accepted(
     tx: Tx, ws: str, op_id: str, evidence: ProviderForkEvidence, *, from_status: ForkStatus
-) -> None:
+) -> str:
     """Writes `from_status → provider_accepted` with the provider's evidence (the saga's
-    dispatch, or `fork.resolve` adopting an `unknown` operation, which also clears its outcome)."""
+    dispatch, or `fork.resolve` adopting an `unknown` operation, which also clears its outcome).
+    Returns the `binding_receipt` text written."""
     bindings = None
     if evidence.turn_bindings is not None:
         bindings = {k: [v[0], v[1]] for k, v in evidence.turn_bindings.items()}
     clear = ", error = NULL, completed_at_ms = NULL" if from_status is ForkStatus.UNKNOWN else ""
     clear += stage_assignment(from_status, ForkStatus.PROVIDER_ACCEPTED)  # adopt: 1 → 2
+    receipt = dumps(dict(evidence.receipt))
     tx.execute(
         "UPDATE fork_operations SET status = 'provider_accepted', accepted_at_ms = ?,"
         " target_provider_session_id = ?, target_provider_turn_ids = ?,"
@@ -328,13 +343,14 @@ def record_accepted(
             evidence.child_provider_session_id,
             dumps(list(evidence.provider_turn_ids)),
             None if bindings is None else dumps(bindings),
-            dumps(dict(evidence.receipt)),
+            receipt,
             ws,
             op_id,
             from_status.value,
         ),
     )
     tx.emit(ForkOperationChanged(ws, op_id))
+    return receipt
 
 
 def validate_evidence(op: ForkOperation, ev: ProviderForkEvidence) -> None:

@@ -175,3 +175,55 @@ def test_a_warm_fork_asks_whether_it_attests_again_once(
     status, body = fork(c, sid, turn_id)
     assert status == 200 and body["operation"]["status"] == "committed", body
     assert len(keys) == 1
+
+
+def test_a_warm_fork_s_structure_is_one_worker_request_and_two_actor_messages(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm fork's structure (forkhops' inventory, docs/performance.md): one request to the
+    worker (`fork`: no `session.start`, no `runtime.attest`), two messages into an actor's
+    inbox (the `fork.create` and the worker's answer brought back to the Session actor), its
+    caller's budget timer armed and cancelled without waking the timer thread, and four
+    transactions by the saga (the lazy prepare, `dispatching`, the lazy `provider_accepted`,
+    the commit) of which two are fsync'd COMMITs. A hop, round trip or transaction added to
+    the warm path fails here."""
+    import actors.pool as pool
+
+    daemon, c = running
+    sid, turn_id = _source(c)
+    for _ in range(2):  # the first attests; the next ones find that runtime warm
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+    time.sleep(0.3)  # the second fork's own after-math (events, its ACK) is over
+    requests: list[str] = []
+    real_request = daemon.supervisor.request
+
+    def request(provider: str, method: str, *args: Any, **kwargs: Any) -> Any:
+        requests.append(method)
+        return real_request(provider, method, *args, **kwargs)
+
+    monkeypatch.setattr(daemon.supervisor, "request", request)
+    puts: list[str] = []
+    real_put = pool._PooledInbox.put
+
+    def put(self: Any, envelope: Any, /) -> None:
+        puts.append(type(envelope.message).__name__)
+        real_put(self, envelope)
+
+    monkeypatch.setattr(pool._PooledInbox, "put", put)
+    timers = daemon.ctx.actor_pool.timers
+    wakes, stats = timers.wakes, daemon.store.db.write_stats.snapshot()
+    status, body = fork(c, sid, turn_id)
+    assert status == 200 and body["operation"]["status"] == "committed", body
+    after = daemon.store.db.write_stats.snapshot()
+    assert requests == ["fork"]
+    assert puts == ["ForkCreate", "FollowUp"], puts
+    assert timers.wakes == wakes
+    assert (after["transactions"] - stats["transactions"], after["commits"] - stats["commits"]) == (
+        4,
+        2,
+    )

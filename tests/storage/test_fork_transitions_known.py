@@ -204,3 +204,42 @@ def test_the_commit_and_the_ack_build_their_operation_once(
     assert acked == store.fork_queries.get_fork_operation(WS, op.operation_id)
     again, changed = moves.acknowledge_fork(WS, op.operation_id)
     assert not changed and again == acked
+
+
+@pytest.mark.parametrize(
+    "receipt",
+    [
+        {"forkedFromId": "src", "proof": {"sha256": "ab", "lines": [1, (2, 3)]}, "n": 1.5},
+        {"forkedFromId": "src", "sha256": "ab"},
+    ],
+)
+def test_the_accepted_receipt_is_dumped_once(
+    counted: tuple[Store, OpReads], monkeypatch: pytest.MonkeyPatch, receipt: dict[str, Any]
+) -> None:
+    """`provider_accepted` from the saga's row dumps the evidence's receipt once, for the row it
+    writes, and builds its answer's receipt from that same text (forkhops: a nested receipt was
+    dumped again for `_as_read`'s round trip); the answer is still the row a read returns."""
+    import storage.fork_transitions as transitions
+
+    store, _ = counted
+    op = _prepared(store)
+    moves = store.fork_transitions
+    dispatching, _ = moves.mark_fork_dispatching(WS, op.operation_id, known=op)
+    receipt = {**receipt, "forkedFromId": op.source_provider_session_id}
+    dumped: list[Any] = []
+    real = transitions.dumps
+
+    def counting(value: Any) -> str:
+        dumped.append(value)
+        return real(value)
+
+    monkeypatch.setattr(transitions, "dumps", counting)
+    accepted, changed = moves.mark_fork_provider_accepted(
+        WS, op.operation_id, _evidence(op, receipt=receipt), durable=False, known=dispatching
+    )
+    assert changed
+    assert sum(1 for value in dumped if value == receipt) == 1
+    monkeypatch.setattr(transitions, "dumps", real)
+    read = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert accepted == read
+    assert list(accepted.binding_receipt) == list(read.binding_receipt)
