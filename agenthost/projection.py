@@ -254,11 +254,12 @@ def _workspace(text: str | None) -> wire.TurnWorkspace | None:
     if not text:
         return None
     try:
-        value = json_column(text)
+        # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md);
+        # typed by its annotation, not `typing.cast` (a Python call per Turn of a page).
+        value: wire.TurnWorkspace | None = json_column(text)
     except ValueError:
         return None
-    # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md).
-    return cast(wire.TurnWorkspace, value) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 _TURN_REASON = re.compile(

@@ -202,6 +202,10 @@ def _python_calls(fn: Any) -> dict[str, int]:
         if event != "call":
             return
         counts["<all>"] += 1
+        if frame.f_code.co_filename.endswith("typing.py"):
+            counts["typing." + frame.f_code.co_name] = (
+                counts.get("typing." + frame.f_code.co_name, 0) + 1
+            )
         if frame.f_code.co_filename.endswith("agenthost/projection.py"):
             name = frame.f_code.co_name
             counts[name] = counts.get(name, 0) + 1
@@ -232,3 +236,23 @@ def test_a_settled_turn_is_projected_in_few_python_calls(store: Store) -> None:
     for helper in ("_one_of", "_one_of_or_none", "error_reason", "<listcomp>"):
         assert counts.get(helper, 0) == 0, (helper, counts)
     assert counts["_turn"] == turns and counts["turn_of_row"] == turns, counts
+
+
+def test_a_turns_workspace_record_is_projected_without_a_typing_call(store: Store) -> None:
+    """A Turn with a workspace record: the record is decoded and shown as it was written, with
+    no `typing.cast` frame per Turn (a Python function call that only returns its argument).
+    Counted, never timed."""
+    sid = new_session(store, provider="tutti-agent")
+    turns = 10
+    for i in range(turns):
+        turn, _ = store.turns.claim_submit(WS, sid, f"r-{i}", "x")
+        store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed", checkpoint_json=json.dumps(CHECKPOINT)
+        )
+    catalog = Catalog()
+    timeline_result(store, catalog, WS, sid, 0, turns)
+    got: dict[str, Any] = {}
+    counts = _python_calls(lambda: got.update(timeline_result(store, catalog, WS, sid, 0, turns)))
+    assert [t["workspace"] for t in got["turns"]] == [CHECKPOINT] * turns
+    assert counts.get("typing.cast", 0) == 0, counts
+    assert counts["_workspace"] == turns, counts
