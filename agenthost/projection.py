@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast, get_args
 
 from actors.fork_saga import full_session_capable
-from actors.ports import ProviderCatalog
+from actors.ports import BindingState, ProviderCatalog
 from protocol import objects as wire
 from protocol.methods import LineageResult
 from storage.lineage_tree import LineageNode, LineageTree, Truncation
@@ -177,7 +177,7 @@ def turn_of_row(
         r[7],
         r[8],
         r[9],
-        [message_of_row(m) for m in message_rows],
+        list(map(message_of_row, message_rows)),
         interactions,
         r[11],
         r[12],
@@ -203,36 +203,63 @@ def _turn(
     checkpoint_json: str | None,
 ) -> wire.Turn:
     state = catalog.binding_state(provider, root_provider_turn_id, binding_json)
-    if phase != "settled" and state == "bound":
-        state = type(state)("unavailable")  # an active Turn is not a fork boundary yet
+    # The closed sets by dict lookups and the lists by `map`, not by helper and comprehension
+    # frames: a timeline page projects up to 100 Turns on the read pool, ~6 Python calls a
+    # Turn fewer (tests/daemon/test_projection_calls.py).
+    wire_phase = _PHASES.get(phase)
+    if wire_phase is None:
+        raise ValueError(f"{phase!r} is none of {tuple(_PHASES)}")
+    wire_outcome = None if outcome is None else _OUTCOMES.get(outcome)
+    if outcome is not None and wire_outcome is None:
+        raise ValueError(f"{outcome!r} is none of {tuple(_OUTCOMES)}")
     return {
         "turnId": turn_id,
         "sequence": sequence,
-        "phase": _one_of(("active", "settled"), phase),
-        "outcome": _one_of_or_none(("completed", "interrupted", "failed"), outcome),
+        "phase": wire_phase,
+        "outcome": wire_outcome,
         "error": error,
-        "errorReason": error_reason(error),
+        "errorReason": error_reason(error) if error else None,
         "rootProviderTurnId": root_provider_turn_id,
-        "providerForkBindingState": state.value,
+        # An active Turn is not a fork boundary yet: "bound" shows as "unavailable" until it
+        # settles.
+        "providerForkBindingState": (
+            _STATE_VALUES[state]
+            if wire_phase == "settled" or state != BindingState.BOUND
+            else "unavailable"
+        ),
         "finalAssistantMessageId": final_assistant_message_id,
         "messages": messages,
-        "interactions": [interaction(i) for i in interactions],
+        "interactions": list(map(interaction, interactions)) if interactions else [],
         "createdAtUnixMs": created_at_ms,
         "settledAtUnixMs": settled_at_ms,
         # The Turn's workspace checkpoint record (docs/design/workspace.md), null if none.
-        "workspace": _workspace(checkpoint_json),
+        "workspace": _workspace(checkpoint_json) if checkpoint_json else None,
     }
+
+
+_PHASES: dict[str, wire.TurnPhase] = {"active": "active", "settled": "settled"}
+_OUTCOMES: dict[str, wire.TurnOutcome] = {
+    "completed": "completed",
+    "interrupted": "interrupted",
+    "failed": "failed",
+}
+_STATE_VALUES: dict[BindingState, wire.BindingState] = {
+    BindingState.BOUND: "bound",
+    BindingState.RECOVERY_REQUIRED: "recovery_required",
+    BindingState.UNAVAILABLE: "unavailable",
+}
 
 
 def _workspace(text: str | None) -> wire.TurnWorkspace | None:
     if not text:
         return None
     try:
-        value = json_column(text)
+        # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md);
+        # typed by its annotation, not `typing.cast` (a Python call per Turn of a page).
+        value: wire.TurnWorkspace | None = json_column(text)
     except ValueError:
         return None
-    # The record the daemon's checkpoint code wrote in this shape (docs/design/workspace.md).
-    return cast(wire.TurnWorkspace, value) if isinstance(value, dict) else None
+    return value if isinstance(value, dict) else None
 
 
 _TURN_REASON = re.compile(

@@ -189,3 +189,70 @@ def test_the_timeline_page_decodes_no_json_with_the_standard_librarys_decoder(
     assert got["turns"][3]["workspace"] == CHECKPOINT
     assert got["turns"][0]["messages"][1]["payload"]["n"] == 2**40
     assert decoded == []
+
+
+def _python_calls(fn: Any) -> dict[str, int]:
+    """Python frames entered while `fn()` runs on this thread, per function name of
+    `agenthost/projection.py`, plus `"<all>"` for every Python frame (comprehensions too)."""
+    import sys
+
+    counts: dict[str, int] = {"<all>": 0}
+
+    def prof(frame: Any, event: str, _arg: Any) -> None:
+        if event != "call":
+            return
+        counts["<all>"] += 1
+        if frame.f_code.co_filename.endswith("typing.py"):
+            counts["typing." + frame.f_code.co_name] = (
+                counts.get("typing." + frame.f_code.co_name, 0) + 1
+            )
+        if frame.f_code.co_filename.endswith("agenthost/projection.py"):
+            name = frame.f_code.co_name
+            counts[name] = counts.get(name, 0) + 1
+
+    sys.setprofile(prof)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return counts
+
+
+def test_a_settled_turn_is_projected_in_few_python_calls(store: Store) -> None:
+    """A page of plain settled Turns (the timeline a GUI reads most): each Turn's projection
+    is `turn_of_row`, `_turn`, its Messages' `message_of_row` and its workspace record, with no
+    helper frame per closed-set word (`_one_of`), no comprehension frame per list and no
+    `error_reason` for a Turn with no error. Counted, never timed."""
+    sid = new_session(store, provider="tutti-agent")
+    turns = 20
+    for _ in range(turns):
+        settled_turn(store, sid)
+    catalog = Catalog()
+    timeline_result(store, catalog, WS, sid, 0, turns)  # warm: statements compiled, imports
+    got: dict[str, Any] = {}
+    counts = _python_calls(lambda: got.update(timeline_result(store, catalog, WS, sid, 0, turns)))
+    assert len(got["turns"]) == turns
+    assert all(t["phase"] == "settled" and t["outcome"] == "completed" for t in got["turns"])
+    for helper in ("_one_of", "_one_of_or_none", "error_reason", "<listcomp>"):
+        assert counts.get(helper, 0) == 0, (helper, counts)
+    assert counts["_turn"] == turns and counts["turn_of_row"] == turns, counts
+
+
+def test_a_turns_workspace_record_is_projected_without_a_typing_call(store: Store) -> None:
+    """A Turn with a workspace record: the record is decoded and shown as it was written, with
+    no `typing.cast` frame per Turn (a Python function call that only returns its argument).
+    Counted, never timed."""
+    sid = new_session(store, provider="tutti-agent")
+    turns = 10
+    for i in range(turns):
+        turn, _ = store.turns.claim_submit(WS, sid, f"r-{i}", "x")
+        store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed", checkpoint_json=json.dumps(CHECKPOINT)
+        )
+    catalog = Catalog()
+    timeline_result(store, catalog, WS, sid, 0, turns)
+    got: dict[str, Any] = {}
+    counts = _python_calls(lambda: got.update(timeline_result(store, catalog, WS, sid, 0, turns)))
+    assert [t["workspace"] for t in got["turns"]] == [CHECKPOINT] * turns
+    assert counts.get("typing.cast", 0) == 0, counts
+    assert counts["_workspace"] == turns, counts
