@@ -12,6 +12,7 @@ outside the span, the lineage checks, the ordinals and the prefix are judged as 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import itemgetter
 from pathlib import Path
 
 from drivers.binder import ParsedRollout
@@ -23,6 +24,8 @@ LINES = "tutti_agent.lines"
 """`Span.derived` key: (byte offset the lines were built at, the span's `RolloutLine`s)."""
 LEAN_RUN = "tutti_agent.lean_run"
 """`Span.derived` key: (byte offset, the span's lean `ReducedRun` at its record index)."""
+_ITEM = itemgetter(2)
+"""`RolloutLine.item` (its third field), read in C by `map`."""
 
 
 def known_lines(parsed: ParsedRollout, path: Path) -> KnownLines | None:
@@ -80,6 +83,6 @@ def derive_known(parsed: ParsedRollout, path: Path) -> None:
         return
     lines = known.lines
     items: list[RolloutItem] = [lines[0].item] * use.index  # before the span: never read
-    items.extend(line.item for line in lines)
+    items.extend(map(_ITEM, lines))  # `line.item for line in lines`, without a frame per line
     run = reduce_run(items, use.index, use.index + len(lines), with_items=False)
     use.span.derived[LEAN_RUN] = (use.start, run)

@@ -91,13 +91,19 @@ class PreparedFork:
     source: ThreadHistory
     end_ordinal_exclusive: int
     history_base: HistoryPosition | None
-    model_context: tuple[RolloutItem, ...]
     reservation: Reservation
     settled: bool = False
     """The prefix ends with a turn's terminal event: no turn is open at its end, so an
     Interrupted snapshot of it adds nothing."""
     turns: tuple[TurnRecord, ...] = ()
     """The turns of the prefix when `settled` (each ended inside it), else empty."""
+
+    @property
+    def model_context(self) -> tuple[RolloutItem, ...]:
+        """The prefix's items (`source.lines[:end_ordinal_exclusive]`'s), made when asked: a
+        settled fork whose child copies the prefix's bytes reads none of them (a tuple of
+        60,000 items for a 10,000-Turn prefix, and its copy, made for its length)."""
+        return tuple(map(itemgetter(2), self.source.lines[: self.end_ordinal_exclusive]))
 
 
 @dataclass(frozen=True, slots=True)
@@ -213,7 +219,6 @@ class ForkService:
                     source=source,
                     end_ordinal_exclusive=end,
                     history_base=base,
-                    model_context=tuple(map(itemgetter(2), source.lines[:end])),  # items
                     reservation=reservation,
                     settled=turns is not None,
                     turns=turns or (),
@@ -268,18 +273,20 @@ class ForkService:
     def _materialize(self, prepared: PreparedFork, options: ForkOptions) -> ForkResult:
         self.hooks.before_materialize(prepared)
         snapshot = options.snapshot
-        items = list(prepared.model_context)
+        n = prepared.end_ordinal_exclusive  # the prefix's items: `len(prepared.model_context)`
         # A settled prefix is its own Interrupted snapshot (no turn to close): the child is
-        # the prefix, and its turns are the prefix's.
+        # the prefix (its items, read only where the child does not copy its bytes), and its
+        # turns are the prefix's.
         as_is = prepared.settled and not isinstance(snapshot, TruncateBeforeNthUserMessage)
-        if as_is:
-            forked = items
-        else:
+        forked: list[RolloutItem] | None = None
+        if not as_is:
             forked = fork_history_from_snapshot(
-                snapshot if snapshot is not None else Interrupted(), items, options.marker
+                snapshot if snapshot is not None else Interrupted(),
+                list(prepared.model_context),
+                options.marker,
             )
-        if isinstance(snapshot, TruncateBeforeNthUserMessage):
-            forked = drop_empty_turn_shell(forked)
+            if isinstance(snapshot, TruncateBeforeNthUserMessage):
+                forked = drop_empty_turn_shell(forked)
         settings = self.store.settings(prepared.source)  # kept with the source's parse
         cwd = options.cwd or settings.get("cwd")
         model = options.model or settings.get("model")
@@ -311,19 +318,20 @@ class ForkService:
             # The prefix's lines as the source's file holds them, where it can (one read of
             # their bytes, not an encode per line); else each item encoded again.
             if as_is:
-                copied = self.store.copied_span(prepared.source, len(items))
+                copied = self.store.copied_span(prepared.source, n)
             if copied is not None:
                 lines = [settings_item]
             else:
-                body = [it for it in forked if it.type != LineType.SESSION_META]
+                prefix = prepared.model_context if forked is None else forked
+                body = [it for it in prefix if it.type != LineType.SESSION_META]
                 # Settings after the copied prefix: a cold resume reads the child's own
                 # settings.
                 lines = [*body, settings_item]
         else:
-            if isinstance(snapshot, TruncateBeforeNthUserMessage):
+            if forked is not None and isinstance(snapshot, TruncateBeforeNthUserMessage):
                 end, appended = len(forked), []
             else:
-                end, appended = len(items), forked[len(items) :]
+                end, appended = n, [] if forked is None else forked[n:]
             base = prepared.source.position_at(end)
             first_ordinal = base.end_ordinal_exclusive if base is not None else 0
             meta["forked_from_ordinal_exclusive"] = first_ordinal
@@ -365,7 +373,7 @@ class ForkService:
                     writer.path,
                     written[0].item.payload,
                     dict(child_settings),
-                    _preview(prepared.source.lines, len(items)),
+                    _preview(prepared.source.lines, n),
                 )
             else:
                 child = self.store.adopt_created(

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -47,6 +48,11 @@ class LeanTurns(list[dict[str, Any]]):
 
 _last_lean: tuple[Sequence[TurnRecord], LeanTurns] | None = None
 """The last reduction projected without items, and its projection (`lean_turns_to_wire`)."""
+_projecting = threading.RLock()
+"""Held while a reduction is projected without items or its projection encoded: a second
+thread asking for the same one (a source's `thread/read` that comes while the resume's prewarm
+is still projecting: the cold fork's case) waits and takes it, instead of projecting and
+encoding the 10,000 turns again beside it."""
 
 
 def lean_turns_to_wire(turns: Sequence[TurnRecord]) -> LeanTurns:
@@ -58,9 +64,13 @@ def lean_turns_to_wire(turns: Sequence[TurnRecord]) -> LeanTurns:
     last = _last_lean
     if last is not None and last[0] is turns:
         return last[1]
-    wire = LeanTurns(turn_to_wire(t, i, with_items=False) for i, t in enumerate(turns))
-    _last_lean = (turns, wire)
-    return wire
+    with _projecting:
+        last = _last_lean
+        if last is not None and last[0] is turns:
+            return last[1]  # projected meanwhile by the thread this one waited for
+        wire = LeanTurns(turn_to_wire(t, i, with_items=False) for i, t in enumerate(turns))
+        _last_lean = (turns, wire)
+        return wire
 
 
 def turns_to_wire(
@@ -84,17 +94,21 @@ def _encoded(turns: LeanTurns) -> str | None:
     """`turns`' text by orjson, made once (`LeanTurns.encoded`); None where orjson refuses a
     value (the standard library encodes the message instead)."""
     if turns.encoded is None:
-        try:
-            turns.encoded = orjson.dumps(turns).decode()
-        except (TypeError, orjson.JSONEncodeError):
-            return None
+        with _projecting:
+            if turns.encoded is None:  # else encoded meanwhile by the thread waited for
+                try:
+                    turns.encoded = orjson.dumps(turns).decode()
+                except (TypeError, orjson.JSONEncodeError):
+                    return None
     return turns.encoded
 
 
 def prepare_lean(turns: Sequence[TurnRecord]) -> None:
     """Project `turns` without items and encode them ahead of an answer that will (a resume's
-    prewarm: the source read a fork sends next)."""
-    _encoded(lean_turns_to_wire(turns))
+    prewarm: the source read a fork sends next), holding `_projecting` throughout: a read
+    that asks meanwhile waits for both and answers with them."""
+    with _projecting:
+        _encoded(lean_turns_to_wire(turns))
 
 
 def encode_message(message: Mapping[str, Any]) -> str:

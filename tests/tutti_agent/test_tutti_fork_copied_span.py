@@ -183,3 +183,43 @@ def test_a_pause_that_leaves_a_large_parse_alive_freezes_it_a_small_one_does_not
         assert len(small) == 1000
     finally:
         gc.unfreeze()
+
+
+def test_a_settled_copied_fork_reads_none_of_the_prefix_items(
+    store: ThreadStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`PreparedFork.model_context` (the prefix's items, a 60,000-item tuple for a 10,000-Turn
+    prefix) is made only when asked: a settled Copied fork whose child copies the prefix's
+    bytes, opened or not, asks 0 times; one that cannot copy them (the encoded fallback) and a
+    Referenced fork mid-turn ask once each, and their children hold what they held before."""
+    from tutti_agent.fork import PreparedFork
+
+    asked = [0]
+    made = PreparedFork.model_context
+
+    def counted(self: PreparedFork) -> tuple[object, ...]:
+        asked[0] += 1
+        return made.fget(self)  # type: ignore[attr-defined,no-any-return]
+
+    monkeypatch.setattr(PreparedFork, "model_context", property(counted))
+    root = write_root(store, explicit_turn("t1", "u1", "a1") + explicit_turn("t2", "u2", "a2"))
+    service = ForkService(store)
+    for loaded in (True, False):
+        got = service.fork(root, ForkOptions(boundary=ThroughTurn("t2"), keep_child_parse=loaded))
+        assert got.turns is not None and [t.id for t in got.turns] == ["t1", "t2"]
+    assert asked[0] == 0
+    slow_store = ThreadStore(store.home)
+    slow_store.copied_span = lambda history, end: None  # type: ignore[method-assign]
+    slow = ForkService(slow_store).fork(root, ForkOptions(boundary=ThroughTurn("t2")))
+    assert asked[0] == 1
+    assert [t.id for t in build_turns([ln.item for ln in read_rollout(slow.child.path)])] == [
+        "t1",
+        "t2",
+    ]
+    open_root = write_root(store, explicit_turn("t1", "u1", "a1") + [task_started("t2")])
+    mid = service.fork(
+        open_root, ForkOptions(boundary=Latest(), persistence=ForkPersistence.REFERENCED)
+    )
+    assert asked[0] == 2
+    assert mid.child is not None
+    assert [t.status.value for t in build_turns(mid.child.items)] == ["completed", "interrupted"]
