@@ -7,8 +7,9 @@ is ready to run waits up to 5 ms behind any thread busy in Python, and a writer 
 store's baton re-takes the GIL after each SQLite call. Shorter intervals (1, 0.5, 0.2 ms) were
 measured in four sessions and none showed a difference the shared machine resolved, while one
 made a Turn slower (docs/performance.md, "Mutation tails: the GIL switch interval, and the fsync
-after the baton"), so the daemon keeps CPython's default; the environment may set another for
-a measurement."""
+after the baton"); a fifth, on a quiet machine (1 ms against 5 ms, three interleaved pairs of the
+full `bench.mutations`, 2026-12-05), moved neither phase's p99 beyond the runs' own spread. So
+the daemon keeps CPython's default; the environment may set another for a measurement."""
 
 from __future__ import annotations
 
