@@ -216,14 +216,32 @@ def test_a_warm_fork_s_structure_is_one_worker_request_and_two_actor_messages(
 
     monkeypatch.setattr(pool._PooledInbox, "put", put)
     timers = daemon.ctx.actor_pool.timers
-    wakes, stats = timers.wakes, daemon.store.db.write_stats.snapshot()
-    status, body = fork(c, sid, turn_id)
-    assert status == 200 and body["operation"]["status"] == "committed", body
-    after = daemon.store.db.write_stats.snapshot()
-    assert requests == ["fork"]
-    assert puts == ["ForkCreate", "FollowUp"], puts
-    assert timers.wakes == wakes
-    assert (after["transactions"] - stats["transactions"], after["commits"] - stats["commits"]) == (
-        4,
-        2,
-    )
+    # Requests and inbox messages are the fork's own: every fork shows them. A timer wake or a
+    # transaction may also come from the daemon's other timers and writers (a loaded CI run saw
+    # one wake), so those are read on the quietest of up to three forks: a structural cost
+    # (the budget timer waking the thread, a transaction added) shows on every one of them.
+    seen: list[tuple[int, int, int]] = []
+    for _ in range(3):
+        requests.clear()
+        puts.clear()
+        wakes, stats = timers.wakes, daemon.store.db.write_stats.snapshot()
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        after = daemon.store.db.write_stats.snapshot()
+        assert requests == ["fork"]
+        assert puts == ["ForkCreate", "FollowUp"], puts
+        seen.append(
+            (
+                timers.wakes - wakes,
+                after["transactions"] - stats["transactions"],
+                after["commits"] - stats["commits"],
+            )
+        )
+        if seen[-1] == (0, 4, 2):
+            break
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+        time.sleep(0.3)
+    assert seen[-1] == (0, 4, 2), seen
