@@ -1,0 +1,73 @@
+"""The small per-request costs of the Session row on a mutation's path (issue 36 target 4):
+a Turn's Session touch builds the row it left without `dataclasses.replace`, and a Session row
+is decoded without the standard library's JSON decoder — each pinned by a count, with the value
+it gives unchanged."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+import storage.models
+from storage.models import Lineage, Session, SessionTouch
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _session() -> Session:
+    """A Session whose every field differs from its default and from every other field."""
+    return Session(
+        workspace_id="ws",
+        session_id="sid",
+        kind="fork",
+        provider="codex",
+        provider_session_id="psid",
+        title="title",
+        cwd="/cwd",
+        settings={"effort": "high"},
+        runtime_context={"branch": "b"},
+        model="model",
+        pinned=True,
+        deleted=False,
+        goal="goal",
+        active_turn_id=None,
+        parent_session_id="parent",
+        parent_turn_id="pturn",
+        created_at_ms=11,
+        updated_at_ms=12,
+        lineage=Lineage("src", "st", "sid", "tt", "op", 13),
+        rail_placement="rail",
+        visibility="hidden",
+        version=14,
+    )
+
+
+def _no_replace(*args: Any, **kwargs: Any) -> Any:
+    raise AssertionError("dataclasses.replace on the touch's path")
+
+
+@pytest.mark.parametrize("touch", [SessionTouch(15, 99, claimed="t1"), SessionTouch(15, 99)])
+def test_touch_builds_the_row_without_replace(
+    monkeypatch: pytest.MonkeyPatch, touch: SessionTouch
+) -> None:
+    """Every field but the three the touch sets is `base`'s (the same as `replace` gives), and
+    `replace` is not called (the test fails with the `replace` the apply used before)."""
+    base = _session()
+    expected = dataclasses.replace(
+        base, version=15, updated_at_ms=99, active_turn_id=touch.claimed
+    )
+    monkeypatch.setattr(dataclasses, "replace", _no_replace)
+    monkeypatch.setattr(storage.models, "replace", _no_replace, raising=False)
+    row = touch.apply(base)
+    assert row == expected
+    for f in dataclasses.fields(Session):
+        assert getattr(row, f.name) is getattr(expected, f.name), f.name
+
+
+def test_settled_touch_clears_the_active_turn(monkeypatch: pytest.MonkeyPatch) -> None:
+    base = dataclasses.replace(_session(), active_turn_id="t1")
+    monkeypatch.setattr(storage.models, "replace", _no_replace, raising=False)
+    row = SessionTouch(15, 99, settled="t1").apply(base)
+    assert row == dataclasses.replace(base, version=15, updated_at_ms=99, active_turn_id=None)
