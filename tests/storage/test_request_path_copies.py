@@ -6,12 +6,15 @@ it gives unchanged."""
 from __future__ import annotations
 
 import dataclasses
+import json
 from typing import Any
 
 import pytest
 
 import storage.models
+import storage.rows
 from storage.models import Lineage, Session, SessionTouch
+from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -71,3 +74,39 @@ def test_settled_touch_clears_the_active_turn(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setattr(storage.models, "replace", _no_replace, raising=False)
     row = SessionTouch(15, 99, settled="t1").apply(base)
     assert row == dataclasses.replace(base, version=15, updated_at_ms=99, active_turn_id=None)
+
+
+@pytest.mark.parametrize(
+    ("settings", "runtime_context"),
+    [({}, {}), ({"effort": "high", "n": [1, 2.5, None]}, {"branch": "é\u2028"})],
+)
+def test_session_row_decodes_without_the_standard_library(
+    store: Store, ws: str, monkeypatch: pytest.MonkeyPatch, settings: Any, runtime_context: Any
+) -> None:
+    """A Session read back decodes its two JSON columns by `json_column` (orjson) or not at all
+    (`{}`), never by `json.loads` (the test fails with the `loads` it used before), to the same
+    values, a fresh dict each."""
+    store.sessions.create_session(
+        ws,
+        session_id="s1",
+        provider="codex",
+        title="t",
+        cwd="/cwd",
+        settings=settings,
+        runtime_context=runtime_context,
+    )
+    calls: list[str] = []
+    real = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    monkeypatch.setattr(storage.rows, "loads", counting)
+    first = store.sessions.get_session(ws, "s1")
+    second = store.sessions.get_session(ws, "s1")
+    assert calls == []
+    assert first.settings == settings and first.runtime_context == runtime_context
+    assert first.settings is not second.settings
+    assert first.runtime_context is not second.runtime_context
