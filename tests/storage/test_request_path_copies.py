@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 
+import storage.history
 import storage.models
 import storage.rows
 from storage.models import Lineage, Session, SessionTouch
@@ -58,9 +59,7 @@ def test_touch_builds_the_row_without_replace(
     """Every field but the three the touch sets is `base`'s (the same as `replace` gives), and
     `replace` is not called (the test fails with the `replace` the apply used before)."""
     base = _session()
-    expected = dataclasses.replace(
-        base, version=15, updated_at_ms=99, active_turn_id=touch.claimed
-    )
+    expected = dataclasses.replace(base, version=15, updated_at_ms=99, active_turn_id=touch.claimed)
     monkeypatch.setattr(dataclasses, "replace", _no_replace)
     monkeypatch.setattr(storage.models, "replace", _no_replace, raising=False)
     row = touch.apply(base)
@@ -110,3 +109,34 @@ def test_session_row_decodes_without_the_standard_library(
     assert first.settings == settings and first.runtime_context == runtime_context
     assert first.settings is not second.settings
     assert first.runtime_context is not second.runtime_context
+
+
+@pytest.mark.parametrize("payload", [None, {}, {"b": 1, "a": [1.5, "é"], "n": None}])
+def test_appended_message_is_built_without_the_standard_library(
+    store: Store, ws: str, monkeypatch: pytest.MonkeyPatch, payload: Any
+) -> None:
+    """The Message `append_message` returns (built, not read back) has its payload decoded
+    from the stored text by `json_object`, not `json.loads` (the test fails with the `loads` it
+    used before), and equals a fresh read of the row."""
+    store.sessions.create_session(
+        ws, session_id="s1", provider="codex", title="t", cwd="/cwd", settings={}
+    )
+    turn, _ = store.turns.claim_submit(ws, "s1", "r", "x")
+    calls: list[str] = []
+    real = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    monkeypatch.setattr(storage.history, "loads", counting, raising=False)
+    message = store.history.append_message(
+        ws, "s1", turn.turn_id, kind="assistant", text="hi", payload=payload
+    )
+    assert calls == []
+    monkeypatch.setattr(json, "loads", real)
+    assert message.payload == (payload or {})
+    assert list(message.payload) == sorted(payload or {})  # the stored (canonical) text's order
+    read = store.turns.get_turn(ws, "s1", turn.turn_id).messages
+    assert [m for m in read if m.message_id == message.message_id] == [message]
