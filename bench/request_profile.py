@@ -88,6 +88,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=30)
     p.add_argument("--profile", action="store_true")
     p.add_argument("--count", action="append", default=[])
+    p.add_argument("--thread", default="", help="only threads whose name starts with this")
     args = p.parse_args(argv)
     print(f"load1 {os.getloadavg()[0]:.2f} probe {cpu_probe_ms():.1f} ms")
     from tests.support.in_process import in_process_daemon
@@ -129,7 +130,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     own: dict[tuple[str, str], float] = defaultdict(float)
     calls: dict[tuple[str, str], int] = defaultdict(int)
-    by_name: dict[str, int] = defaultdict(int)
     total_calls = 0
     total_own = 0.0
     for thread, entries in stats.items():
@@ -140,18 +140,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             calls[(tname, label)] += e.callcount
             total_calls += e.callcount
             total_own += e.inlinetime
-            name = e.code if isinstance(e.code, str) else e.code.co_name
-            by_name[name] += e.callcount
     print(
         f"profiled: {total_calls / cycles:.0f} calls, {1000 * total_own / cycles:.3f} ms own"
         f" thread time per cycle, threads {sorted(stats)}"
     )
     print(f"top {args.top} by own time (µs per cycle, calls per cycle, thread, function):")
-    for key, t in sorted(own.items(), key=lambda kv: -kv[1])[: args.top]:
+    shown = [kv for kv in own.items() if kv[0][0].startswith(args.thread)]
+    for key, t in sorted(shown, key=lambda kv: -kv[1])[: args.top]:
         print(f"  {1e6 * t / cycles:8.1f}  {calls[key] / cycles:7.1f}  {key[0]:<24} {key[1]}")
     for name in args.count:
-        hits = sum(n for label, n in by_name.items() if name == label or label.endswith(name))
-        print(f"count {name}: {hits / cycles:.2f} per cycle")
+        for label, n in sorted(calls.items()):
+            if label[1].endswith(name) or label[1].endswith(name + ">"):
+                print(f"count {name}: {n / cycles:6.2f} per cycle  {label[0]:<24} {label[1]}")
     return 0
 
 
