@@ -95,32 +95,32 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     if args.profile:
         threading.setprofile(_hook)
-    with tempfile.TemporaryDirectory(prefix="bench-reqprof-") as tmp_text:
-        with in_process_daemon(Path(tmp_text) / "home") as (daemon, client):
-            sid = create_session(client, "prof 0", ws=WS)
-            run_turn(client, sid, "warm up", ws=WS)
-            lean = LeanClient(daemon.api_endpoint)
-            waiter = Waiter(lean, daemon.events_endpoint)
-            try:
-                loop_mutate(lean, waiter, {"ws": WS, "sid": sid}, time.monotonic() + 1.5)
-                me = {str(threading.get_native_id())}
-                me |= {
-                    str(t.native_id) for t in threading.enumerate() if t.name in _CLIENT_THREADS
-                }
-                _on.set()
-                before = _thread_cpu()
-                t0 = time.monotonic()
-                cycles = 0
-                while cycles < args.cycles:
-                    _cycle(lean, waiter, sid, cycles)
-                    cycles += 1
-                elapsed = time.monotonic() - t0
-                after = _thread_cpu()
-                stats = {name: prof.getstats() for name, prof in list(_profilers.items())}
-                _on.clear()
-            finally:
-                waiter.close()
-                lean.close()
+    with (
+        tempfile.TemporaryDirectory(prefix="bench-reqprof-") as tmp_text,
+        in_process_daemon(Path(tmp_text) / "home") as (daemon, client),
+    ):
+        sid = create_session(client, "prof 0", ws=WS)
+        run_turn(client, sid, "warm up", ws=WS)
+        lean = LeanClient(daemon.api_endpoint)
+        waiter = Waiter(lean, daemon.events_endpoint)
+        try:
+            loop_mutate(lean, waiter, {"ws": WS, "sid": sid}, time.monotonic() + 1.5)
+            me = {str(threading.get_native_id())}
+            me |= {str(t.native_id) for t in threading.enumerate() if t.name in _CLIENT_THREADS}
+            _on.set()
+            before = _thread_cpu()
+            t0 = time.monotonic()
+            cycles = 0
+            while cycles < args.cycles:
+                _cycle(lean, waiter, sid, cycles)
+                cycles += 1
+            elapsed = time.monotonic() - t0
+            after = _thread_cpu()
+            stats = {name: prof.getstats() for name, prof in list(_profilers.items())}
+            _on.clear()
+        finally:
+            waiter.close()
+            lean.close()
     cpu = sum(after[t] - before.get(t, 0.0) for t in after if t not in me)
     print(
         f"{cycles} cycles in {elapsed:.1f} s; daemon threads' CPU (/proc)"

@@ -9,12 +9,14 @@ import dataclasses
 import json
 from typing import Any
 
+import msgpack
 import pytest
 
 import storage.history
 import storage.models
 import storage.rows
 from storage.models import Lineage, Session, SessionTouch
+from storage.sqlite import dumps
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,6 +109,13 @@ def test_session_row_decodes_without_the_standard_library(
     second = store.sessions.get_session(ws, "s1")
     assert calls == []
     assert first.settings == settings and first.runtime_context == runtime_context
+    # What the wire carries of them is byte for byte what the standard library's decode gave.
+    monkeypatch.setattr(json, "loads", real)
+    for value in (settings, runtime_context):
+        canonical = real(dumps(value))
+        assert msgpack.packb(canonical, use_bin_type=True) == msgpack.packb(
+            first.settings if value is settings else first.runtime_context, use_bin_type=True
+        )
     assert first.settings is not second.settings
     assert first.runtime_context is not second.runtime_context
 
