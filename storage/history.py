@@ -31,6 +31,7 @@ from storage.rows import (
     TURN_COLUMNS,
     hydrate_turns,
     interaction_from_row,
+    json_object,
     message_from_row,
     next_position,
     opened_order,
@@ -42,7 +43,7 @@ from storage.rows import (
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, Tx, dumps, loads
+from storage.sqlite import Row, Tx, dumps
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +151,7 @@ class HistoryStore:
             # The row as just inserted, built here instead of read back inside the writer's
             # baton (`test_store_canonical` pins it equal to a fresh read).
             return Message(
-                message_id, turn_id, kind, text, loads(payload_json), 1, position
+                message_id, turn_id, kind, text, json_object(payload_json), 1, position
             )  # fmt: skip
 
     def _message_after(

@@ -8,7 +8,7 @@ lives in `agenthost/projection.py`, so nothing here knows about the wire.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -397,8 +397,31 @@ class SessionTouch:
             if active != self.settled:
                 return None
             active = None
-        return replace(
-            base, version=self.version, updated_at_ms=self.updated_at_ms, active_turn_id=active
+        # Built field by field, not by `dataclasses.replace` (~2x its cost: it walks the
+        # class's fields and reads each by name); tests/storage pins that every field is kept.
+        return Session(
+            base.workspace_id,
+            base.session_id,
+            base.kind,
+            base.provider,
+            base.provider_session_id,
+            base.title,
+            base.cwd,
+            base.settings,
+            base.runtime_context,
+            base.model,
+            base.pinned,
+            base.deleted,
+            base.goal,
+            active,
+            base.parent_session_id,
+            base.parent_turn_id,
+            base.created_at_ms,
+            self.updated_at_ms,
+            base.lineage,
+            base.rail_placement,
+            base.visibility,
+            self.version,
         )
 
 

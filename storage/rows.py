@@ -89,8 +89,8 @@ def session_from_row(r: Row) -> Session:
         provider_session_id=r[4],
         title=r[5],
         cwd=r[6],
-        settings=loads(r[7]),
-        runtime_context=loads(r[8]),
+        settings=json_object(r[7]),
+        runtime_context=json_object(r[8]),
         model=r[9],
         pinned=bool(r[10]),
         deleted=bool(r[11]),
@@ -147,6 +147,13 @@ def json_column(text: str | None) -> Any:
         except orjson.JSONDecodeError:
             pass
     return json.loads(text)
+
+
+def json_object(text: str) -> Any:
+    """A NOT NULL JSON object column (a Session's `settings_json` / `runtime_context_json`, a
+    Message's `payload_json`): `json_column`, and the empty object (most rows') without a
+    decoder; a fresh dict each."""
+    return {} if text == "{}" else json_column(text)
 
 
 def message_from_row(r: Row) -> Message:
