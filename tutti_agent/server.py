@@ -44,7 +44,6 @@ from tutti_agent.turns import LiveThread
 from tutti_agent.wire import (
     encode_message,
     head_to_wire,
-    prepare_lean,
     turn_columns,
     thread_to_wire,
     turns_to_wire,
@@ -385,8 +384,9 @@ class AppServer:
     def _load_resumed(self, thread_id: str) -> None:
         """A resume's deferred load: the history loaded and the thread made live, as the
         resume would have before answering; then, on a thread of its own, its turns reduced
-        without items, projected and encoded (what a host reads of a source before it forks it:
-        the `thread/read` that follows finds them made, or waits for the reduction). A history
+        without items and made the turns' columns (what a host reads of a source before it forks
+        it, `turnColumns`: the `thread/read` that follows finds them made, or waits for the
+        reduction). A history
         that fails to load leaves the thread unloaded; `turn/start` on it answers that
         failure, and the next `thread/resume` loads it whole (and answers it)."""
         try:
@@ -404,7 +404,7 @@ class AppServer:
 
         def prewarm() -> None:
             with contextlib.suppress(Exception), gc_paused():
-                prepare_lean(self.store.turns(history, with_items=False))
+                turn_columns(self.store.turns(history, with_items=False))
 
         threading.Thread(target=prewarm, name=f"prewarm-{thread_id}", daemon=True).start()
 
