@@ -44,8 +44,8 @@ from tutti_agent.turns import LiveThread
 from tutti_agent.wire import (
     encode_message,
     head_to_wire,
-    turn_columns,
     thread_to_wire,
+    turn_columns,
     turns_to_wire,
 )
 

@@ -485,7 +485,7 @@ def _column_statuses(thread: Mapping[str, Any]) -> list[tuple[str, str]] | None:
         return None
     if len(ids) != len(statuses):
         raise AppServerFailure(f"thread/read: {len(ids)} turnIds but {len(statuses)} turnStatuses")
-    return list(zip(map(str, ids), map(str, statuses)))
+    return list(zip(map(str, ids), map(str, statuses), strict=True))
 
 
 # ------------------------------------------------------------------ releasing a fork's litter
