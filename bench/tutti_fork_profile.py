@@ -137,6 +137,7 @@ def one_fork(rollout: Path, only: str | None, profile: bool = True) -> list[Step
         out = io.StringIO()
         server = AppServer(ThreadStore(runtime_home), BuiltinModel(), out)
         answers: list[dict[str, Any]] = []
+        answer_bytes: dict[str, int] = {}
 
         def ask(method: str, params: dict[str, Any]) -> dict[str, Any]:
             out.seek(0)
@@ -144,7 +145,9 @@ def one_fork(rollout: Path, only: str | None, profile: bool = True) -> list[Step
             server.handle_line(
                 json.dumps({"id": len(answers) + 1, "method": method, "params": params})
             )
-            answer: dict[str, Any] = orjson.loads(out.getvalue().split("\n", 1)[0])
+            text = out.getvalue().split("\n", 1)[0]
+            answer_bytes[method] = len(text.encode())
+            answer: dict[str, Any] = orjson.loads(text)
             if "error" in answer:
                 raise SystemExit(f"{method}: {answer['error']}")
             answers.append(answer)
@@ -164,20 +167,27 @@ def one_fork(rollout: Path, only: str | None, profile: bool = True) -> list[Step
             for t in threading.enumerate():
                 if t.name.startswith("prewarm"):
                     t.join()
+            # As the worker asks (`TuttiAgentProvider.turn_columns`: the turns as columns).
+            columns = bool(getattr(TuttiAgentProvider, "turn_columns", False))
             lean = {"includeTurns": True, "turnItems": False}
+            if columns:
+                lean["turnColumns"] = True
             read = _timed(
                 steps,
                 "app: source read",
                 lambda: ask("thread/read", {"threadId": thread_id, **lean}),
                 app,
             )
-            prefix = [str(t["id"]) for t in read["result"]["thread"]["turns"]]
+            source = read["result"]["thread"]
+            prefix = list(source["turnIds"]) if columns else [str(t["id"]) for t in source["turns"]]
             fork = {
                 "threadId": thread_id,
                 "lastTurnId": prefix[-1],
                 "loaded": False,
                 "turnItems": False,
             }
+            if columns:
+                fork["turnColumns"] = True
             answer = _timed(steps, "app: thread/fork", lambda: ask("thread/fork", fork), app)
             child_id = str(answer["result"]["thread"]["id"])
             wk = profile and only in (None, "worker")
@@ -215,6 +225,11 @@ def one_fork(rollout: Path, only: str | None, profile: bool = True) -> list[Step
                 if problem is not None:
                     raise SystemExit(f"the proof failed: {problem}")
         server.shutdown()
+    print(
+        "answer bytes: "
+        + ", ".join(f"{m} {n:,}" for m, n in answer_bytes.items() if m.startswith("thread/")),
+        file=sys.stderr,
+    )
     order = {
         "app: resume + deferred load": 0,
         "prewarm": 1,

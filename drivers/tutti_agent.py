@@ -38,6 +38,7 @@ class TuttiAgentProvider:
     fork_unloaded = True
     fork_copies_source = True
     turns_without_items = True
+    turn_columns = True
     interrupt_waits_for_start = False
     liveness_probe: str | None = "thread/loaded/list"
 

@@ -13,6 +13,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from operator import itemgetter
 from pathlib import Path
 from queue import SimpleQueue
 from typing import Any
@@ -179,8 +180,8 @@ class ForkThroughTurn:
             source_turns = self._source_turns(runtime, request.source.agent_session_id, source_id)
         except AppServerFailure as exc:
             return ForkResult.not_started(f"source thread unreadable: {exc}")
-        ids = [turn_id for turn_id, _ in source_turns]
-        if ids[: len(prefix)] != prefix:
+        ids = list(map(itemgetter(0), source_turns[: len(prefix)]))
+        if ids != prefix:
             return ForkResult.not_started("source thread does not show the frozen turn prefix")
         if source_turns[len(prefix) - 1][1] == "inProgress":
             return ForkResult.not_started("the boundary turn is still in progress")
@@ -203,6 +204,8 @@ class ForkThroughTurn:
                 params["loaded"] = False
             if self.provider.turns_without_items:
                 params["turnItems"] = False
+            if self.provider.turn_columns:
+                params["turnColumns"] = True
             deadline = time.monotonic() + self.fork_timeout
             pending = runtime.proc.request_async("thread/fork", params)
             if dirs is not None:
@@ -239,7 +242,10 @@ class ForkThroughTurn:
         if forked_from != source_id:
             child = ForkChild(child_id, forked_from, ())
             return ForkResult.unknown(f"forkedFromId {forked_from!r} != source", child)
-        child_turns = turn_ids(thread.get("turns"))
+        column = thread.get("turnIds")
+        child_turns = (
+            list(map(str, column)) if type(column) is list else turn_ids(thread.get("turns"))
+        )
         if not child_turns:
             try:
                 child_turns = [
@@ -354,12 +360,15 @@ class ForkThroughTurn:
         provider can leave them out (`turns_without_items`)."""
         if not self.provider.turns_without_items:
             return _statuses(self.runtimes.thread_turns(runtime, thread_id))
-        result = runtime.proc.request(
-            "thread/read",
-            {"threadId": thread_id, "includeTurns": True, "turnItems": False},
-            timeout=self.runtimes.request_timeout,
-        )
-        turns = [t for t in thread_of(result).get("turns") or [] if isinstance(t, Mapping)]
+        params: dict[str, Any] = {"threadId": thread_id, "includeTurns": True, "turnItems": False}
+        if self.provider.turn_columns:
+            params["turnColumns"] = True
+        result = runtime.proc.request("thread/read", params, timeout=self.runtimes.request_timeout)
+        thread = thread_of(result)
+        columns = _column_statuses(thread)
+        if columns:
+            return columns
+        turns = [t for t in thread.get("turns") or [] if isinstance(t, Mapping)]
         # A history without turns in the answer (paginated) is listed, as `thread_turns` does.
         return _statuses(turns or self.runtimes.list_turns(runtime, thread_id))
 
@@ -465,6 +474,18 @@ def _status_type(thread: Mapping[str, Any]) -> str:
 
 def _statuses(turns: list[Mapping[str, Any]]) -> list[tuple[str, str]]:
     return [(str(t.get("id")), str(t.get("status") or "")) for t in turns]
+
+
+def _column_statuses(thread: Mapping[str, Any]) -> list[tuple[str, str]] | None:
+    """The turns' `(id, status)` from an answer's columns (`turnColumns`: `thread.turnIds`,
+    `thread.turnStatuses`), strings as `_statuses` makes them; None when it has none. Columns
+    of different lengths are a malformed answer (`AppServerFailure`: the source is unreadable)."""
+    ids, statuses = thread.get("turnIds"), thread.get("turnStatuses")
+    if type(ids) is not list or type(statuses) is not list:
+        return None
+    if len(ids) != len(statuses):
+        raise AppServerFailure(f"thread/read: {len(ids)} turnIds but {len(statuses)} turnStatuses")
+    return list(zip(map(str, ids), map(str, statuses), strict=True))
 
 
 # ------------------------------------------------------------------ releasing a fork's litter

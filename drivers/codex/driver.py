@@ -76,6 +76,7 @@ class CodexProvider:
     fork_unloaded = False
     fork_copies_source = False
     turns_without_items = False
+    turn_columns = False
     interrupt_waits_for_start = True
     # Answered at once even while a Turn streams (Codex 0.171; docs/performance.md).
     liveness_probe: str | None = "thread/loaded/list"

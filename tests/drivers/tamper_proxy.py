@@ -18,12 +18,23 @@ import threading
 def tamper(mode: str, result: dict, source_id: str) -> dict:  # type: ignore[type-arg]
     thread = result.get("thread") or {}
     turns = list(thread.get("turns") or [])
+    # The turns as columns (`turnColumns`, what the driver asks tutti-agent): tampered alike.
+    ids, statuses = list(thread.get("turnIds") or []), list(thread.get("turnStatuses") or [])
+    extra = "01a228cc-ffff-7000-8000-00000000dead"
     if mode == "drop_first_turn":
         thread["turns"] = turns[1:]
+        if "turnIds" in thread:
+            thread["turnIds"], thread["turnStatuses"] = ids[1:], statuses[1:]
     elif mode == "extra_turn":
-        thread["turns"] = turns + [dict(turns[-1], id="01a228cc-ffff-7000-8000-00000000dead")]
+        if turns:
+            thread["turns"] = turns + [dict(turns[-1], id=extra)]
+        if "turnIds" in thread:
+            thread["turnIds"], thread["turnStatuses"] = ids + [extra], statuses + statuses[-1:]
     elif mode == "reorder":
         thread["turns"] = list(reversed(turns))
+        if "turnIds" in thread:
+            thread["turnIds"] = list(reversed(ids))
+            thread["turnStatuses"] = list(reversed(statuses))
     elif mode == "child_is_source":
         thread["id"] = source_id
     elif mode == "wrong_parent":

@@ -215,7 +215,9 @@ def test_the_source_read_and_the_fork_ask_for_the_turns_without_items(
     def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
         sent.append((method, dict(params or {})))
         if not server_honours:
-            params = {k: v for k, v in (params or {}).items() if k != "turnItems"}
+            params = {
+                k: v for k, v in (params or {}).items() if k not in ("turnItems", "turnColumns")
+            }
         return real_send(self, method, params)
 
     monkeypatch.setattr(AppServerProcess, "request_async", request_async)
@@ -241,3 +243,67 @@ def test_the_source_read_and_the_fork_ask_for_the_turns_without_items(
     assert by_method["thread/resume"].get("excludeTurns") is True
     assert by_method["thread/read"].get("turnItems") is False
     assert by_method["thread/fork"].get("turnItems") is False
+    assert by_method["thread/read"].get("turnColumns") is True
+    assert by_method["thread/fork"].get("turnColumns") is True
+
+
+def _answers(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, Any]]:
+    """The (method, future) of every request the worker sends, its answer read later."""
+    from drivers.app_server.process import AppServerProcess
+
+    seen: list[tuple[str, Any]] = []
+    real_send = AppServerProcess.request_async
+
+    def request_async(self: AppServerProcess, method: str, params: Any) -> Any:
+        future = real_send(self, method, params)
+        seen.append((method, future))
+        return future
+
+    monkeypatch.setattr(AppServerProcess, "request_async", request_async)
+    return seen
+
+
+def test_the_source_read_and_the_fork_are_answered_turn_columns_not_turn_objects(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """tutti-agent answers the fork's source read and `thread/fork` with the turns' ids and
+    statuses as two columns (`turnColumns`), no turn object on the wire: what the worker
+    decodes of a 10,000-Turn source is 20,000 strings, not 10,000 objects of nine fields."""
+    seen = _answers(monkeypatch)
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a", "b"))
+    del seen[:]
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.child is not None and list(result.child.provider_turn_ids) == turns
+    answered = {method: future.result(timeout=5) for method, future in seen}
+    for method in ("thread/read", "thread/fork"):
+        thread = answered[method]["thread"]
+        assert thread["turns"] == [], method
+        assert thread["turnIds"] == turns, method
+        assert thread["turnStatuses"] == ["completed", "completed"], method
+
+
+def test_turn_columns_of_different_lengths_leave_the_source_unread(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A source read whose columns disagree in length is malformed: the fork is not started
+    (nothing forked), never judged on the ids alone."""
+    from drivers.app_server import fork as fork_module
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    real = fork_module.thread_of
+
+    def short_statuses(result: Any) -> Any:
+        thread = dict(real(result))
+        if "turnStatuses" in thread:
+            thread["turnStatuses"] = thread["turnStatuses"][:-1]
+        return thread
+
+    monkeypatch.setattr(fork_module, "thread_of", short_statuses)
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.NOT_STARTED
+    assert "turnStatuses" in (result.error or "")

@@ -578,3 +578,37 @@ def test_fork_copies_no_running_state_and_leaves_source_turn_running(
     server.respond(question["id"], {"answers": {"answer": {"answers": ["yes"]}}})
     turn = server.wait_turn_completed(asking)
     assert (turn["status"], agent_texts(turn)) == ("completed", ["yes"])
+
+
+def test_turn_columns_are_the_turns_ids_and_statuses_and_nothing_else(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """`turnColumns: true` on `thread/read` and `thread/fork` (loaded or not): `thread.turns`
+    is empty and `thread.turnIds` / `thread.turnStatuses` are the full answer's ids and
+    statuses in order; without `includeTurns` a read answers no columns; anything but a
+    boolean is refused."""
+    server = tutti_server()
+    src = server.start_thread(str(tmp_path))
+    server.run_turn(src, "one")
+    server.run_turn(src, "/fail broken")
+    server.run_turn(src, "three")
+    full = server.call("thread/read", {"threadId": src, "includeTurns": True})["thread"]["turns"]
+    ids, statuses = [t["id"] for t in full], [t["status"] for t in full]
+    assert statuses == ["completed", "failed", "completed"]
+    read = server.call(
+        "thread/read",
+        {"threadId": src, "includeTurns": True, "turnItems": False, "turnColumns": True},
+    )["thread"]
+    assert (read["turns"], read["turnIds"], read["turnStatuses"]) == ([], ids, statuses)
+    bare = server.call("thread/read", {"threadId": src, "turnColumns": True})["thread"]
+    assert bare["turns"] == [] and "turnIds" not in bare
+    for loaded in (False, True):
+        child = server.call(
+            "thread/fork",
+            {"threadId": src, "lastTurnId": ids[-1], "loaded": loaded, "turnColumns": True},
+        )["thread"]
+        assert (child["turns"], child["turnIds"], child["turnStatuses"]) == ([], ids, statuses)
+        again = server.call("thread/read", {"threadId": child["id"], "includeTurns": True})
+        assert [t["id"] for t in again["thread"]["turns"]] == ids
+    with pytest.raises(RpcError, match="turnColumns must be a boolean"):
+        server.call("thread/read", {"threadId": src, "includeTurns": True, "turnColumns": 1})
