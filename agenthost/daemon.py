@@ -17,8 +17,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-import zmq
-
 from actors import runtime_dirs
 from actors.checkpoints import (
     CheckpointJanitor,
@@ -130,9 +128,6 @@ class Daemon:
         self._event_thread: threading.Thread | None = None
         self.store: Store | None = None
         self.server: ApiServer | None = None
-        self.zmq_context: zmq.Context[Any] | None = None
-        """The daemon's one ZeroMQ context: the API server's sockets and the worker links
-        (one libzmq I/O thread for both); made by `start`, terminated by `close` last."""
         self.fd_limit = 0
         self._home_lock: HomeLock | None = None
         self.stop_requested = threading.Event()
@@ -207,10 +202,8 @@ class Daemon:
             {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
             state_dir=fp_state,
         )
-        self.zmq_context = zmq_context = zmq.Context()
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
-            context=zmq_context,
             provider_config=_provider_config(cfg, self.providers),
             failpoints=format_points(
                 {k: v for k, v in parse_points(env_points).items() if not k.startswith("host.")}
@@ -321,7 +314,6 @@ class Daemon:
             curve=self.keys.server_curve(),
             events_exact_endpoint=_exact_ipc(cfg),
             events_exact_listen=list(self.events_exact_listen),
-            context=zmq_context,
         )
         # The publisher (running since before the server existed) publishes to it from now.
         self.publisher.sink = self.server
@@ -551,26 +543,11 @@ class Daemon:
             if self.ctx.checkpoint_janitor is not None:
                 self.ctx.checkpoint_janitor.close()
             self._checkpoint_pool.shutdown(wait=False, cancel_futures=True)
-        self._term_zmq()
         if self.store is not None:
             self.store.close()
         if self._home_lock is not None:
             self._home_lock.release()
             self._home_lock = None
-
-    def _term_zmq(self) -> None:
-        """Terminate the shared ZeroMQ context once both of its users closed every socket they
-        made on it (a `term()` blocks while one is open: a transport or supervisor thread
-        that did not stop leaves it to the process's exit)."""
-        context, self.zmq_context = self.zmq_context, None
-        if context is None:
-            return
-        users = (self.server, getattr(self, "supervisor", None))
-        if all(user is None or user.released for user in users):
-            context.term()
-        else:
-            log.error("a ZeroMQ socket is still open at close: the context is left to exit")
-            self.zmq_context = context
 
     @property
     def api_endpoint(self) -> str:

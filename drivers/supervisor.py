@@ -266,11 +266,7 @@ class WorkerSupervisor:
         provider_config: dict[str, dict[str, Any]] | None = None,
         failpoints: str = "",
         start_timeout: float = 20.0,
-        context: zmq.Context[Any] | None = None,
     ) -> None:
-        """`context`: the ZeroMQ context of the worker links (the daemon passes the one its API
-        server uses, so the process has one libzmq I/O thread; its owner terminates it after
-        `close`, see `released`). None: a context of its own, terminated by `close`."""
         self._run_dir = Path(run_dir)
         self._run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         self._python = python
@@ -284,8 +280,7 @@ class WorkerSupervisor:
         self._fp_state.mkdir(mode=0o700)
         self._sock_dir, self._own_sock_dir = socket_dir(self._run_dir)
 
-        self._own_context = context is None
-        self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
+        self._ctx: zmq.Context[Any] = zmq.Context()
         self._mailbox = Mailbox()
         # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
         self._epoll = select.epoll()
@@ -383,19 +378,9 @@ class WorkerSupervisor:
         self._loop_thread.join(timeout + 5.0)
         self._deliveries.close(5.0)
         self._mailbox.close()
-        if self._loop_thread.is_alive():
-            # Its links are still open: a `term()` would block until they close.
-            log.error("worker supervisor loop did not stop; its ZeroMQ context is left open")
-        elif self._own_context:
-            self._ctx.term()
+        self._ctx.term()
         if self._own_sock_dir:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
-
-    @property
-    def released(self) -> bool:
-        """Every socket this supervisor made on its context is closed (`close` returned and
-        its loop stopped): the context's owner may `term()` it without blocking."""
-        return self._closing.is_set() and not self._loop_thread.is_alive()
 
     def __enter__(self) -> WorkerSupervisor:
         return self

@@ -320,11 +320,6 @@ class ConnectionGuard:
         if thread is None or not thread.is_alive():
             self._close_monitors()
 
-    @property
-    def monitors_open(self) -> bool:
-        """A monitor socket of this guard is still open (its thread did not stop in `stop`)."""
-        return bool(self._monitors)
-
     def _close_monitors(self) -> None:
         for monitor, _ in self._monitors:
             with contextlib.suppress(zmq.ZMQError):

@@ -695,20 +695,6 @@ class ApiServer:
                 if self._own_context:
                     self._ctx.term()
 
-    @property
-    def released(self) -> bool:
-        """Every socket this server made on its context (ROUTER, XPUBs, the guard's monitors,
-        the ZAP handler's) is closed: `close` returned with the transport thread stopped. The
-        owner of a context passed in may `term()` it without blocking from then on."""
-        thread = self._thread
-        return (
-            self._closed
-            and self._router is None
-            and self._auth is None
-            and (self._guard is None or not self._guard.monitors_open)
-            and (thread is None or not thread.is_alive())
-        )
-
     def __enter__(self) -> ApiServer:
         self.start()
         return self
