@@ -1,7 +1,7 @@
 """The small per-request costs of the Session row on a mutation's path (the performance work's
 target 4): a Turn's Session touch builds the row it left without `dataclasses.replace`, and a
-Session row is decoded without the standard library's JSON decoder — each pinned by a count, with the value
-it gives unchanged."""
+Session row is decoded without the standard library's JSON decoder — each pinned by a count,
+with the value it gives unchanged."""
 
 from __future__ import annotations
 
