@@ -377,8 +377,15 @@ class WorkerSupervisor:
         self._mailbox.put(("close", None))
         self._loop_thread.join(timeout + 5.0)
         self._deliveries.close(5.0)
-        self._mailbox.close()
-        self._ctx.term()
+        if self._loop_thread.is_alive():
+            # Its worker links are still open (a socket is its thread's to close), and `term()`
+            # blocks until every socket of the context is closed: the stop would hang. The
+            # context and the mailbox (whose descriptor the loop still reads: closed, its number
+            # could name another file) are left to the process's exit instead.
+            log.warning("worker supervisor: its loop did not stop in %.1f s", timeout + 5.0)
+        else:
+            self._mailbox.close()
+            self._ctx.term()
         if self._own_sock_dir:
             shutil.rmtree(self._sock_dir, ignore_errors=True)
 

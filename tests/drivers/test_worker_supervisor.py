@@ -236,3 +236,39 @@ def test_worker_exits_when_its_parent_process_is_killed(tmp_path: Path) -> None:
     finally:
         if parent.poll() is None:
             parent.kill()
+
+
+@pytest.mark.timeout(40)
+def test_close_returns_when_the_loop_is_stuck_with_a_worker_link_open(run_dir: Path) -> None:
+    """A loop thread that does not stop in time still holds its worker links; `close` must not
+    then wait on the ZeroMQ context's `term()` (which blocks until every socket is closed): the
+    daemon's stop would hang. Nor may it close the mailbox the loop still reads: once the loop
+    goes on, it ends without an error."""
+    sup = WorkerSupervisor(run_dir)
+    release = threading.Event()
+    try:
+        sup.request(P, "worker.ping", {}, 15).result(20)  # a link is open on the loop's context
+        real_shutdown = sup._shutdown
+
+        def stuck() -> None:
+            release.wait(60)
+            real_shutdown()
+
+        sup._shutdown = stuck  # type: ignore[method-assign]
+        closer = threading.Thread(target=sup.close, kwargs={"timeout": 0.1}, daemon=True)
+        closer.start()
+        closer.join(20)
+        assert not closer.is_alive(), "close() hung on the context's term()"
+        errors: list[BaseException] = []
+        previous = threading.excepthook
+        threading.excepthook = lambda args: errors.append(args.exc_value)  # type: ignore[assignment,arg-type]
+        try:
+            release.set()
+            sup._loop_thread.join(10)
+        finally:
+            threading.excepthook = previous
+        assert not sup._loop_thread.is_alive()
+        assert errors == []
+    finally:
+        release.set()
+        sup._loop_thread.join(10)
