@@ -17,7 +17,7 @@ import json
 import logging
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -89,6 +89,31 @@ def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:
         and runtime.verdict is not None
         and host.attested_runtime == attestation_key(runtime, runtime.generation)
     )
+
+
+def verdict_error(
+    result: Mapping[str, Any], driver_kind: str, driver_version: str, point_kind: str
+) -> str | None:
+    """What keeps a fork of this prepared identity from leaving the host on the runtime's
+    verdict (a `runtime.attest` answer, or an unchanged runtime's `session.start`), or None."""
+    kind, version = str(result.get("driverKind")), str(result.get("driverVersion"))
+    if (kind, version) != (driver_kind, driver_version):
+        return f"driver changed since prepare: {driver_kind} {driver_version} → {kind} {version}"
+    if result.get("forkThroughTurn") is not True:
+        # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
+        return "runtime no longer attests forkThroughTurn"
+    if result.get("binderAvailable") is not True:
+        # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
+        # a missing key, false or anything else is "no binder", decided before dispatch.
+        return (
+            f"provider-state binder unavailable (binderAvailable="
+            f"{result.get('binderAvailable', '<missing>')!r})"
+        )
+    full = point_kind == ForkPointKind.LATEST_SETTLED
+    if full and result.get("forkFullSession") is not True:
+        # The driver declares full-Session fork separately (seed 000 §11 step 2).
+        return "the driver does not declare forkFullSession"
+    return None
 
 
 @dataclass(eq=False)
@@ -341,11 +366,15 @@ class ForkSaga:
     ) -> Future[ForkResult]:
         """`dispatching`, durable, then the one fork request to the worker."""
         prepared = op
-        with self.host.store.db.background():
-            # The saga's own row: one guarded UPDATE, no read of it first.
-            op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
-                self.host.ws, op.operation_id, known=op
-            )
+        if op.status is not fork_states.ForkStatus.DISPATCHING:
+            with self.host.store.db.background():
+                # The saga's own row: one guarded UPDATE, no read of it first.
+                op, _ = self.host.store.fork_transitions.mark_fork_dispatching(
+                    self.host.ws, op.operation_id, known=op
+                )
+        # else the warm path's prepare wrote the row at `dispatching`, fsync'd, in its own
+        # transaction (`_prepare`): law 1's marker is already durable, and its change events
+        # are already in this saga's hold.
         self.operation = op
         if self.prepare_lazy:
             # Dispatching's fsync made the lazy prepare durable too. It emitted no events
@@ -392,27 +421,7 @@ class ForkSaga:
 
     def _verdict_error(self, result: Mapping[str, Any]) -> str | None:
         op = self.operation
-        kind, version = str(result.get("driverKind")), str(result.get("driverVersion"))
-        if (kind, version) != (op.driver_kind, op.driver_version):
-            return (
-                f"driver changed since prepare: {op.driver_kind} {op.driver_version} → "
-                f"{kind} {version}"
-            )
-        if result.get("forkThroughTurn") is not True:
-            # The driver's own verdict (brand, version gate, SDK pin) at dispatch time.
-            return "runtime no longer attests forkThroughTurn"
-        if result.get("binderAvailable") is not True:
-            # Fail closed (seed 000 §6/§7): only an explicit `true` lets a fork leave the host;
-            # a missing key, false or anything else is "no binder", decided before dispatch.
-            return (
-                f"provider-state binder unavailable (binderAvailable="
-                f"{result.get('binderAvailable', '<missing>')!r})"
-            )
-        full = op.point_kind == ForkPointKind.LATEST_SETTLED
-        if full and result.get("forkFullSession") is not True:
-            # The driver declares full-Session fork separately (seed 000 §11 step 2).
-            return "the driver does not declare forkFullSession"
-        return None
+        return verdict_error(result, op.driver_kind, op.driver_version, op.point_kind)
 
     def _dispatched(self, fut: Future[ForkResult]) -> None:
         """The worker's answer: this step's events (the commit's, or an ending's) go out once
@@ -798,17 +807,39 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
     # of it). Wherever something can happen first, the prepare is fsync'd on its own.
     attests = None if trees is not None else attests_again(host, runtime)
     lazy = attests is False
-    op, created = host.store.fork_prepare.prepare_fork(
-        host.ws,
-        request,
-        turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
-        plan_workspace=None if trees is None else trees.plan,
-        durable=not lazy,
+    # A warm fork whose runtime's verdict passes now (it is the verdict `_check_verdict` runs
+    # on, unchanged until then: the same actor step) is prepared straight at `dispatching`:
+    # one fsync'd transaction where there were two (a lazy `prepared`, then `dispatching`).
+    # Nothing runs between the two that a crash could tell apart: a kill before that COMMIT
+    # leaves no row (nothing dispatched, nobody told), after it `dispatching` (docs/design/
+    # fork-saga.md, "A warm fork's prepare is its dispatching marker"). A verdict that fails
+    # takes the lazy path, so the operation ends `failed` with its reason, as before.
+    dispatching = (
+        lazy
+        and runtime.verdict is not None
+        and verdict_error(
+            runtime.verdict, request.driver_kind, request.driver_version, str(msg.point_kind)
+        )
+        is None
     )
+    held: list[ChangeEvent] = []
+    with host.store.db.events_after(into=held) if dispatching else nullcontext():
+        op, created = host.store.fork_prepare.prepare_fork(
+            host.ws,
+            request,
+            turn_forkable=lambda root, binding: catalog.turn_forkable(provider, root, binding),
+            plan_workspace=None if trees is None else trees.plan,
+            durable=not lazy or dispatching,
+            dispatching=dispatching,
+        )
     if not created:
+        host.store.db.notify(held)  # none: a replay writes nothing
         _answer_existing(host, op, msg.reply)
         return
-    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy, attests=attests)
+    saga = ForkSaga(host, op, runtime, info, prepare_lazy=lazy and not dispatching, attests=attests)
+    # The prepare's change events (the operation at `dispatching`, its source) wait in the
+    # saga's hold with the dispatch step's, until the provider's answer or the budget's 202.
+    saga._held = held
     host.sagas[op.operation_id] = saga
     host.live_operations.add(op.operation_id)
     saga.join(msg.reply)

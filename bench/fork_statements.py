@@ -13,7 +13,7 @@ boundary's Interactions join were two (docs/performance.md, "The daemon's share 
 fork, fourth pass"). Timings, loaded or not: read the two columns of one run side by side.
 
     cd $TREE && PYTHONPATH=$TREE build/venv/bin/python -m bench.fork_statements \\
-        [--turns 10] [--forks 300]
+        [--turns 10] [--forks 300] [--split] [--show]
 """
 
 from __future__ import annotations
@@ -93,7 +93,7 @@ def _cpu_us(conn: apsw.Connection, sql: str, bindings: Any, n: int = 500) -> flo
     return (time.thread_time() - t0) / n * 1e6
 
 
-def run(turns: int, forks: int) -> None:
+def run(turns: int, forks: int, split: bool = False, show: bool = False) -> None:
     with tempfile.TemporaryDirectory(prefix="bench-fork-statements-") as tmp:
         store = Store.open(Path(tmp) / "store.sqlite3")
         try:
@@ -128,19 +128,25 @@ def run(turns: int, forks: int) -> None:
                     statements.clear()
                 recording[0] = i == forks - 1
                 request = fork_request(sid, turn_id)
+                # As the saga's warm path calls them: the prepare written at `dispatching`
+                # (one fsync'd transaction; `--split`: a lazy prepare, then `dispatching`),
+                # each move from the row it holds (`known`), the acceptance lazy (made durable
+                # by the commit's fsync).
                 op, _ = timed(
                     "prepare",
                     store.fork_prepare.prepare_fork,
                     WS,
                     request,
                     turn_forkable=forkable,
-                    durable=False,
+                    durable=not split,
+                    dispatching=not split,
                 )
                 oid = op.operation_id
-                # As the saga calls them: each move from the row it holds (`known`), the
-                # acceptance lazy (made durable by the commit's fsync).
-                dispatch = store.fork_transitions.mark_fork_dispatching
-                op, _ = timed("dispatching", dispatch, WS, oid, known=op)
+                if split:
+                    dispatch = store.fork_transitions.mark_fork_dispatching
+                    op, _ = timed("dispatching", dispatch, WS, oid, known=op)
+                else:
+                    cpu["dispatching"].append(0.0)
                 accept = store.fork_transitions.mark_fork_provider_accepted
                 evidence = evidence_for(op)
                 timed("accepted", accept, WS, oid, evidence, durable=False, known=op)
@@ -155,6 +161,10 @@ def run(turns: int, forks: int) -> None:
             whole = [sum(cpu[name][i] for name in STEPS) for i in range(WARM, forks)]
             total = statistics.median(whole)
             print(f"  {'total':12s} {total:6.3f} ms (p50 of each fork's five steps)")
+            if show:
+                print("every statement of the last fork, by step:")
+                for name, sql, _ in last:
+                    print(f"  {name:12s} {' '.join(sql.split())[:110]}")
             print("each SELECT of the last fork, CPU µs per execution (bound / as literals):")
             for name, sql, bindings in last:
                 text = sql.strip()
@@ -174,8 +184,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
     parser.add_argument("--turns", type=int, default=10)
     parser.add_argument("--forks", type=int, default=300)
+    parser.add_argument(
+        "--split",
+        action="store_true",
+        help="a lazy prepare, then dispatching (the warm path before forkstore's fold)",
+    )
+    parser.add_argument("--show", action="store_true", help="every statement of the last fork")
     args = parser.parse_args(argv)
-    run(args.turns, max(args.forks, WARM + 1))
+    run(args.turns, max(args.forks, WARM + 1), args.split, args.show)
     return 0
 
 

@@ -170,6 +170,7 @@ class ForkPrepare:
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
         durable: bool = True,
+        dispatching: bool = False,
     ) -> tuple[ForkOperation, bool]:
         """Create the operation, fence and reservation and freeze the snapshot in one
         transaction; a replay or a held barrier returns the original with `created=False`.
@@ -190,8 +191,17 @@ class ForkPrepare:
         made the operation durable — with its own step's events, not with whichever writer's
         fsync came first (at 16 forking clients that was usually another fork's, so the
         operation and its source were read back and published twice per fork). Only for a
-        caller that tells nobody of the operation before then."""
+        caller that tells nobody of the operation before then.
+
+        `dispatching=True` (the saga's warm path when the runtime's verdict already passed,
+        docs/design/fork-saga.md "A warm fork's prepare is its dispatching marker"): the row is
+        written at `dispatching` (law 1's marker, `dispatched_at_ms` its own transaction's
+        time), fsync'd, so prepare and `dispatching` are one transaction; its change events
+        carry the row as written. A replay or a held barrier is answered as ever."""
         validate_request(req)
+        if dispatching and (not durable or req.workspace != "shared"):
+            raise ValueError("a prepare writes `dispatching` only durably, for a shared fork")
+        status = ForkStatus.DISPATCHING if dispatching else ForkStatus.PREPARED
         digest = request_hash(
             req.source_session_id, req.target_session_id, req.point_kind, req.turn_id, req.workspace
         )
@@ -285,9 +295,9 @@ class ForkPrepare:
                 " request_hash, source_session_id, target_session_id, point_kind,"
                 " source_turn_id, source_provider_session_id, source_provider_turn_id,"
                 " source_provider_turn_ids, target_title, driver_kind, driver_version,"
-                " binding_mode, snapshot_hash, status, created_at_ms, workspace_mode,"
-                " workspace_json, workspace_state, barrier, stage)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 'prepared', ?, ?, ?, ?,"
+                " binding_mode, snapshot_hash, status, created_at_ms, dispatched_at_ms,"
+                " workspace_mode, workspace_json, workspace_state, barrier, stage)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?,"
                 " 1, 2)",
                 (
                     ws,
@@ -306,7 +316,9 @@ class ForkPrepare:
                     req.driver_version,
                     req.binding_mode,
                     snapshot_hash,
+                    status.value,
                     tx.now_ms,
+                    tx.now_ms if dispatching else None,
                     req.workspace,
                     worktree_json,
                     None if plan is None else PLANNED,
@@ -350,10 +362,10 @@ class ForkPrepare:
                 binding_mode=str(req.binding_mode),
                 binding_receipt=None,
                 snapshot_hash=snapshot_hash,
-                status=ForkStatus.PREPARED,
+                status=status,
                 error=None,
                 created_at_ms=tx.now_ms,
-                dispatched_at_ms=None,
+                dispatched_at_ms=tx.now_ms if dispatching else None,
                 accepted_at_ms=None,
                 completed_at_ms=None,
                 client_observed_at_ms=None,

@@ -10,7 +10,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -89,11 +89,12 @@ def _runtime(store: Store, host: CatalogHost, sid: str) -> PreparedRuntime:
 
 
 def fork_through_start(
-    store: Store, home: Path, *, warm: bool, flaky_dispatching: bool = False
+    store: Store, home: Path, *, warm: bool, flaky_failed: bool = False
 ) -> Forked:
     """One `fork.create` through `fork_saga`'s prepare. `warm`: this Session's last fork
-    attested the runtime the fork runs on (no `runtime.attest`); `flaky_dispatching`: the
-    first `dispatching` write finds the store busy (the saga retries it on a timer)."""
+    attested the runtime the fork runs on (no `runtime.attest`); `flaky_failed`: the runtime's
+    verdict says no binder, and the first `failed` write finds the store busy (the saga
+    retries it on a timer)."""
     sid, turns = source(store, home)
     order: list[str] = []
 
@@ -106,20 +107,19 @@ def fork_through_start(
     runtime = _runtime(store, host, sid)
     if warm:
         host.attested_runtime = attestation_key(runtime, "gen-1")
-    if flaky_dispatching:
+    if flaky_failed:
+        runtime = replace(runtime, verdict={**verdict(), "binderAvailable": False})
         moves = store.fork_transitions
-        real = moves.mark_fork_dispatching
+        real = moves.mark_fork_failed
         calls = []
 
-        def busy_once(
-            ws: str, op_id: str, *, known: ForkOperation | None = None
-        ) -> tuple[ForkOperation, bool]:
+        def busy_once(ws: str, op_id: str, error: str) -> tuple[ForkOperation, bool]:
             calls.append(op_id)
             if len(calls) == 1:
                 raise StoreBusy("the store is busy, try again (injected)")
-            return real(ws, op_id, known=known)
+            return real(ws, op_id, error)
 
-        moves.mark_fork_dispatching = busy_once  # type: ignore[method-assign]
+        moves.mark_fork_failed = busy_once  # type: ignore[method-assign]
     seen: list[str] = []
 
     def on_event(event: ChangeEvent) -> None:
@@ -138,8 +138,8 @@ def fork_through_start(
     try:
         msg = ForkCreate(str(uuid.uuid4()), str(uuid.uuid4()), turns[0], reply)
         fork_saga._prepare(host, msg, INFO, runtime)
-        if flaky_dispatching:
-            # The caller's budget runs out while `dispatching` waits for the store, then the
+        if flaky_failed:
+            # The caller's budget runs out while `failed` waits for the store, then the
             # saga's retry lands it.
             (budget_s, budget), (_, retry) = host.timers
             assert budget_s == host.timeouts.fork_sync_budget_s
@@ -160,17 +160,22 @@ def fork_through_start(
     )
 
 
-def test_a_warm_fork_prepares_lazily_and_announces_it_only_once_dispatching_is_durable(
+def test_a_warm_fork_prepares_at_dispatching_in_one_fsynced_transaction(
     store: Store, tmp_path: Path
 ) -> None:
+    """The warm path whose verdict passes: prepare writes the row at `dispatching` (law 1's
+    marker) and fsyncs it, so a warm fork writes three transactions, not four: the prepare,
+    `provider_accepted` (lazy) and the commit (docs/design/fork-saga.md, "A warm fork's
+    prepare is its dispatching marker"). Without the fold: 2 fsync'd and 2 lazy COMMITs."""
     forked = fork_through_start(store, tmp_path, warm=True)
     assert forked.operation.status is ForkStatus.COMMITTED
     assert [m for m, _ in forked.host.workers.calls] == ["fork"]  # no runtime.attest
-    # dispatching and committed fsync'd; prepared and provider_accepted lazy.
-    assert (forked.commits, forked.lazy_commits) == (2, 2)
-    # Its first event went out after the `dispatching` COMMIT, never while only `prepared`
-    # (in the WAL, not yet on the disk) held it: here with the commit's (the provider
-    # answered at once; the hold is pinned below).
+    # prepare (at dispatching) and committed fsync'd; provider_accepted lazy.
+    assert (forked.commits, forked.lazy_commits) == (2, 1)
+    op = forked.operation
+    assert op.dispatched_at_ms == op.created_at_ms  # one transaction's time
+    # Its first event went out after the fsync'd COMMIT, never while only `prepared` held
+    # it: here with the commit's (the provider answered at once; the hold is pinned below).
     assert forked.seen_at_events and "prepared" not in forked.seen_at_events
     assert forked.seen_at_events[0] == "committed"
     assert [(r.operation.status, r.final) for r in forked.replies] == [(ForkStatus.COMMITTED, True)]
@@ -187,14 +192,18 @@ def test_a_fork_that_re_attests_first_keeps_its_prepare_fsynced(
     assert forked.seen_at_events[0] == "prepared"  # announced as soon as it is durable
 
 
-def test_the_budget_does_not_announce_a_lazy_prepare_before_dispatching_is_durable(
+def test_the_budget_does_not_announce_a_lazy_prepare_before_its_ending_is_durable(
     store: Store, tmp_path: Path
 ) -> None:
-    forked = fork_through_start(store, tmp_path, warm=True, flaky_dispatching=True)
+    """The warm path whose verdict fails keeps its lazy `prepared` (the operation ends
+    `failed` with the verdict's reason); its `failed` write finds the store busy once."""
+    forked = fork_through_start(store, tmp_path, warm=True, flaky_failed=True)
     # The budget fired while the prepare was still lazy: no 202 then, the caller was asked
-    # again later; the retry made `dispatching` durable and the fork committed.
+    # again later; the retry made `failed` durable.
     replies: list[ForkReply] = forked.replies
-    assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.COMMITTED, True)]
+    assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.FAILED, True)]
+    assert "binder unavailable" in str(forked.operation.error)
+    assert forked.host.workers.calls == []  # nothing left the host
     rechecks = forked.host.timers[2:]
     assert rechecks, "the budget's answer was not deferred"
     assert "prepared" not in forked.seen_at_events
@@ -207,10 +216,10 @@ def test_the_request_and_the_reply_go_before_the_change_events_of_their_step(
     assert forked.operation.status is ForkStatus.COMMITTED
     # The fork request handed to the worker first; then the reply (sent once the commit's
     # COMMIT returned, durable); then every event of the fork in commit order, as one burst:
-    # prepare's (the operation, the source's fence; held with its lazy COMMIT) and
-    # dispatching's, kept by the saga until the provider answered, then provider_accepted's
-    # (a lazy COMMIT's, held until the commit's fsync) and the commit's three: the
-    # operation, the child and the source. None lost.
+    # prepare's (the operation at `dispatching`, the source's fence), kept by the saga until
+    # the provider answered, then provider_accepted's (a lazy COMMIT's, held until the
+    # commit's fsync) and the commit's three: the operation, the child and the source.
+    # None lost.
     assert forked.order == [
         "fork sent",
         "reply",
@@ -218,12 +227,11 @@ def test_the_request_and_the_reply_go_before_the_change_events_of_their_step(
         "SessionChanged",
         "ForkOperationChanged",
         "ForkOperationChanged",
-        "ForkOperationChanged",
         "SessionChanged",
         "SessionChanged",
     ]
     # Each went out after its row was on the disk: none read `prepared` or `provider_accepted`.
-    assert forked.seen_at_events == ["committed"] * 4
+    assert forked.seen_at_events == ["committed"] * 3
 
 
 @dataclass
@@ -269,11 +277,7 @@ def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_wit
         assert budget_s == host.timeouts.fork_sync_budget_s
         budget()  # the caller hears 202, and the subscribers of the dispatch with it
         assert [(r.operation.status, r.final) for r in replies] == [(ForkStatus.DISPATCHING, False)]
-        assert seen == [
-            ("ForkOperationChanged", "dispatching"),
-            ("SessionChanged", ""),
-            ("ForkOperationChanged", "dispatching"),
-        ]
+        assert seen == [("ForkOperationChanged", "dispatching"), ("SessionChanged", "")]
         (answer,) = host.answers
         answer()  # the provider answers: the commit's events, none again
     finally:
@@ -281,7 +285,7 @@ def test_a_provider_slower_than_the_budget_lets_the_dispatch_steps_events_go_wit
     assert store.fork_queries.get_fork_operation(WS, replies[0].operation.operation_id).status is (
         ForkStatus.COMMITTED
     )
-    assert seen[3:] == [
+    assert seen[2:] == [
         ("ForkOperationChanged", "committed"),
         ("ForkOperationChanged", "committed"),
         ("SessionChanged", ""),

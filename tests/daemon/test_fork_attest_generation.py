@@ -128,9 +128,9 @@ def test_a_runtime_that_changes_after_its_unattested_start_is_refused_by_the_wor
         "fork.create",
         fork_params(WS, sid, turn_id),
     )
-    # Inside the after_prepare window: session.start answered, the operation is prepared
-    # (durable), nothing dispatched yet.
-    wait_for(lambda: status_of_last_fork(daemon.home / "store.sqlite3", sid) == "prepared", 10)
+    # Inside the after_prepare window: session.start answered, the operation prepared (a
+    # warm fork's prepare writes it at `dispatching`, durable), nothing sent yet.
+    wait_for(lambda: status_of_last_fork(daemon.home / "store.sqlite3", sid) == "dispatching", 10)
     for pid in _app_servers(sid):
         os.kill(pid, signal.SIGKILL)
     status, body = pending.result(timeout=30)

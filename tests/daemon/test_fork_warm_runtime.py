@@ -146,7 +146,7 @@ def test_a_warm_fork_whose_runtime_is_replaced_is_refused_then_re_attested(
         "fork.create",
         fork_params(WS, sid, turn_id),
     )
-    wait_for(lambda: status_of_last_fork(daemon.config.store_path, sid) == "prepared", 10)
+    wait_for(lambda: status_of_last_fork(daemon.config.store_path, sid) == "dispatching", 10)
     for pid in _app_servers(sid):
         os.kill(pid, signal.SIGKILL)
     status, body = pending.result(timeout=30)
