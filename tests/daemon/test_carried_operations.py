@@ -69,7 +69,7 @@ def _fork(
     daemon: Daemon, c: Client, *, warm: bool = False
 ) -> tuple[str, list[ChangeEvent], list[ChangeEvent]]:
     """A fork, committed then ACKed (`warm`: a second fork of its source, on the runtime the
-    first left: a lazy prepare): its operation id, the changes delivered from its prepare up
+    first left: a prepare written at `dispatching`): its operation id, the changes delivered from its prepare up
     to and with its commit, and the ACK's."""
     store = daemon.store
     assert store is not None
@@ -189,10 +189,10 @@ def test_an_operation_row_after_a_read_back_or_a_change_nobody_wanted_is_read_ba
 def test_every_change_of_a_fork_carries_its_operation_so_none_is_read_back(
     running: tuple[Daemon, Client], warm: bool
 ) -> None:
-    """The lazy prepare's (told at dispatching, at seq 0: older than any write), dispatching's,
-    `provider_accepted`'s and the commit's changes each carry a row, so the saga's burst — one
-    batch when the events thread lags — is published from the newest, with no read; without a
-    row on any one of them the whole batch is read back."""
+    """The prepare's, dispatching's, `provider_accepted`'s and the commit's changes each carry
+    a row (a warm fork's prepare is written at `dispatching`: one change for both), so the
+    saga's burst — one batch when the events thread lags — is published from the newest, with
+    no read; without a row on any one of them the whole batch is read back."""
     daemon, c = running
     store = daemon.store
     assert store is not None
@@ -200,20 +200,14 @@ def test_every_change_of_a_fork_carries_its_operation_so_none_is_read_back(
     ops = _ops(committed)
     assert ops and all(o.row is not None for o in ops), ops
     rows = [o.row for o in ops if o.row is not None]
-    assert [r.status.value for r in rows] == [
-        "prepared",
-        "dispatching",
-        "provider_accepted",
-        "committed",
-    ]
-    # The prepare's: its own write's seq (durable, a cold runtime) or 0 (lazy, told at
-    # dispatching: older than any write).
-    assert ops[0].seq < ops[1].seq < ops[2].seq < ops[3].seq
-    assert (ops[0].seq == 0) is warm
+    statuses = ["prepared", "dispatching", "provider_accepted", "committed"]
+    assert [r.status.value for r in rows] == (statuses[1:] if warm else statuses)
+    # Each its own write's seq, in commit order.
+    assert 0 < ops[0].seq and all(a.seq < b.seq for a, b in zip(ops, ops[1:], strict=False))
     # dispatching's and accepted's rows as a read would have given them: each is the commit's
     # row with the columns the later writes set taken back.
-    assert rows[2].dispatched_at_ms == rows[1].dispatched_at_ms == rows[3].dispatched_at_ms
-    assert rows[2].target_provider_session_id == rows[3].target_provider_session_id
+    assert rows[-2].dispatched_at_ms == rows[-3].dispatched_at_ms == rows[-1].dispatched_at_ms
+    assert rows[-2].target_provider_session_id == rows[-1].target_provider_session_id
     sink = Sink()
     publisher, reads = _publisher(daemon, sink)
     publisher._publish(committed + acked)
