@@ -226,18 +226,7 @@ class ForkTransitions:
         """Client-observed ACK: committed only; sets the time once and releases the barrier."""
 
         def body(tx: Tx) -> tuple[ForkOperation, bool]:
-            # The first ACK of a committed operation: one guarded UPDATE that answers with the
-            # row as written (RETURNING: SQLite makes the change at the statement's first step,
-            # and answers from the row it wrote), no read of it first.
-            r = tx.one(ACK_SQL, (tx.now_ms, ws, op_id))
-            if r is not None:
-                # Decoded once and carried by its change: the events thread publishes it
-                # without reading it back.
-                acked = decode_op(tx.conn, r, projections=self._projections)
-                tx.emit(ForkOperationChanged(ws, op_id, row=acked, seq=tx.seq))
-                return acked, True
-            # Nothing moved: no such operation, not committed, or ACKed before — read to say
-            # which (the same answers as ever).
+            # One read of the row: the answer is it, projected, plus the time set.
             r = tx.one(
                 f"SELECT {OP_COLUMNS} FROM fork_operations WHERE workspace_id = ?"
                 " AND operation_id = ?",
@@ -252,18 +241,22 @@ class ForkTransitions:
                     f"fork operation {op_id} is {public}, only committed can be ACKed",
                     params={"operationId": op_id, "status": public.value},
                 )
-            # client_observed_at_ms set: ACKed before.
-            return decode_op(tx.conn, r, projections=self._projections), False
+            if r[25] is not None:  # client_observed_at_ms: ACKed before
+                return decode_op(tx.conn, r, projections=self._projections), False
+            tx.execute(
+                f"UPDATE fork_operations SET client_observed_at_ms = ?{BARRIER_RELEASE_SQL}"
+                " WHERE workspace_id = ?"
+                " AND operation_id = ? AND client_observed_at_ms IS NULL",
+                (tx.now_ms, ws, op_id),
+            )
+            # The row as written, decoded once (not decoded, then copied with the time), and
+            # carried by its change: the events thread publishes it without reading it back.
+            written = (*r[:25], tx.now_ms, *r[26:])
+            acked = decode_op(tx.conn, written, projections=self._projections)
+            tx.emit(ForkOperationChanged(ws, op_id, row=acked, seq=tx.seq))
+            return acked, True
 
         return self._submit(body, ws)
-
-
-ACK_SQL = (
-    f"UPDATE fork_operations SET client_observed_at_ms = ?{BARRIER_RELEASE_SQL}"
-    " WHERE workspace_id = ? AND operation_id = ? AND status = 'committed'"
-    f" AND client_observed_at_ms IS NULL RETURNING {OP_COLUMNS}"
-)
-"""The first ACK of a committed operation, answered with the row as written."""
 
 
 _SCALARS = (str, int, type(None))
