@@ -10,6 +10,8 @@ import logging
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+import apsw
+
 from domain.errors import ForkOperationNotFound, ForkSnapshotCorrupt, InvalidTransition
 from domain.fork_states import ForkStatus, stage_assignment
 from storage.base import Database
@@ -17,7 +19,13 @@ from storage.fork_child import MESSAGE_COLUMNS, ChildPlan, ForkMemo, HistoryCopy
 from storage.fork_snapshot import read_frozen, take_frozen_snapshot
 from storage.fork_transitions import receipt_forked_from
 from storage.history_links import boundary_proof, fenced_history_unchanged, link_messages
-from storage.models import ForkOperation, ForkOperationChanged, OperationKey, SessionChanged
+from storage.models import (
+    ForkOperation,
+    ForkOperationChanged,
+    OperationKey,
+    Session,
+    SessionChanged,
+)
 from storage.rows import OP_COLUMNS, decode_op, op_from_row
 from storage.schema import SESSION_KEY_OF
 from storage.sqlite import Row, Tx, dumps, loads
@@ -177,35 +185,22 @@ class ForkCommit:
         )
         if reserved is None or reserved[0] != r[1]:
             raise ForkSnapshotCorrupt("target session id is not reserved by this operation")
-        if tx.one("SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?", (ws, r[5])):
-            raise ForkSnapshotCorrupt("target session already exists before commit")
+        # A target that already exists is refused by the child's INSERT itself (its primary
+        # key), in this same transaction: `_insert_child`. No read of `sessions` first.
 
     @staticmethod
     def _insert_child(tx: Tx, plan: ChildPlan, through_position: int) -> None:
         s = plan.session
-        tx.execute(
-            "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
-            " title, cwd, settings_json, runtime_context_json, model, pinned, deleted, goal,"
-            " parent_session_id, parent_turn_id, rail_placement, visibility, created_at_ms,"
-            " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, NULL, NULL, ?,"
-            " ?, ?, ?)",
-            (
-                s.workspace_id,
-                s.session_id,
-                s.kind,
-                s.provider,
-                s.provider_session_id,
-                s.title,
-                s.cwd,
-                dumps(dict(s.settings)),
-                dumps(dict(s.runtime_context)),
-                s.model,
-                s.rail_placement,
-                s.visibility,
-                s.created_at_ms,
-                s.updated_at_ms,
-            ),
-        )
+        try:
+            _insert_session(tx, s)
+        except apsw.ConstraintError:
+            # The primary key (or another constraint): say which, from the row that is there.
+            if tx.one(
+                "SELECT 1 FROM sessions WHERE workspace_id = ? AND session_id = ?",
+                (s.workspace_id, s.session_id),
+            ):
+                raise ForkSnapshotCorrupt("target session already exists before commit") from None
+            raise
         tx.executemany(
             "INSERT INTO turns (workspace_id, session_id, turn_id, sequence, sequence_provenance,"
             " phase, outcome, root_provider_turn_id, provider_turn_binding_json,"
@@ -295,4 +290,31 @@ def _link_history(tx: Tx, plan: ChildPlan, key: int, through_position: int) -> N
         turn_prefix=copy.prefixes.turn,
         linked_at_ms=plan.committed_at_ms,
         rewritten=copy.rewritten,
+    )
+
+
+def _insert_session(tx: Tx, s: Session) -> None:
+    """The child's Session row (its key made by the trigger on the insert)."""
+    tx.execute(
+        "INSERT INTO sessions (workspace_id, session_id, kind, provider, provider_session_id,"
+        " title, cwd, settings_json, runtime_context_json, model, pinned, deleted, goal,"
+        " parent_session_id, parent_turn_id, rail_placement, visibility, created_at_ms,"
+        " updated_at_ms) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, NULL, NULL, ?,"
+        " ?, ?, ?)",
+        (
+            s.workspace_id,
+            s.session_id,
+            s.kind,
+            s.provider,
+            s.provider_session_id,
+            s.title,
+            s.cwd,
+            dumps(dict(s.settings)),
+            dumps(dict(s.runtime_context)),
+            s.model,
+            s.rail_placement,
+            s.visibility,
+            s.created_at_ms,
+            s.updated_at_ms,
+        ),
     )
