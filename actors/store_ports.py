@@ -233,6 +233,7 @@ class ForkPrepares(Protocol):
         turn_forkable: Callable[[str | None, str | None], bool] | None = None,
         plan_workspace: PlanWorkspace | None = None,
         durable: bool = True,
+        dispatching: bool = False,
     ) -> tuple[ForkOperation, bool]: ...
 
 

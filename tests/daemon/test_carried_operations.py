@@ -7,6 +7,7 @@ carry their row"; the fork operation's paragraph)."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -69,8 +70,8 @@ def _fork(
     daemon: Daemon, c: Client, *, warm: bool = False
 ) -> tuple[str, list[ChangeEvent], list[ChangeEvent]]:
     """A fork, committed then ACKed (`warm`: a second fork of its source, on the runtime the
-    first left: a prepare written at `dispatching`): its operation id, the changes delivered from its prepare up
-    to and with its commit, and the ACK's."""
+    first left: a prepare written at `dispatching`): its operation id, the changes delivered
+    from its prepare up to and with its commit, and the ACK's."""
     store = daemon.store
     assert store is not None
     sid = create_session(c, title="carried ops")["agentSessionId"]
@@ -203,7 +204,7 @@ def test_every_change_of_a_fork_carries_its_operation_so_none_is_read_back(
     statuses = ["prepared", "dispatching", "provider_accepted", "committed"]
     assert [r.status.value for r in rows] == (statuses[1:] if warm else statuses)
     # Each its own write's seq, in commit order.
-    assert 0 < ops[0].seq and all(a.seq < b.seq for a, b in zip(ops, ops[1:], strict=False))
+    assert ops[0].seq > 0 and all(a.seq < b.seq for a, b in itertools.pairwise(ops))
     # dispatching's and accepted's rows as a read would have given them: each is the commit's
     # row with the columns the later writes set taken back.
     assert rows[-2].dispatched_at_ms == rows[-3].dispatched_at_ms == rows[-1].dispatched_at_ms

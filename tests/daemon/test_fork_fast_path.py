@@ -185,8 +185,8 @@ def test_a_warm_fork_s_structure_is_one_worker_request_and_two_actor_messages(
     inbox (the `fork.create` and the worker's answer brought back to the Session actor), its
     caller's budget timer armed and cancelled without waking the timer thread, and three
     transactions by the saga (the prepare, written at `dispatching`; the lazy
-    `provider_accepted`; the commit) of which two are fsync'd COMMITs. A hop, round trip or transaction added to
-    the warm path fails here."""
+    `provider_accepted`; the commit) of which two are fsync'd COMMITs. A hop, round trip or
+    transaction added to the warm path fails here."""
     import actors.pool as pool
 
     daemon, c = running
