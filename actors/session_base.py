@@ -24,7 +24,7 @@ from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable
 from domain.turn_events import TurnEvent
-from storage.models import Session, Turn, TurnBound
+from storage.models import NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -116,6 +116,9 @@ class DurableWrite:
     # A write that only sets the Turn's provider bind or binding: a settlement of its Turn
     # queued behind it writes it in its own statement instead (`TurnWrites.take_bound`).
     bound: TurnBound | None = None
+    # A write that only appends a new Message to the Turn: a settlement of its Turn queued
+    # behind it inserts it itself (`TurnWrites.take_bound`), its id chosen then.
+    message: NewMessage | None = None
 
 
 class SessionCore:

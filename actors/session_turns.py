@@ -44,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Message, Session, Turn, TurnBound
+from storage.models import Message, NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -491,6 +491,14 @@ class TurnRunner:
         """The settlement's write; `taken`: the Turn's queued bind and binding writes
         (`TurnWrites.take_bound`) it writes too, answered when it lands or fails."""
         bound = _bound_of(taken) if taken else None
+        # The Turn's queued new Messages (its reply) it inserts first, each under an id
+        # chosen here; the newest assistant one is the Turn's final Message.
+        messages = tuple(
+            NewMessage(str(uuid.uuid4()), m.kind, m.text, m.payload)
+            for d in taken or ()
+            if (m := d.message) is not None
+        )
+        reply = next((m.message_id for m in reversed(messages) if m.kind == "assistant"), None)
         thens = [d.then for d in taken or () if d.then is not None]
         if thens:
             settled_then = then
@@ -528,12 +536,15 @@ class TurnRunner:
                     state.turn_id,
                     outcome=outcome,
                     # Read when the write lands: every earlier event has been applied.
-                    final_assistant_message_id=state.last_assistant_message_id,
+                    final_assistant_message_id=reply or state.last_assistant_message_id,
                     error=error,
                     checkpoint_json=_record(),
                     turn=self._image(state),
                     bound=bound,
+                    messages=messages,
                 )
+                if reply is not None:
+                    state.last_assistant_message_id = reply
                 self._runtime.turn_settled(outcome, state.provider_turn_id)
             except StoreBusy:
                 raise
@@ -787,7 +798,14 @@ class TurnRunner:
                         # Built from what was inserted (a new id: a new Message, last).
                         state.image = turn_with_message(state.image, message)
 
-                self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+                self._writes.enqueue(
+                    DurableWrite(
+                        turn_id,
+                        f"{item_kind} message",
+                        _append,
+                        message=NewMessage("", item_kind, text, payload or {}),
+                    )
+                )
                 if item_kind == "assistant":
                     # Most often the Turn's reply, its completion a few milliseconds behind:
                     # the Message waits for the settlement and both land as one transaction.
