@@ -32,7 +32,6 @@ from storage.rows import (
     hydrate_turns,
     insert_message,
     interaction_from_row,
-    json_object,
     message_from_row,
     next_position,
     opened_order,
