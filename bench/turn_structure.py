@@ -24,6 +24,7 @@ import contextlib
 import io
 import json
 import os
+import re
 import sys
 import tempfile
 import threading
@@ -54,6 +55,18 @@ TURN_ITEMS: tuple[tuple[str, str], ...] = (
     ("event batches published (publish_many)", r"^publish_many .*transport/server\.py"),
     ("deltas offered", r"^offer_delta .*agenthost/publisher\.py"),
 )
+
+
+def _edges() -> dict[str, dict[tuple[Any, Any], int]]:
+    """Each thread's (caller, callee) call counts (for `TURNSTRUCT_TOP`)."""
+    out: dict[str, dict[tuple[Any, Any], int]] = {}
+    for name, prof in list(fs._PROFS):
+        d = out.setdefault(re.sub(r"[_-]?\d+$", "", name), {})
+        for e in prof.getstats():
+            for sub in e.calls or ():
+                k = (fs._key(e.code), fs._key(sub.code))
+                d[k] = d.get(k, 0) + sub.callcount
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,14 +172,14 @@ def main(argv: list[str] | None = None) -> int:
             stats = daemon.store.db.write_stats
             w0 = stats.snapshot()
 
-            a = fs._snap()
+            a, ea = fs._snap(), _edges()
             counting[0] = True
             for i in range(args.turns):
                 _ms, arrivals = turns.host_turn(c, sub, sid, f"turn {i}")
                 assert len(arrivals) == args.deltas, len(arrivals)
             time.sleep(0.2)  # the last Turn's after-math (its events' hand-offs)
             counting[0] = False
-            b = fs._snap()
+            b, eb = fs._snap(), _edges()
             w1 = stats.snapshot()
             sub.close()
     n = args.turns
@@ -190,6 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in sorted(statements.items(), key=lambda x: -x[1]):
             print(f"  {v / n:6.2f}  {k}")
     stats_d = fs._diff(a, b)
+    edges_d = {th: {k: v - ea.get(th, {}).get(k, 0) for k, v in d.items()} for th, d in eb.items()}
     stats_d = {
         th: d
         for th, d in stats_d.items()
@@ -202,6 +216,26 @@ def main(argv: list[str] | None = None) -> int:
     with contextlib.redirect_stdout(out):
         fs.report("daemon", stats_d, n)
     print(out.getvalue().replace("committed fork", "Turn").replace("per fork", "per Turn"))
+    top = os.environ.get("TURNSTRUCT_TOP")  # a thread name: its functions by calls per Turn
+    if top:
+        calls: Counter[str] = Counter()
+        for th, d in stats_d.items():
+            if th.startswith(top):
+                for k, (c, _it, _tt) in d.items():
+                    calls[fs._name(k).replace(str(fs.REPO) + "/", "")] += c
+        print(f"\n{top}: functions by calls per Turn")
+        for name, c in calls.most_common(60):
+            print(f"  {c / n:7.2f}  {name}")
+        callers: Counter[tuple[str, str]] = Counter()
+        for th, d in edges_d.items():
+            if th.startswith(top):
+                for (caller, callee), c in d.items():
+                    callers[(fs._name(callee), fs._name(caller))] += c
+        for callee in ("<built-in method builtins.isinstance>", "<built-in method builtins.len>"):
+            print(f"\n{top}: callers of {callee}, per Turn")
+            for (ce, cr), c in callers.most_common():
+                if ce.startswith(callee) and c / n >= 1:
+                    print(f"  {c / n:7.2f}  {cr.replace(str(fs.REPO) + '/', '')}")
     return 0
 
 
