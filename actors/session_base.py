@@ -68,6 +68,10 @@ class TurnState:
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None
     model_answered: bool = False
+    # That backstop's timer, cancelled once the model answered or the Turn is forgotten: left
+    # armed, it would fire ~30 s later into an actor message that does nothing, holding this
+    # state until then.
+    first_byte: TimerHandle | None = None
     # When the model last streamed a piece of its reply, while it is in the middle of one
     # (None: not mid-stream — not begun, an item finished, a tool running, an Interaction
     # waiting, the provider retrying); the host's stream-idle backstop runs from it.

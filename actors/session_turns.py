@@ -105,6 +105,7 @@ class TurnRunner:
                 state.watchdog.cancel()
             if state.stream_timer is not None:
                 state.stream_timer.cancel()
+            _answered_first_byte(state)
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -569,6 +570,7 @@ class TurnRunner:
             state.watchdog.cancel()
         if state.stream_timer is not None:
             state.stream_timer.cancel()
+        _answered_first_byte(state)
         self._turns.pop(state.turn_id, None)
 
     def give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
@@ -651,7 +653,10 @@ class TurnRunner:
             return  # no model endpoint (tutti-agent's built-in model)
         state.model_asked_at = asked = time.monotonic()
         wait = limits.first_byte_budget_s + BACKSTOP_GRACE_S
-        self._core.after(wait, lambda: self._check_first_byte(state, provider, asked, limits))
+        _answered_first_byte(state)  # a start's earlier check (a Turn started again)
+        state.first_byte = self._core.after(
+            wait, lambda: self._check_first_byte(state, provider, asked, limits)
+        )
 
     def _check_first_byte(
         self, state: TurnState, provider: str, asked: float, limits: ModelLimits
@@ -690,6 +695,8 @@ class TurnRunner:
             state.streamed_at = None
             return
         state.model_answered = True
+        if state.first_byte is not None:
+            _answered_first_byte(state)  # its check would find the model answered
         if isinstance(event, TurnActivity) and event.kind == ACTIVITY_STREAM:
             state.streamed_at = time.monotonic()
             if state.stream_timer is None and not state.settling:
@@ -852,6 +859,13 @@ def turn_with_message(turn: Turn, message: Message) -> Turn:
         t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
         (*t.messages, message), t.interactions, t.checkpoint_json,
     )  # fmt: skip
+
+
+def _answered_first_byte(state: TurnState) -> None:
+    """Cancel the Turn's first-byte backstop timer (`TurnState.first_byte`), if armed."""
+    if state.first_byte is not None:
+        state.first_byte.cancel()
+        state.first_byte = None
 
 
 def _bound_of(taken: list[DurableWrite]) -> TurnBound:

@@ -74,6 +74,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--turns", type=int, default=40)
     ap.add_argument("--warm", type=int, default=5)
     ap.add_argument("--deltas", type=int, default=20)
+    ap.add_argument(
+        "--after",
+        type=float,
+        default=0.2,
+        help="seconds the window stays open after the last Turn (35: past the first-byte check)",
+    )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="turnstruct-"))
     (tmp / "user-home").mkdir()
@@ -177,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             for i in range(args.turns):
                 _ms, arrivals = turns.host_turn(c, sub, sid, f"turn {i}")
                 assert len(arrivals) == args.deltas, len(arrivals)
-            time.sleep(0.2)  # the last Turn's after-math (its events' hand-offs)
+            time.sleep(args.after)  # the Turns' after-math (hand-offs; with 35 s, timers)
             counting[0] = False
             b, eb = fs._snap(), _edges()
             w1 = stats.snapshot()
