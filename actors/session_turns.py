@@ -558,7 +558,10 @@ class TurnRunner:
             state.turn_id,
             f"settle {outcome}",
             _apply,
-            final=True,
+            # Never given up on — but one carrying its Turn's reply may be, as the reply's own
+            # write would have been: past the store's retry limit the Turn settles `failed`
+            # with the reason (`give_up`), the reply dropped, as before it was taken.
+            final=not messages,
             then=then,
             # Settled only once durable: a batch's COMMIT may still fail after the apply.
             landed=_landed,
