@@ -24,7 +24,7 @@ from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable
 from domain.turn_events import TurnEvent
-from storage.models import Session, Turn, TurnBound
+from storage.models import NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -68,6 +68,10 @@ class TurnState:
     # delta, an interaction or the end): the host's first-byte backstop runs until it has.
     model_asked_at: float | None = None
     model_answered: bool = False
+    # That backstop's timer, cancelled once the model answered or the Turn is forgotten: left
+    # armed, it would fire ~30 s later into an actor message that does nothing, holding this
+    # state until then.
+    first_byte: TimerHandle | None = None
     # When the model last streamed a piece of its reply, while it is in the middle of one
     # (None: not mid-stream — not begun, an item finished, a tool running, an Interaction
     # waiting, the provider retrying); the host's stream-idle backstop runs from it.
@@ -116,6 +120,9 @@ class DurableWrite:
     # A write that only sets the Turn's provider bind or binding: a settlement of its Turn
     # queued behind it writes it in its own statement instead (`TurnWrites.take_bound`).
     bound: TurnBound | None = None
+    # A write that only appends a new Message to the Turn: a settlement of its Turn queued
+    # behind it inserts it itself (`TurnWrites.take_bound`), its id chosen then.
+    message: NewMessage | None = None
 
 
 class SessionCore:

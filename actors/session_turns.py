@@ -44,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Message, Session, Turn, TurnBound
+from storage.models import Message, NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -105,6 +105,7 @@ class TurnRunner:
                 state.watchdog.cancel()
             if state.stream_timer is not None:
                 state.stream_timer.cancel()
+            _answered_first_byte(state)
 
     # -- turns -----------------------------------------------------------------------------
 
@@ -491,6 +492,14 @@ class TurnRunner:
         """The settlement's write; `taken`: the Turn's queued bind and binding writes
         (`TurnWrites.take_bound`) it writes too, answered when it lands or fails."""
         bound = _bound_of(taken) if taken else None
+        # The Turn's queued new Messages (its reply) it inserts first, each under an id
+        # chosen here; the newest assistant one is the Turn's final Message.
+        messages = tuple(
+            NewMessage(str(uuid.uuid4()), m.kind, m.text, m.payload)
+            for d in taken or ()
+            if (m := d.message) is not None
+        )
+        reply = next((m.message_id for m in reversed(messages) if m.kind == "assistant"), None)
         thens = [d.then for d in taken or () if d.then is not None]
         if thens:
             settled_then = then
@@ -528,12 +537,15 @@ class TurnRunner:
                     state.turn_id,
                     outcome=outcome,
                     # Read when the write lands: every earlier event has been applied.
-                    final_assistant_message_id=state.last_assistant_message_id,
+                    final_assistant_message_id=reply or state.last_assistant_message_id,
                     error=error,
                     checkpoint_json=_record(),
                     turn=self._image(state),
                     bound=bound,
+                    messages=messages,
                 )
+                if reply is not None:
+                    state.last_assistant_message_id = reply
                 self._runtime.turn_settled(outcome, state.provider_turn_id)
             except StoreBusy:
                 raise
@@ -546,7 +558,10 @@ class TurnRunner:
             state.turn_id,
             f"settle {outcome}",
             _apply,
-            final=True,
+            # Never given up on — but one carrying its Turn's reply may be, as the reply's own
+            # write would have been: past the store's retry limit the Turn settles `failed`
+            # with the reason (`give_up`), the reply dropped, as before it was taken.
+            final=not messages,
             then=then,
             # Settled only once durable: a batch's COMMIT may still fail after the apply.
             landed=_landed,
@@ -558,6 +573,7 @@ class TurnRunner:
             state.watchdog.cancel()
         if state.stream_timer is not None:
             state.stream_timer.cancel()
+        _answered_first_byte(state)
         self._turns.pop(state.turn_id, None)
 
     def give_up(self, item: DurableWrite, exc: StoreBusy) -> None:
@@ -640,7 +656,10 @@ class TurnRunner:
             return  # no model endpoint (tutti-agent's built-in model)
         state.model_asked_at = asked = time.monotonic()
         wait = limits.first_byte_budget_s + BACKSTOP_GRACE_S
-        self._core.after(wait, lambda: self._check_first_byte(state, provider, asked, limits))
+        _answered_first_byte(state)  # a start's earlier check (a Turn started again)
+        state.first_byte = self._core.after(
+            wait, lambda: self._check_first_byte(state, provider, asked, limits)
+        )
 
     def _check_first_byte(
         self, state: TurnState, provider: str, asked: float, limits: ModelLimits
@@ -679,6 +698,8 @@ class TurnRunner:
             state.streamed_at = None
             return
         state.model_answered = True
+        if state.first_byte is not None:
+            _answered_first_byte(state)  # its check would find the model answered
         if isinstance(event, TurnActivity) and event.kind == ACTIVITY_STREAM:
             state.streamed_at = time.monotonic()
             if state.stream_timer is None and not state.settling:
@@ -787,7 +808,14 @@ class TurnRunner:
                         # Built from what was inserted (a new id: a new Message, last).
                         state.image = turn_with_message(state.image, message)
 
-                self._writes.enqueue(DurableWrite(turn_id, f"{item_kind} message", _append))
+                self._writes.enqueue(
+                    DurableWrite(
+                        turn_id,
+                        f"{item_kind} message",
+                        _append,
+                        message=NewMessage("", item_kind, text, payload or {}),
+                    )
+                )
                 if item_kind == "assistant":
                     # Most often the Turn's reply, its completion a few milliseconds behind:
                     # the Message waits for the settlement and both land as one transaction.
@@ -834,6 +862,13 @@ def turn_with_message(turn: Turn, message: Message) -> Turn:
         t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
         (*t.messages, message), t.interactions, t.checkpoint_json,
     )  # fmt: skip
+
+
+def _answered_first_byte(state: TurnState) -> None:
+    """Cancel the Turn's first-byte backstop timer (`TurnState.first_byte`), if armed."""
+    if state.first_byte is not None:
+        state.first_byte.cancel()
+        state.first_byte = None
 
 
 def _bound_of(taken: list[DurableWrite]) -> TurnBound:

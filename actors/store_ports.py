@@ -43,6 +43,7 @@ from storage.models import (
     Interaction,
     LeftoverCommit,
     Message,
+    NewMessage,
     PlanWorkspace,
     ProviderForkEvidence,
     Session,
@@ -169,6 +170,7 @@ class TurnWrites(Protocol):
         checkpoint_json: str | None = None,
         turn: Turn | None = None,
         bound: TurnBound | None = None,
+        messages: tuple[NewMessage, ...] = (),
     ) -> bool: ...
 
 

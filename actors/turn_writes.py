@@ -159,14 +159,19 @@ class TurnWrites:
     def take_bound(self, turn_id: str) -> list[DurableWrite]:
         """Take `turn_id`'s queued provider bind and binding writes off the queue, for its
         settlement, queued next, to write in its own statement (one savepoint, fence check and
-        Turn row read each fewer); answer them with `bound_landed` once it lands. Nothing
-        while the queue is being applied (its writes are in hand)."""
-        if self._draining or not any(
-            d.bound is not None and d.turn_id == turn_id for d in self._durable
-        ):
+        Turn row read each fewer); answer them with `bound_landed` once it lands. When every
+        queued write of the Turn is such a write or a new Message's (`DurableWrite.message`:
+        its reply), the Messages are taken too, for the settlement to insert first (one
+        savepoint, fence check, liveness check and Turn row read each fewer). Nothing while
+        the queue is being applied (its writes are in hand)."""
+        if self._draining:
             return []
-        taken = [d for d in self._durable if d.bound is not None and d.turn_id == turn_id]
-        self._durable = deque(d for d in self._durable if d.bound is None or d.turn_id != turn_id)
+        mine = [d for d in self._durable if d.turn_id == turn_id]
+        whole = all(d.bound is not None or d.message is not None for d in mine)
+        taken = [d for d in mine if d.bound is not None or (whole and d.message is not None)]
+        if taken:
+            out = {id(d) for d in taken}
+            self._durable = deque(d for d in self._durable if id(d) not in out)
         return taken
 
     def bound_landed(self, taken: list[DurableWrite]) -> None:

@@ -30,8 +30,8 @@ from storage.rows import (
     MESSAGE_COLUMNS,
     TURN_COLUMNS,
     hydrate_turns,
+    insert_message,
     interaction_from_row,
-    json_object,
     message_from_row,
     next_position,
     opened_order,
@@ -125,34 +125,21 @@ class HistoryStore:
                         (kind, text, payload_json, ws, sid, message_id),
                     )
                     return self._message_after(tx, ws, sid, message_id, turn_id)
-            message_id = message_id or str(uuid.uuid4())
-            position = next_position(tx, ws, sid)
-            tx.execute(
-                "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
-                " kind, text, payload_json, version, position, created_at_ms)"
-                f" VALUES ({SESSION_KEY_OF}, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
-                (
-                    ws,
-                    sid,
-                    ws,
-                    sid,
-                    message_id,
-                    turn_id,
-                    kind,
-                    text,
-                    payload_json,
-                    position,
-                    tx.now_ms,
-                ),
+            message = insert_message(
+                tx,
+                ws,
+                sid,
+                turn_id,
+                message_id or str(uuid.uuid4()),
+                kind,
+                text,
+                payload_json,
+                next_position(tx, ws, sid),
             )
             tx.emit(
                 TurnChanged(ws, sid, turn_id) if turn_id is not None else SessionChanged(ws, sid)
             )
-            # The row as just inserted, built here instead of read back inside the writer's
-            # baton (`test_store_canonical` pins it equal to a fresh read).
-            return Message(
-                message_id, turn_id, kind, text, json_object(payload_json), 1, position
-            )  # fmt: skip
+            return message
 
     def _message_after(
         self, tx: Tx, ws: str, sid: str, message_id: str, turn_id: str | None

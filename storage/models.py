@@ -200,6 +200,19 @@ class TurnBound:
 
 
 @dataclass(frozen=True, slots=True)
+class NewMessage:
+    """A Message of a Turn that its settlement inserts first, in the same write
+    (`TurnStore.record_settlement(…, messages=…)`), as `HistoryStore.append_message` would have
+    just before it (a new Message, last): its id chosen by the caller, its payload a JSON
+    object."""
+
+    message_id: str
+    kind: str
+    text: str | None
+    payload: Mapping[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
 class TurnTail:
     """A Turn read from its first changed Message on (`HistoryStore.turn_since`): `turn` has
     its row and all its Interactions, and its Messages at ordinals `messages_from` ..

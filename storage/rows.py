@@ -616,6 +616,35 @@ def finish_claims(tx: Tx, ws: str, sid: str, turn_id: str) -> None:
     )
 
 
+INSERT_MESSAGE = (
+    "INSERT INTO messages (session_key, workspace_id, session_id, message_id, turn_id,"
+    " kind, text, payload_json, version, position, created_at_ms)"
+    f" VALUES ({SESSION_KEY_OF}, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)"
+)
+"""A new Message's row (version 1), bound to (ws, sid, ws, sid, id, turn, kind, text,
+payload JSON, position, now)."""
+
+
+def insert_message(
+    tx: Tx,
+    ws: str,
+    sid: str,
+    turn_id: str | None,
+    message_id: str,
+    kind: str,
+    text: str | None,
+    payload_json: str,
+    position: int,
+) -> Message:
+    """Insert a new Message at `position` and return it as inserted (built, not read back:
+    `test_store_canonical` pins it equal to a fresh read). No event: the caller's."""
+    tx.execute(
+        INSERT_MESSAGE,
+        (ws, sid, ws, sid, message_id, turn_id, kind, text, payload_json, position, tx.now_ms),
+    )
+    return Message(message_id, turn_id, kind, text, json_object(payload_json), 1, position)
+
+
 NEXT_POSITION = (
     "(SELECT MAX(COALESCE((SELECT MAX(position) FROM messages"
     " WHERE session_key = k.session_key), 0), COALESCE((SELECT through_position"

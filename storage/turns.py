@@ -11,10 +11,11 @@ from operator import attrgetter
 from typing import Any
 
 from domain.enums import TurnOutcome
-from domain.errors import Conflict, InvalidArgument, SessionBusy, TurnNotFound
+from domain.errors import Conflict, ForkInProgress, InvalidArgument, SessionBusy, TurnNotFound
 from storage.base import Database
 from storage.models import (
     Message,
+    NewMessage,
     SequenceProvenance,
     Turn,
     TurnBound,
@@ -25,10 +26,13 @@ from storage.rows import (
     NEXT_POSITION,
     TURN_COLUMNS,
     finish_claims,
+    insert_message,
     load_turn,
+    next_position,
     position_of,
     require_live,
     require_live_session,
+    require_mapping,
     require_session,
     require_text,
     require_turn,
@@ -36,7 +40,7 @@ from storage.rows import (
     turn_row,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Tx
+from storage.sqlite import Tx, dumps
 
 _HOST = SequenceProvenance.HOST.value
 _ACTIVE = TurnPhase.ACTIVE.value
@@ -215,6 +219,7 @@ class TurnStore:
         checkpoint_json: str | None = None,
         turn: Turn | None = None,
         bound: TurnBound | None = None,
+        messages: tuple[NewMessage, ...] = (),
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
         `record_provider_turn`): whether this write settled it (False: it already was).
@@ -229,10 +234,17 @@ class TurnStore:
         actor): the settled Turn is built from it and carried by the change event, so the
         events thread publishes it without reading it back (design/store.md, "A Turn's claim
         and settlement carry their Turn"). None, or a Turn with Interactions (the settlement
-        supersedes the pending ones in SQL): read back."""
+        supersedes the pending ones in SQL): read back.
+        `messages`: the Turn's new Messages its caller had queued and not yet written (its
+        reply), inserted by this write first, in order, as the lone appends would have inserted
+        them just before it (design/store.md, "A Turn's reply in its settlement")."""
         if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         carried = turn if turn is not None and _carriable(turn, ws, sid, turn_id) else None
+        rows = []
+        for m in messages:  # checked as `append_message` checks them, off the baton
+            require_text("kind", m.kind)
+            rows.append((m, dumps(dict(require_mapping("payload", m.payload)))))
 
         def body(tx: Tx) -> bool:
             return _settle(
@@ -247,6 +259,7 @@ class TurnStore:
                 checkpoint_json=checkpoint_json,
                 carried=carried,
                 bound=bound,
+                messages=tuple(rows),
             )
 
         return self._submit(body, ws)
@@ -417,12 +430,15 @@ def _settle(
     checkpoint_json: str | None = None,
     carried: Turn | None = None,
     bound: TurnBound | None = None,
+    messages: tuple[tuple[NewMessage, str], ...] = (),
 ) -> bool:
     """The settle write; False (no settlement written) if the Turn was already settled.
     `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
     record is left as it is). `carried`: the active Turn as the store holds it (no
     Interactions); its event then carries the settled Turn built from it. `bound`: the
-    provider bind and binding written by the same statement (`TurnBound`)."""
+    provider bind and binding written by the same statement (`TurnBound`). `messages`: new
+    Messages of the Turn (each with its payload's JSON) inserted first, as lone appends
+    would have (also on a Turn found settled, unless a fork fences the Session)."""
     # Three statements, not one: a single statement of the three reads (the liveness, the
     # fence and the Turn's row as subqueries of one SELECT) ran ~26-38 us of CPU against
     # ~11 us for the three (docs/performance.md, baton), inside the writer's baton.
@@ -434,6 +450,14 @@ def _settle(
             # What the bind and binding would have written alone (both allowed on a settled
             # Turn): the settlement does not land, they still do.
             _set_bound(tx, ws, sid, turn_id, root, binding)
+        if messages:
+            # So would the appends (on a settled Turn too), each refused by a fork's fence.
+            try:
+                tx.check_fence(sid)
+            except ForkInProgress:
+                return False
+            _insert_messages(tx, ws, sid, turn_id, messages)
+            tx.emit(TurnChanged(ws, sid, turn_id))
         return False
     tx.check_fence(sid)
     if carried is not None and (
@@ -441,6 +465,11 @@ def _settle(
     ):
         # Its row is not the one this write read (no cost: read above): not trusted.
         carried = None
+    if messages:
+        # The reply before the statements that may name it (its final Message).
+        added = _insert_messages(tx, ws, sid, turn_id, messages)
+        if carried is not None:
+            carried = _with_messages(carried, added)
     # A trusted image (its only writer's: design/store.md, "A Turn's claim and settlement
     # carry their Turn") names the Turn's Messages and has no Interactions, so what the two
     # statements below would find is known without them.
@@ -502,6 +531,33 @@ def _settle(
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid, settled=turn_id)
     return True
+
+
+def _insert_messages(
+    tx: Tx, ws: str, sid: str, turn_id: str, messages: tuple[tuple[NewMessage, str], ...]
+) -> tuple[Message, ...]:
+    """Insert `messages` as new Messages of the Turn, last in the Session, in order."""
+    position = next_position(tx, ws, sid)
+    added = []
+    for m, payload_json in messages:
+        added.append(
+            insert_message(
+                tx, ws, sid, turn_id, m.message_id, m.kind, m.text, payload_json, position
+            )
+        )
+        position += 1
+    return tuple(added)
+
+
+def _with_messages(t: Turn, added: tuple[Message, ...]) -> Turn:
+    """`t` with `added` appended to its Messages (no `dataclasses.replace`: its walk of the
+    fields runs inside the writer's baton)."""
+    return Turn(
+        t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
+        t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
+        t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
+        (*t.messages, *added), t.interactions, t.checkpoint_json,
+    )  # fmt: skip
 
 
 def _set_bound(

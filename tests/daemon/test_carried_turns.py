@@ -17,7 +17,7 @@ import pytest
 from agenthost import projection
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
-from storage.models import ChangeEvent, TurnBound, TurnChanged
+from storage.models import ChangeEvent, NewMessage, TurnBound, TurnChanged
 from storage.store import Store
 from tests.support.carried import (
     Heard,
@@ -248,6 +248,80 @@ def test_a_settlement_handed_its_start_writes_writes_them_as_they_would_have_lan
         heard.close()
 
 
+def test_a_settlement_handed_its_reply_writes_it_as_the_lone_appends_would_have(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The Session actor hands its settlement the Turn's new Messages it still had queued
+    (`NewMessage`: its reply): the settlement inserts them first, in order, last in the
+    Session, exactly as the lone appends would have just before it (ids, kinds, texts,
+    payloads, versions, positions), names its final Message among them, and its change
+    carries exactly the Turn it committed; on a Turn already settled it inserts them alone,
+    and a fork's fence refuses them there as it refused the appends."""
+    daemon, client = running
+    store = daemon.store
+    assert store is not None
+    sid = _session(client)
+    lone = _session(client)
+
+    heard = Heard(store)
+    try:
+        # The same Turn written both ways: lone appends then a settlement, and one settlement.
+        expected_turn, _ = store.turns.claim_submit(WS, lone, "req-1", "hello")
+        for kind, text, payload in (("reasoning", "hm", {"r": 1}), ("assistant", "the reply", {})):
+            last = store.history.append_message(
+                WS, lone, expected_turn.turn_id, kind=kind, text=text, payload=payload
+            )
+        store.turns.record_settlement(
+            WS, lone, expected_turn.turn_id, outcome="completed",
+            final_assistant_message_id=last.message_id,
+        )  # fmt: skip
+        expected = store.turns.get_turn(WS, lone, expected_turn.turn_id)
+
+        turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+        image = store.turns.get_turn(WS, sid, turn.turn_id)
+        news = (
+            NewMessage(str(uuid.uuid4()), "reasoning", "hm", {"r": 1}),
+            NewMessage(str(uuid.uuid4()), "assistant", "the reply", {}),
+        )
+        heard.take()
+        assert store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=news[1].message_id, turn=image, messages=news,
+        )  # fmt: skip
+        settled = store.turns.get_turn(WS, sid, turn.turn_id)
+        assert _turn_change(heard.take()).row == settled
+        assert settled.final_assistant_message_id == news[1].message_id
+        assert [m.message_id for m in settled.messages[1:]] == [m.message_id for m in news]
+
+        def shape(t: Any) -> list[tuple[Any, ...]]:
+            return [(m.kind, m.text, m.payload, m.version, m.position) for m in t.messages]
+
+        assert shape(settled) == shape(expected)
+        assert (settled.phase, settled.outcome) == (expected.phase, expected.outcome)
+
+        # Not handed its image: the settling change is read back, the reply still written
+        # first (its final Message found by the lookup in the same transaction).
+        other, _ = store.turns.claim_submit(WS, sid, "req-2", "again")
+        reply = NewMessage(str(uuid.uuid4()), "assistant", "second", {})
+        assert store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, messages=(reply,),
+        )  # fmt: skip
+        again = store.turns.get_turn(WS, sid, other.turn_id)
+        assert [m.text for m in again.messages] == ["again", "second"]
+        assert again.messages[1].position == settled.messages[-1].position + 2
+
+        # A Turn already settled: no settlement, the Messages still land (as the appends).
+        late = NewMessage(str(uuid.uuid4()), "assistant", "late", {})
+        assert not store.turns.record_settlement(
+            WS, sid, other.turn_id, outcome="failed", messages=(late,)
+        )
+        after = store.turns.get_turn(WS, sid, other.turn_id)
+        assert (after.outcome, after.messages[-1].text) == ("completed", "late")
+    finally:
+        heard.close()
+
+
 def test_the_claim_is_published_without_a_read(
     running: tuple[Daemon, Client],
 ) -> None:
@@ -455,16 +529,27 @@ def test_a_turn_of_many_messages_written_in_batches_settles_carried(tmp_path: Pa
 
 
 def test_a_turn_whose_batch_was_lost_settles_read_back(
-    running: tuple[Daemon, Client],
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The batch holding a Turn's reply and settlement loses its COMMIT (SQLite turns it into a
     rollback) after the Session actor applied the reply to its image: the queue retries the
     writes (the reply inserted again under a new id), and the settlement, whose image may name
-    a Message that no longer exists, is read back — its event is the Turn as committed."""
+    a Message that no longer exists, is read back — its event is the Turn as committed. The
+    reply is left a write of its own in the batch (as a reply the settlement cannot take is:
+    one with another write of its Turn queued), not taken by the settlement."""
+    from actors.turn_writes import TurnWrites
     from tests.support.daemon import settle, submit, wait_for
     from tests.support.invariants import check_turn_events
     from transport.client import EventSubscriber
 
+    take_bound = TurnWrites.take_bound
+
+    def bound_only(self: TurnWrites, turn_id: str) -> Any:
+        for queued in self._durable:
+            queued.message = None
+        return take_bound(self, turn_id)
+
+    monkeypatch.setattr(TurnWrites, "take_bound", bound_only)
     daemon, client = running
     server, publisher, store = daemon.server, daemon.publisher, daemon.store
     assert server is not None and publisher is not None and store is not None
@@ -503,3 +588,53 @@ def test_a_turn_whose_batch_was_lost_settles_read_back(
     assert whole["messages"][-1]["messageId"] == appended[1]
     assert check_turn_events(heard, [turn_id], {turn_id: whole}) == []
     assert publisher.carried_turns - carried == 1  # the claim's only
+
+
+def test_a_settlement_that_took_its_reply_and_lost_its_commit_writes_the_same_reply_again(
+    running: tuple[Daemon, Client],
+) -> None:
+    """The settlement that took its Turn's reply (`NewMessage`) loses its COMMIT: nothing of it
+    exists, and the queue retries the same write — the reply inserted under the id it was given
+    when the settlement was queued, once; the Turn completes with it as its final Message and
+    every event a subscriber heard agrees with the store."""
+    from tests.support.daemon import settle, submit, wait_for
+    from tests.support.invariants import check_turn_events
+    from transport.client import EventSubscriber
+
+    daemon, client = running
+    server, store = daemon.server, daemon.store
+    assert server is not None and store is not None
+    sid = _session(client)
+    writer = store.db._writer_connection()
+    refused: list[int] = []
+    taken: list[tuple[str, ...]] = []
+    record = store.turns.record_settlement
+
+    def recording(*args: Any, **kwargs: Any) -> Any:
+        taken.append(tuple(m.message_id for m in kwargs.get("messages", ())))
+        return record(*args, **kwargs)
+
+    def refuse_once() -> bool:
+        if refused or not any(taken):
+            return False
+        refused.append(1)
+        return True  # the settlement's COMMIT becomes a ROLLBACK
+
+    heard: list[dict[str, Any]] = []
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        writer.set_commit_hook(refuse_once)
+        store.turns.record_settlement = recording  # type: ignore[method-assign]
+        try:
+            turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
+            whole = settle(client, sid, turn_id, WS)
+        finally:
+            writer.set_commit_hook(None)
+            store.turns.record_settlement = record  # type: ignore[method-assign]
+        hear_settled(sub, [turn_id], heard)
+    assert refused and whole["outcome"] == "completed", whole
+    # Tried twice with the same reply; the Turn holds it once, as its final Message.
+    assert len(taken) == 2 and taken[0] == taken[1] and len(taken[0]) == 1, taken
+    assert [m["messageId"] for m in whole["messages"][1:]] == list(taken[0])
+    assert whole["finalAssistantMessageId"] == taken[0][0]
+    assert check_turn_events(heard, [turn_id], {turn_id: whole}) == []

@@ -178,12 +178,13 @@ def test_a_short_turns_start_writes_are_written_by_its_settlement(
     running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The start's provider bind and binding, still queued when the settlement is (held for
-    the Turn's next write), are written by the settlement's own statement: the Turn's batch
-    after its claim is two writes (the reply, the settlement), not four, and the Turn settles
+    the Turn's next write), are written by the settlement's own statement, and its reply by
+    the settlement's own write: the Turn's write after its claim is the settlement alone (no
+    batch of writes), not four, and the Turn settles
     bound, with its binding, its claim finished; its settling event, carried, shows the bind
     (`check_turn_events`, which reports a settling event built without it). Both bounds
     raised to 30 s, as above. On a daemon whose bind and binding are writes of their own this
-    counts four."""
+    counts four batched writes; on one whose reply is a write of its own, two."""
     monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
     monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
     daemon, c = running
@@ -200,7 +201,7 @@ def test_a_short_turns_start_writes_are_written_by_its_settlement(
             turn = run_turn(c, sid, f"bound by the settlement {n}")
             turns[turn["turnId"]] = turn
             assert turn["outcome"] == "completed", turn
-            assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
+            assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 0)
             stored = store.turns.get_turn(WS, sid, turn["turnId"])
             assert (
                 stored.root_provider_turn_id
@@ -283,7 +284,7 @@ def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
         supervisor.set_event_sink(forward)
     assert waited[:1] == [True], "the binding was not held until the start's answer"
     assert turn["outcome"] == "completed", turn
-    assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 2)
+    assert (stats.transactions - at_claim[0], stats.batched - at_claim[1]) == (2, 0)
     stored = store.turns.get_turn(WS, sid, turn["turnId"])
     assert stored.root_provider_turn_id and stored.provider_turn_binding_json, stored
 

@@ -8,6 +8,7 @@ another Turn)."""
 from __future__ import annotations
 
 import sys
+import uuid
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from dataclasses import fields, replace
@@ -31,7 +32,7 @@ from domain.errors import (
     SessionNotFound,
     TurnNotFound,
 )
-from storage.models import Message, Turn
+from storage.models import Message, NewMessage, Turn
 from storage.store import Store
 
 pytestmark = pytest.mark.timeout(30)
@@ -123,6 +124,39 @@ def test_a_settlement_handed_its_turn_reads_neither_its_final_message_nor_intera
             final_assistant_message_id=mine.message_id,
         )  # fmt: skip
     assert any("FROM messages" in s for s in ran) and any("UPDATE interactions" in s for s in ran)
+
+
+def test_a_settlement_handed_its_reply_inserts_it_in_its_own_write(store: Store) -> None:
+    """Handed its Turn's reply (`messages`), the settlement inserts it after its own three
+    reads and before its `UPDATE`: one position read and the insert, where the reply's lone
+    append ran the fence, the liveness, the Turn's row, the position and the insert in a
+    write of its own (a savepoint in the Turn's batch). Eight statements for the two, not
+    eleven."""
+    sid = new_session(store)
+    turn, _ = store.turns.claim_submit(WS, sid, "req-1", "hello")
+    image = store.turns.get_turn(WS, sid, turn.turn_id)
+    reply = NewMessage(str(uuid.uuid4()), "assistant", "the reply", {})
+    with _statements(store) as ran:
+        assert store.turns.record_settlement(
+            WS, sid, turn.turn_id, outcome="completed",
+            final_assistant_message_id=reply.message_id, turn=image, messages=(reply,),
+        )  # fmt: skip
+    assert [s.split(" ", 2)[:2] for s in ran] == [
+        ["SELECT", "deleted"],  # the Session live
+        ["SELECT", "workspace_id,"],  # the Turn's row
+        ["SELECT", "operation_id"],  # the fence (law 3)
+        ["SELECT", "(SELECT"],  # the next position
+        ["INSERT", "INTO"],  # the reply
+        ["UPDATE", "turns"],
+        ["UPDATE", "submit_claims"],
+        ["UPDATE", "sessions"],
+    ], ran
+    settled = store.turns.get_turn(WS, sid, turn.turn_id)
+    assert [m.message_id for m in settled.messages] == [
+        turn.messages[0].message_id,
+        reply.message_id,
+    ]
+    assert settled.final_assistant_message_id == reply.message_id
 
 
 def _fence(store: Store, sid: str) -> None:
