@@ -235,17 +235,20 @@ def test_a_child_named_before_its_ancestor_is_no_child_until_a_rebind_completes_
 def test_a_fork_is_accepted_only_once_the_bound_names_are_durable(
     make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The proof runs while the binder's last round (the names' directories) is fsynced, and
-    the fork waits for that round before `accepted`: a failure of it is `unknown`, like any
-    binder failure after the provider call, though the child was proven readable."""
-    import threading
+    """The binder's last round (the names' directories: the child's `sessions/`) runs after
+    the proof's read-back (a small child's, on the fork's thread) or while it runs (a large
+    one's, on the names' pool), and the fork waits for that round before `accepted`: a
+    failure of it is `unknown`, like any binder failure after the provider call, though the
+    child was proven readable."""
+    import os
 
     import drivers.binder as binder_module
 
     real = binder_module.fsync_dir
+    names_dir = os.fspath(tmp_path / "t" / "sessions")
 
     def fsync_dir(path: Path | str) -> None:
-        if threading.current_thread().name.startswith("names-sync"):
+        if os.fspath(path) == names_dir:
             raise OSError(5, "injected: the names' directory sync failed", str(path))
         real(path)
 
