@@ -295,3 +295,25 @@ def test_a_sessions_runtime_key_is_parsed_once_for_its_deltas(
     ]
     daemon._on_worker_event("tutti-agent", "no key", {"type": "message.delta"})
     assert len(offered) == 10  # an unreadable key is still refused
+
+
+def test_a_direct_deltas_body_is_packed_once_from_its_event(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delta handed over on its producer's thread is packed from `delta_event`'s map as it is
+    # (no `encode_event`: its copy of the map and a Packer per call); the body is the same.
+    import agenthost.publisher as publisher_module
+
+    daemon, _ = running
+    sink = Sink()
+    publisher = _publisher(daemon, sink)
+
+    def refused(event: Any) -> bytes:
+        raise AssertionError("encode_event on a direct delta")
+
+    monkeypatch.setattr(publisher_module, "encode_event", refused)
+    for text in ("hel", "lo"):
+        delta = _delta("s1", "t1", text)
+        publisher.offer_delta(delta)
+        assert sink.events[-1] == dict(delta_event(delta))
+    assert publisher.direct == 2
