@@ -59,7 +59,6 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
-from protocol.envelope import encode_event
 from protocol.events import (
     FORK_OPERATION,
     MESSAGE_DELTA,

@@ -301,17 +301,16 @@ def test_a_direct_deltas_body_is_packed_once_from_its_event(
     running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # A delta handed over on its producer's thread is packed from `delta_event`'s map as it is
-    # (no `encode_event`: its copy of the map and a Packer per call); the body is the same.
-    import agenthost.publisher as publisher_module
-
+    # by the thread's own Packer (not `encode_event`: its copy of the map and `msgpack.packb`,
+    # a Packer built per call); the body is the same.
     daemon, _ = running
     sink = Sink()
     publisher = _publisher(daemon, sink)
 
-    def refused(event: Any) -> bytes:
-        raise AssertionError("encode_event on a direct delta")
+    def refused(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("msgpack.packb on a direct delta")
 
-    monkeypatch.setattr(publisher_module, "encode_event", refused)
+    monkeypatch.setattr(msgpack, "packb", refused)
     for text in ("hel", "lo"):
         delta = _delta("s1", "t1", text)
         publisher.offer_delta(delta)
