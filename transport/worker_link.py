@@ -21,6 +21,10 @@ from typing import Any
 import msgpack
 import zmq
 
+from transport.zmq_options import install as _fast_options
+
+_fast_options()  # the link's option looks (a delta's RCVMORE and EVENTS) without an enum call
+
 HEARTBEAT_INTERVAL_S = 0.5
 """Both ends send `{"t": "hb"}` this often."""
 
