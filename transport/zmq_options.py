@@ -47,6 +47,6 @@ def install() -> bool:
     members = _Options(SocketOption._value2member_map_)
     if not members:
         return False
-    backend.SocketOption = members.__getitem__
+    setattr(backend, "SocketOption", members.__getitem__)  # noqa: B010 - a module attribute
     _installed = True
     return True
