@@ -85,6 +85,8 @@ ENABLE_FAILPOINTS_ENV = "AGENTHOST_ENABLE_FAILPOINTS"
 
 
 STREAM_ACTIVITY_EVERY_S = 1.0
+KEYS_KEPT = 4096
+"""Parsed runtime keys the worker events' sink keeps (a host with more parses again)."""
 RUN_DIR_CHECK_S = 0.5
 """How often the daemon looks for its `run/` (removed under it: made again) and its home."""
 
@@ -122,6 +124,9 @@ class Daemon:
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
         self._stream_activity: dict[str, float] = {}  # turn id → last activity forwarded
+        self._keys: dict[str, tuple[str, str]] = {}
+        """Runtime key → (workspace, Session), parsed once per key (the supervisor's thread, per
+        streamed delta: `_on_worker_event`); cleared past `KEYS_KEPT`."""
         self._backstopped: frozenset[str] = frozenset()
         """Providers whose Turns the Session actor's model backstops watch (`model_limits`):
         their first delta of a stretch tells the actor at once."""
@@ -452,11 +457,17 @@ class Daemon:
         self.stop_requested.set()
 
     def _on_worker_event(self, provider: str, key: str, event: dict[str, Any]) -> None:
-        try:
-            ws, sid = parse_runtime_key(key)
-        except ValueError:
-            log.warning("worker event for an unreadable session key %r", key)
-            return
+        parsed = self._keys.get(key)
+        if parsed is None:
+            try:
+                parsed = parse_runtime_key(key)
+            except ValueError:
+                log.warning("worker event for an unreadable session key %r", key)
+                return
+            if len(self._keys) >= KEYS_KEPT:
+                self._keys.clear()
+            self._keys[key] = parsed
+        ws, sid = parsed
         turn_id = str(event.get("turnId") or "")
         if event.get("type") == "message.delta":
             # Not durable and never stored: to the transport now, or onto the events queue

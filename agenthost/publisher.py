@@ -53,11 +53,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+import msgpack
+
 from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
-from protocol.envelope import encode_event
 from protocol.events import (
     FORK_OPERATION,
     MESSAGE_DELTA,
@@ -297,6 +298,17 @@ def delta_event(change: StreamDelta) -> MessageDelta:
     }
 
 
+class _Packers(threading.local):
+    """One msgpack `Packer` per thread for a streamed delta's body (`encode_event`'s bytes,
+    without its copy of the map and `msgpack.packb`'s Packer built per call)."""
+
+    def __init__(self) -> None:
+        self.packer = msgpack.Packer(use_bin_type=True)
+
+
+_packers = _Packers()
+
+
 class EventSink(Protocol):
     """Where events go (`transport.server.ApiServer`)."""
 
@@ -428,7 +440,8 @@ class EventPublisher:
                 with self._count_lock:
                     self.skipped += 1
                 return
-            frames = [(delta.workspace_id.encode("utf-8"), encode_event(delta_event(delta)))]
+            body: bytes = _packers.packer.pack(delta_event(delta))  # the one encoding
+            frames = [(delta.workspace_id.encode("utf-8"), body)]
             with self._order:
                 if self._held == 0:
                     sink.publish_now(frames)

@@ -65,6 +65,9 @@ from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.security import ServerCurve, needs_curve, start_authenticator
 from transport.wire import WireReason, decode_request, encode_error
+from transport.zmq_options import install as _fast_options
+
+_fast_options()  # the daemon's option looks without an enum call each
 
 __all__ = [
     "DEFAULT_MAX_IN_FLIGHT",

@@ -21,6 +21,10 @@ from typing import Any
 import msgpack
 import zmq
 
+from transport.zmq_options import install as _fast_options
+
+_fast_options()  # the link's option looks (a delta's RCVMORE and EVENTS) without an enum call
+
 HEARTBEAT_INTERVAL_S = 0.5
 """Both ends send `{"t": "hb"}` this often."""
 
@@ -35,6 +39,9 @@ PROTOCOL_VERSION = 1
 # The socket's own getsockopt with int constants (pyzmq's flag enums cost a construction each).
 _getsockopt: Callable[..., Any] = zmq.backend.Socket.get
 _recv: Callable[..., Any] = zmq.backend.Socket.recv
+# The socket's own send with int flags: not pyzmq's Python `Socket.send` wrapper (a streamed
+# delta's send on the provider's reader thread).
+_send: Callable[..., Any] = zmq.backend.Socket.send
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
@@ -97,6 +104,17 @@ def evt_msg(agent_session_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
 
 
 HB_MSG: dict[str, Any] = {"t": MsgType.HB.value}
+
+
+class _Packers(threading.local):
+    """One msgpack `Packer` per thread: `msgpack.packb` builds (and frees) a `Packer` and its
+    buffer at every call, a streamed delta's frame at each end of the link."""
+
+    def __init__(self) -> None:
+        self.packer = msgpack.Packer(use_bin_type=True)
+
+
+_packers = _Packers()
 
 _EVT = MsgType.EVT.value
 # Plain ints: pyzmq's flag enums build an enum object at every `&` (a delta's send does one).
@@ -308,8 +326,8 @@ class WorkerEnd:
     def send_event(self, agent_session_id: str, event: dict[str, Any]) -> None:
         """`evt_msg(agent_session_id, event)` sent; `event` is packed now, as given (the
         caller's map is not copied first: it must not change it during the call)."""
-        frame: bytes = msgpack.packb(
-            {"t": _EVT, "agentSessionId": agent_session_id, "event": event}, use_bin_type=True
+        frame: bytes = _packers.packer.pack(
+            {"t": _EVT, "agentSessionId": agent_session_id, "event": event}
         )
         self._send_frame(frame)
 
@@ -336,26 +354,19 @@ class WorkerEnd:
                     self._wake()
                 return
             try:
-                sock.send(frame, zmq.NOBLOCK)
+                _send(sock, frame, _NOBLOCK)
                 self.sent_direct += 1
+                # The send may have taken the descriptor's edge of a frame that waits: look
+                # (inline: this runs for every streamed delta).
+                waiting = _getsockopt(sock, _EVENTS) & _POLLIN
             except zmq.Again:
                 self._backlog.append(frame)
                 self._wake()
                 return
             except zmq.ZMQError:
                 return  # the context is going away
-            if self._after_op(sock):
+            if waiting:
                 self._wake()
-
-    def _after_op(self, sock: zmq.Socket[Any]) -> bool:
-        """Under `_lock`, after any operation on `sock`: True when a frame waits to be read
-        (the operation may have taken the descriptor's edge that would have woken the link's
-        thread)."""
-        try:
-            events = sock.get(_EVENTS)
-        except zmq.ZMQError:
-            return False
-        return isinstance(events, int) and bool(events & _POLLIN)
 
     def _wake(self) -> None:
         """Under `_lock` (the pipe is closed under it): wake the link's thread. A hint: a full

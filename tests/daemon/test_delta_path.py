@@ -15,6 +15,7 @@ from typing import Any
 import msgpack
 import pytest
 
+from actors.context import runtime_key
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher, StreamDelta, delta_event
 from storage.models import TurnChanged
@@ -262,3 +263,56 @@ def test_a_turns_deltas_reach_a_subscriber_whole_and_before_its_settlement(
     without = heard[:last] + heard[last + 1 :]
     assert check_turn_events([*without, heard[last]], ids)
     assert check_turn_events(without, ids)
+
+
+def test_a_sessions_runtime_key_is_parsed_once_for_its_deltas(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The worker events' sink runs per streamed delta on the supervisor's thread: the runtime
+    # key's (workspace, Session) is parsed at its first event, then looked up.
+    import agenthost.daemon as daemon_module
+
+    daemon, _ = running
+    parsed: list[str] = []
+    real = daemon_module.parse_runtime_key
+
+    def counting(key: str) -> tuple[str, str]:
+        parsed.append(key)
+        return real(key)
+
+    offered: list[StreamDelta] = []
+    monkeypatch.setattr(daemon_module, "parse_runtime_key", counting)
+    assert daemon.publisher is not None
+    monkeypatch.setattr(daemon.publisher, "offer_delta", offered.append)
+    keys = [runtime_key(WS, "s1"), runtime_key(WS, "s2")]
+    for n in range(5):
+        for key in keys:
+            event = {"type": "message.delta", "turnId": f"t-{key[-2:]}", "delta": str(n)}
+            daemon._on_worker_event("tutti-agent", key, event)
+    assert sorted(parsed) == sorted(keys)
+    assert [(d.workspace_id, d.session_id, d.event["delta"]) for d in offered] == [
+        (WS, sid, str(n)) for n in range(5) for sid in ("s1", "s2")
+    ]
+    daemon._on_worker_event("tutti-agent", "no key", {"type": "message.delta"})
+    assert len(offered) == 10  # an unreadable key is still refused
+
+
+def test_a_direct_deltas_body_is_packed_once_from_its_event(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A delta handed over on its producer's thread is packed from `delta_event`'s map as it is
+    # by the thread's own Packer (not `encode_event`: its copy of the map and `msgpack.packb`,
+    # a Packer built per call); the body is the same.
+    daemon, _ = running
+    sink = Sink()
+    publisher = _publisher(daemon, sink)
+
+    def refused(*args: Any, **kwargs: Any) -> bytes:
+        raise AssertionError("msgpack.packb on a direct delta")
+
+    monkeypatch.setattr(msgpack, "packb", refused)
+    for text in ("hel", "lo"):
+        delta = _delta("s1", "t1", text)
+        publisher.offer_delta(delta)
+        assert sink.events[-1] == dict(delta_event(delta))
+    assert publisher.direct == 2
