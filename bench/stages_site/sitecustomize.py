@@ -356,17 +356,16 @@ if _DIR and "serve" in sys.argv:
         baton.pass_on, baton.next_submission = traced_pass_on, traced_next
 
     _items: list[tuple[str, float, float]] = []
-    """Each write a Turn's batch applied: what it was, its wall and its thread's CPU, ms."""
+    """Each write a Turn's writer applied, in a batch or alone: what it was, its wall and its
+    thread's CPU, ms."""
 
     def _wrap_turn_writes(module: Any) -> None:
         writes = module.TurnWrites
-        drain_batch = writes._drain_batch
+        enqueue = writes.enqueue
 
-        def _drain_batch(self: Any) -> bool:
-            for item in self._durable:
-                inner = item.apply
-                if getattr(inner, "_staged", False):
-                    continue
+        def _enqueue(self: Any, item: Any) -> None:
+            inner = item.apply
+            if not getattr(inner, "_staged", False):
 
                 def timed(_inner: Any = inner, _what: str = item.what) -> object:
                     t0, c0 = _now(), time.thread_time()
@@ -379,9 +378,9 @@ if _DIR and "serve" in sys.argv:
 
                 timed._staged = True  # type: ignore[attr-defined]
                 item.apply = timed
-            return bool(drain_batch(self))
+            enqueue(self, item)
 
-        writes._drain_batch = _drain_batch
+        writes.enqueue = _enqueue
 
     _WRAPS = {
         "actors.turn_writes": ("TurnWrites", _wrap_turn_writes),
