@@ -152,8 +152,14 @@ def ordinal_id(prefix: str, ordinal: int) -> str:
 
 
 def _ordinal_id(seed: int, rest: str, ordinal: int) -> str:
-    head = (seed + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32
-    return f"{head:08x}{rest}{ordinal & _ORDINAL_MASK:012x}"
+    # One `%` on a tuple, not an f-string's two format specs: the same text (both fields are
+    # non-negative), ~0.68 → ~0.40 µs an id; a months cold fork derives 20,000 (its Turns' ids
+    # at prepare, their final Messages' at the commit).
+    return "%08x%s%012x" % (  # noqa: UP031
+        (seed + ((ordinal & _LOW32) * _SCRAMBLE & _LOW32)) & _LOW32,
+        rest,
+        ordinal & _ORDINAL_MASK,
+    )
 
 
 def ordinal_ids(prefix: str) -> Callable[[int], str]:
