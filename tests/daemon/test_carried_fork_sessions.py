@@ -44,12 +44,23 @@ def _fork(daemon: Daemon, c: Client, *, warm: bool) -> tuple[str, str, list[Chan
     assert store is not None
     sid = create_session(c, title="carried fork sessions")["agentSessionId"]
     turn_id = run_turn(c, sid, "one")["turnId"]
-    run_turn(c, sid, "two")
-    if warm:
-        first = c.call("fork.create", fork_params(WS, sid, turn_id))["operation"]
-        c.call("fork.acknowledge", {"workspaceId": WS, "operationId": first["operationId"]})
     heard = Heard(store)
     try:
+        last = run_turn(c, sid, "two")["turnId"]
+        # A read sees the settlement once it is committed, a subscriber a moment later (the
+        # store delivers after the COMMIT): wait for its delivery, so none of the source's
+        # Turn writes is taken for the fork's.
+        wait_for(
+            lambda: any(
+                isinstance(s, SessionChanged) and s.touch is not None and s.touch.settled == last
+                for s in heard.changes
+            ),
+            10,
+        )
+        if warm:
+            first = c.call("fork.create", fork_params(WS, sid, turn_id))["operation"]
+            c.call("fork.acknowledge", {"workspaceId": WS, "operationId": first["operationId"]})
+        heard.take()
         body = c.call("fork.create", fork_params(WS, sid, turn_id))
         assert body["operation"]["status"] == "committed", body
         child = str(body["operation"]["targetAgentSessionId"])
