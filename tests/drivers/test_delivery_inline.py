@@ -1,9 +1,8 @@
 """The delivery thread's one shortcut: the result of a fork, `runtime.attest`,
-`session.start` or `turn.start` — whose waiters only hand it to a Session actor — is delivered
-on the supervisor's loop thread when nothing is queued ahead of it, one thread hand-off fewer
-on a fork's (and a Turn's start's) path; behind a queued event or result it waits its turn
-(arrival order holds), and every other method's result still goes through the delivery
-thread. Real threads, no timings."""
+`session.start` or `turn.start` — whose waiters only hand it to a Session actor — is delivered on the
+supervisor's loop thread when nothing is queued ahead of it, one thread hand-off fewer on a
+fork's path; behind a queued event or result it waits its turn (arrival order holds), and every
+other method's result still goes through the delivery thread. Real threads, no timings."""
 
 from __future__ import annotations
 
@@ -94,9 +93,9 @@ def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
 def test_a_delta_or_a_turns_end_with_nothing_queued_is_handed_to_the_sink_on_the_calling_thread(
     kind: str,
 ) -> None:
-    """A streamed delta's sink only queues it for the publisher, a Turn's end's, start's
-    notice's and binding's only tell its Session actor: with nothing queued or running on the
-    delivery thread they run on the loop thread; any other event does not."""
+    """A streamed delta's sink only queues it for the publisher, a Turn's end's, start's notice's
+    and binding's only tell its Session actor: with nothing queued or running on the delivery thread they run on the loop
+    thread; any other event does not."""
     deliveries = Deliveries()
     seen: list[tuple[str, str]] = []
     done = threading.Event()
