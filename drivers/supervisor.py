@@ -97,22 +97,19 @@ LifecycleSink = Callable[[str, dict[str, Any]], None]
 turns that were streaming on a worker that died."""
 
 
-INLINE_METHODS = frozenset({"fork", "runtime.attest", "session.start", "turn.start"})
+INLINE_METHODS = frozenset({"fork", "runtime.attest", "session.start"})
 """Methods whose results may be delivered on the loop thread: their futures' callbacks only
 parse the answer and `tell` the Session actor that waits (actors' `later`,
-`actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block. A Turn's
-`turn.start` answer arrives while its provider starts the Turn: one wake-up of another thread
-fewer there."""
+`actors.ports.request_fork`, `agenthost.workers.SupervisorPort`), never block."""
 
 
-INLINE_EVENTS = frozenset({"message.delta", "turn.completed", "turn.started", "turn.binding"})
+INLINE_EVENTS = frozenset({"message.delta", "turn.completed"})
 """Events the sink may take on the loop thread (when nothing is queued or running here, as
 for `INLINE_METHODS`): a streamed delta's sink sends it on the events XPUB, or puts it on the
 daemon's events queue behind what is there (and, at most once a second, tells the Session actor
-its reply streams), a Turn's end, its start's notice and its provider binding only `tell` its
-Session actor; none blocks on work. A Turn's ~20 deltas each skip a thread hand-off, and so does
-its end, on the way to its settlement, and its start's two events (with the `turn.start` answer,
-`INLINE_METHODS`) while its provider starts it."""
+its reply streams), a Turn's end only `tell`s its Session actor; neither blocks on work. A
+Turn's ~20 deltas each skip a thread hand-off, and so does its end, on the way to its
+settlement."""
 
 
 class Deliveries:

@@ -1,5 +1,5 @@
-"""The delivery thread's one shortcut: the result of a fork, `runtime.attest`,
-`session.start` or `turn.start` — whose waiters only hand it to a Session actor — is delivered on the
+"""The delivery thread's one shortcut: the result of a fork, `runtime.attest` or
+`session.start` — whose waiters only hand it to a Session actor — is delivered on the
 supervisor's loop thread when nothing is queued ahead of it, one thread hand-off fewer on a
 fork's path; behind a queued event or result it waits its turn (arrival order holds), and every
 other method's result still goes through the delivery thread. Real threads, no timings."""
@@ -29,7 +29,7 @@ def _thread_of_callback(pending: Pending) -> list[str]:
     return names
 
 
-@pytest.mark.parametrize("method", ["fork", "runtime.attest", "session.start", "turn.start"])
+@pytest.mark.parametrize("method", ["fork", "runtime.attest", "session.start"])
 def test_a_fork_path_result_with_nothing_queued_is_delivered_on_the_calling_thread(
     method: str,
 ) -> None:
@@ -49,7 +49,7 @@ def test_a_fork_path_result_with_nothing_queued_is_delivered_on_the_calling_thre
 def test_other_results_still_go_through_the_delivery_thread() -> None:
     deliveries = Deliveries()
     try:
-        pending = _pending("turn.interrupt")
+        pending = _pending("turn.start")
         names = _thread_of_callback(pending)
         deliveries.complete(pending, {"ok": True})
         assert pending.future.result(10) == {"ok": True}
@@ -71,7 +71,7 @@ def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
 
     deliveries.event_sink = sink
     try:
-        deliveries.event("tutti-agent", "ws/s", {"type": "item"})
+        deliveries.event("tutti-agent", "ws/s", {"type": "turn.binding"})
         assert entered.wait(10)  # the event is running on the delivery thread
         pending = _pending("fork")
         names = _thread_of_callback(pending)
@@ -87,14 +87,12 @@ def test_a_fork_result_behind_a_queued_event_keeps_arrival_order() -> None:
         deliveries.close(5)
 
 
-@pytest.mark.parametrize(
-    "kind", ["message.delta", "turn.completed", "turn.started", "turn.binding"]
-)
+@pytest.mark.parametrize("kind", ["message.delta", "turn.completed"])
 def test_a_delta_or_a_turns_end_with_nothing_queued_is_handed_to_the_sink_on_the_calling_thread(
     kind: str,
 ) -> None:
-    """A streamed delta's sink only queues it for the publisher, a Turn's end's, start's notice's
-    and binding's only tell its Session actor: with nothing queued or running on the delivery thread they run on the loop
+    """A streamed delta's sink only queues it for the publisher, a Turn's end's only tells its
+    Session actor: with nothing queued or running on the delivery thread they run on the loop
     thread; any other event does not."""
     deliveries = Deliveries()
     seen: list[tuple[str, str]] = []
