@@ -93,6 +93,10 @@ def _nothing(_result: dict[str, Any]) -> None:
     return None
 
 
+def _as_is(result: dict[str, Any]) -> dict[str, Any]:
+    return result
+
+
 class SupervisorPort:
     """The actors' `WorkerPort` over the real supervisor."""
 
@@ -100,78 +104,106 @@ class SupervisorPort:
         self.supervisor = supervisor
 
     def attest(self, provider: str, request: RuntimeAttest, timeout: float) -> Future[Attestation]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, Attestation.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, Attestation.from_wire
+        )
 
     def start_session(
         self, provider: str, request: SessionStart, timeout: float
     ) -> Future[SessionStarted]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, SessionStarted.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, SessionStarted.from_wire
+        )
 
     def stop_session(self, provider: str, request: SessionStop, timeout: float) -> Future[None]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, _nothing)
+        return self._call(provider, request.METHOD, request.to_wire(), timeout, _nothing)
 
     def history(
         self, provider: str, request: HistoryRequest, timeout: float
     ) -> Future[SessionHistory]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, SessionHistory.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, SessionHistory.from_wire
+        )
 
     def start_turn(self, provider: str, request: TurnStart, timeout: float) -> Future[TurnAccepted]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, TurnAccepted.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, TurnAccepted.from_wire
+        )
 
     def interrupt_turn(self, provider: str, request: TurnInterrupt, timeout: float) -> Future[None]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, _nothing)
+        return self._call(provider, request.METHOD, request.to_wire(), timeout, _nothing)
 
     def respond_interaction(
         self, provider: str, request: InteractionRespond, timeout: float
     ) -> Future[None]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, _nothing)
+        return self._call(provider, request.METHOD, request.to_wire(), timeout, _nothing)
 
     def fork(self, provider: str, request: ForkRequest, timeout: float) -> Future[ForkResult]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, ForkResult.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, ForkResult.from_wire
+        )
 
     def inspect_fork(
         self, provider: str, request: ResolveRequest, timeout: float
     ) -> Future[ResolveInspection]:
-        answer = self.send(provider, ResolveRequest.INSPECT, request.to_wire(), timeout)
-        return read_answer(answer, ResolveInspection.from_wire)
+        return self._call(
+            provider,
+            ResolveRequest.INSPECT,
+            request.to_wire(),
+            timeout,
+            ResolveInspection.from_wire,
+        )
 
     def adopt_fork(
         self, provider: str, request: ResolveAdopt, timeout: float
     ) -> Future[ForkResult]:
-        answer = self.send(provider, request.METHOD, request.to_wire(), timeout)
-        return read_answer(answer, ForkResult.from_wire)
+        return self._call(
+            provider, request.METHOD, request.to_wire(), timeout, ForkResult.from_wire
+        )
 
     def quarantine_fork(
         self, provider: str, request: ResolveRequest, timeout: float
     ) -> Future[ResolveQuarantined]:
-        answer = self.send(provider, ResolveRequest.QUARANTINE, request.to_wire(), timeout)
-        return read_answer(answer, ResolveQuarantined.from_wire)
+        return self._call(
+            provider,
+            ResolveRequest.QUARANTINE,
+            request.to_wire(),
+            timeout,
+            ResolveQuarantined.from_wire,
+        )
 
     def send(
         self, provider: str, method: str, params: Mapping[str, Any], timeout: float
     ) -> Future[dict[str, Any]]:
         """One worker method's params map over the link, retried while it provably never
         left (and, for the idempotent ones, when its answer was lost)."""
-        out: Future[dict[str, Any]] = Future()
-        deadline = time.monotonic() + timeout
-        self._attempt(out, provider, method, dict(params), deadline)
+        return self._call(provider, method, dict(params), timeout, _as_is)
+
+    def _call(
+        self,
+        provider: str,
+        method: str,
+        params: Mapping[str, Any],
+        timeout: float,
+        parse: Callable[[dict[str, Any]], T],
+    ) -> Future[T]:
+        """`method` sent (retried as `send` says), its answer read by `parse` on the thread
+        that delivers it: one future the caller waits on beside the supervisor's own (no
+        second future and callback of `read_answer` chained behind it). A delivery failure
+        reaches the future as `send`'s would; an answer without the type's shape fails it
+        (`MalformedMessage`), as `read_answer`'s would."""
+        out: Future[T] = Future()
+        self._attempt(out, provider, method, params, time.monotonic() + timeout, parse)
         return out
 
     def _attempt(
         self,
-        out: Future[dict[str, Any]],
+        out: Future[T],
         provider: str,
         method: str,
-        params: dict[str, Any],
+        params: Mapping[str, Any],
         deadline: float,
+        parse: Callable[[dict[str, Any]], T],
     ) -> None:
         remaining = max(0.1, deadline - time.monotonic())
         try:
@@ -181,12 +213,17 @@ class SupervisorPort:
             return
 
         def _retry() -> None:
-            self._attempt(out, provider, method, params, deadline)
+            self._attempt(out, provider, method, params, deadline, parse)
 
         def _done(f: Future[dict[str, Any]]) -> None:
             exc = f.exception()
             if exc is None:
-                out.set_result(f.result())
+                try:
+                    parsed = parse(f.result())
+                except Exception as parse_exc:  # noqa: BLE001 - the waiter always gets an outcome
+                    out.set_exception(parse_exc)
+                else:
+                    out.set_result(parsed)
             elif isinstance(exc, WorkerUnavailable) or (
                 isinstance(exc, WorkerLost) and method in IDEMPOTENT_METHODS
             ):

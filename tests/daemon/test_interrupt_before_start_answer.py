@@ -30,15 +30,15 @@ def _sent_and_answered(daemon: Daemon) -> tuple[list[str], list[str]]:
     sent: list[str] = []
     answered: list[str] = []
     port = daemon.ctx.workers
-    real: Callable[..., Future[Any]] = port.send  # type: ignore[attr-defined]
+    real: Callable[..., Future[Any]] = port._call  # type: ignore[attr-defined]
 
-    def send(provider: str, method: str, params: Any, timeout: float) -> Future[Any]:
+    def send(provider: str, method: str, params: Any, timeout: float, *parse: Any) -> Future[Any]:
         sent.append(method)
-        fut = real(provider, method, params, timeout)
+        fut = real(provider, method, params, timeout, *parse)
         fut.add_done_callback(lambda _f: answered.append(method))
         return fut
 
-    port.send = send  # type: ignore[attr-defined]
+    port._call = send  # type: ignore[attr-defined]
     return sent, answered
 
 

@@ -25,18 +25,18 @@ class SentRequests:
         self.round_trips_ms: dict[str, list[float]] = {method: [] for method in timed}
         self._lock = threading.Lock()
         port = daemon.ctx.workers
-        real: Callable[..., Any] = port.send  # type: ignore[attr-defined]  # every typed call
+        real: Callable[..., Any] = port._call  # type: ignore[attr-defined]  # every call, typed or `send`
 
-        def request(provider: str, method: str, params: Any, timeout: float) -> Any:
+        def request(provider: str, method: str, params: Any, timeout: float, *parse: Any) -> Any:
             with self._lock:
                 self.methods[method] += 1
             started = time.perf_counter()
-            fut = real(provider, method, params, timeout)
+            fut = real(provider, method, params, timeout, *parse)
             if method in self.round_trips_ms:
                 fut.add_done_callback(lambda _f: self._answered(method, started))
             return fut
 
-        port.send = request  # type: ignore[attr-defined]
+        port._call = request  # type: ignore[attr-defined]
 
     def _answered(self, method: str, started: float) -> None:
         with self._lock:
