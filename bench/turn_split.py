@@ -22,17 +22,30 @@ import json
 import statistics
 import sys
 from pathlib import Path
+from typing import Any
+
+DROPPED = (
+    (
+        "d.batch",
+        "TurnWrites._drain_batch: a settlement carries its one-reply Turn's reply, so a Turn"
+        " has no batch; its write is stamped d.write.settle",
+    ),
+)
 
 STAGES = (
     ("c.submit", "d.submit", "client → Session actor"),
+    ("c.submit", "d.api#first", "  client → the transport thread (`ApiServer._handle`)"),
+    ("d.api#first", "d.recv.Submit", "  → the Session actor's slice (a pool hand-off)"),
     ("d.submit", "d.claim.end", "actor: the start's reads + the claim's COMMIT"),
     ("d.read", "d.read.end", "  the start's reads (Session row, an unbound settled Turn?)"),
-    ("d.claim", "d.commit", "  the claim's statements"),
-    ("d.commit", "d.commit.end", "  the claim's COMMIT"),
+    ("d.claim", "d.commit#first", "  the claim's statements"),
+    ("d.commit#first", "d.commit.end#first", "  the claim's COMMIT"),
     ("d.cap.before", "d.cap.end.before", "  beside it: the `before` capture"),
     ("d.claim.end", "d.start_turn", "claim durable → `turn.start` to the worker"),
     ("d.reply", "d.reply.end", "  of which the submit's answer handed to the transport"),
-    ("d.start_turn", "w.start_turn", "→ the worker's driver"),
+    ("d.start_turn", "d.send.turn.start", "→ the supervisor loop's link send"),
+    ("d.send.turn.start", "w.server", "→ the worker's request lane (`turn.start`)"),
+    ("w.server", "w.start_turn", "→ the worker's driver"),
     ("d.claim.end", "w.start_turn", "claim durable → the worker's driver"),
     ("d.submit", "w.start_turn", "the actor has the submit → the worker's driver"),
     ("w.start_turn", "M.request", "driver → the model has the request (provider)"),
@@ -41,30 +54,50 @@ STAGES = (
     ("a.post", "M.request", "  its model client → the model has the request"),
     ("M.last", "w.n.item/completed#last", "the model's last delta → reply item at the worker"),
     ("w.n.item/completed#last", "w.n.turn/completed", "→ `turn/completed` at the worker"),
-    ("w.n.turn/completed", "d.ev.turn.completed", "→ the daemon's sink"),
-    ("d.ev.turn.completed", "d.cap.after", "→ the capture thread"),
-    ("d.cap.after", "d.cap.end.after", "the `after` capture"),
-    ("d.ev.turn.completed", "d.here.after", "→ the actor (the `after` capture on it)"),
-    ("d.here.after", "d.here.end.after", "the `after` capture on the actor (or its check)"),
-    ("d.here.end.after", "d.batch#last", "→ the actor's settlement batch (from it)"),
-    ("d.cap.end.after", "d.batch#last", "→ the actor's settlement batch"),
-    ("d.batch#last", "d.batch.end#last", "the batch (reply + settlement, one COMMIT)"),
-    ("d.batch.end#last", "d.pub#last", "→ the publisher"),
+    ("w.n.turn/completed", "w.send.turn.completed", "→ the worker's link send"),
+    ("w.send.turn.completed", "d.lhand.evt.turn.completed", "→ the supervisor loop reads it"),
+    ("d.lhand.evt.turn.completed", "d.ev.turn.completed", "→ the daemon's sink"),
+    ("d.ev.turn.completed", "d.recv.DriverEvent.TurnCompleted", "→ the Session actor's slice"),
+    ("d.recv.DriverEvent.TurnCompleted", "d.settle", "→ `settle` on the actor"),
+    ("d.settle", "d.write.settle", "→ the settlement's write begins"),
+    (
+        "d.here.after",
+        "d.here.end.after",
+        "  of which the `after` capture on the actor (or its check)",
+    ),
+    ("d.cap.after", "d.cap.end.after", "  (the `after` capture on the pool, when it went there)"),
+    ("d.write.settle", "d.commit#last", "  the settlement's statements (reply carried)"),
+    ("d.commit#last", "d.commit.end#last", "  the settlement's COMMIT"),
+    ("d.commit.end#last", "d.pub#last", "COMMIT → the publisher"),
     ("d.pub#last", "d.pubmany#last", "projection → the transport"),
-    ("d.pubmany#last", "c.done", "→ the client has the settled Turn"),
+    ("d.pubmany#last", "c.done", "XPUB → the client has the settled Turn"),
+    ("w.n.turn/completed", "d.ev.turn.completed", "`turn/completed` at the worker → the daemon"),
+    ("d.ev.turn.completed", "d.commit.end#last", "→ the settlement durable"),
+    ("d.ev.turn.completed", "c.done", "→ the client has the settled Turn"),
     ("c.submit", "M.request", "total before the model"),
     ("M.last", "c.done", "total after the model"),
 )
+# Legs a Turn stamps only some of the time.
+OPTIONAL = (("d.cap.after", "d.cap.end.after"),)
 REPEATED = (
     "d.pub",
     "d.pub.end",
     "d.pubmany",
     "d.ev.message.delta",
-    "d.batch",
-    "d.batch.end",
+    "d.commit",
+    "d.commit.end",
     "w.n.item/completed",
     "d.api",
 )
+
+
+def legs(per_turn: list[dict[str, float]]) -> list[tuple[str, list[float], bool]]:
+    """Each stage's spans over the Turns that stamped both its ends (empty: no stamps), and
+    whether a Turn may lack it."""
+    return [
+        (label, [t[b] - t[a] for t in per_turn if a in t and b in t], (a, b) in OPTIONAL)
+        for a, b, label in STAGES
+    ]
 
 
 def _app_servers(folder: Path) -> dict[str, list[tuple[float, str]]]:
@@ -75,7 +108,7 @@ def _app_servers(folder: Path) -> dict[str, list[tuple[float, str]]]:
         lines = tsv.read_text().splitlines()
         if lines and "app-server" in lines[0]:
             rows = [line.split("\t") for line in lines[1:] if line]
-            found[tsv.stem] = sorted((float(ms), point) for point, ms in rows)
+            found[tsv.stem] = sorted((float(row[1]), row[0]) for row in rows)
     return found
 
 
@@ -171,16 +204,22 @@ def delta_holds(stamps: list[tuple[float, str]], starts: list[float], ends: list
         )
 
 
-def main() -> None:
-    folder = Path(sys.argv[1])
-    provider = sys.argv[2] if len(sys.argv) > 2 else "tutti-agent"
+def read_stamps(folder: Path) -> list[tuple[float, str]]:
+    """Every process's stamps, (ms, point), in time order."""
     stamps: list[tuple[float, str]] = []
     for tsv in folder.glob("*.tsv"):
         for line in tsv.read_text().splitlines():
             if line and not line.startswith("#"):
-                point, ms = line.split("\t")
-                stamps.append((float(ms), point))
+                row = line.split("\t")
+                stamps.append((float(row[1]), row[0]))
     stamps.sort()
+    return stamps
+
+
+def per_turn_stamps(folder: Path, provider: str) -> tuple[list[dict[str, float]], Any]:
+    """Each timed host Turn's first stamp of each point (`#first` / `#last` for the repeated
+    ones), with the fake model's request and last delta; and the run's figures."""
+    stamps = read_stamps(folder)
     fig = json.loads((folder / "bench.json").read_text())["figures"][provider]
     before = fig["hostBeforeModel"]["samples"]
     after = fig["hostAfterModel"]["samples"]
@@ -200,11 +239,21 @@ def main() -> None:
         seen["M.last"] = e - after[i]
         seen["c.done"] = e
         per_turn.append(seen)
+    return per_turn, (fig, stamps, starts, ends)
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    provider = sys.argv[2] if len(sys.argv) > 2 else "tutti-agent"
+    per_turn, (fig, stamps, starts, ends) = per_turn_stamps(folder, provider)
     print(f"{provider}: {len(per_turn)} host Turns, median ms of each stage")
-    for a, b, label in STAGES:
-        spans = [t[b] - t[a] for t in per_turn if a in t and b in t]
+    for label, spans, optional in legs(per_turn):
         if spans:
             print(f"  {statistics.median(spans):7.2f}  {label}")
+        else:
+            print(f"  {'-':>7}  {label}  ({'none this run' if optional else 'no stamps'})")
+    for point, why in DROPPED:
+        print(f"  gone: {point} ({why})")
     bare_b, bare_a = fig["bareBeforeModel"]["p50"], fig["bareAfterModel"]["p50"]
     print(f"  bare: before the model {bare_b:.2f}, after it {bare_a:.2f} (p50)")
     compare_app_servers(folder, starts, ends)
