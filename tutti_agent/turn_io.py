@@ -19,6 +19,10 @@ from tutti_agent.ids import uuid7
 from tutti_agent.model import TurnCancelled
 from tutti_agent.rollout import LineType, RolloutItem
 
+COMPLETED_NEXT = "completedNext"
+"""An `item/started` param (not Codex's) for an item emitted complete: its `item/completed` is
+the next line the same call writes. agenthost's driver reads the same name."""
+
 
 class Peer(Protocol):
     """The client connection as seen from a turn."""
@@ -99,11 +103,20 @@ class LiveTurnIO:
         if self._turn.cancelled.is_set():
             raise TurnCancelled()
 
-    def _notify_item(self, method: str, item: Mapping[str, Any]) -> None:
-        self._thread.peer.notify(
-            method,
-            {"item": dict(item), "threadId": self._thread.thread_id, "turnId": self._turn.turn_id},
-        )
+    def _notify_item(
+        self, method: str, item: Mapping[str, Any], *, completed_next: bool = False
+    ) -> None:
+        params: dict[str, Any] = {
+            "item": dict(item),
+            "threadId": self._thread.thread_id,
+            "turnId": self._turn.turn_id,
+        }
+        if completed_next:
+            # Not Codex's: the item/completed of this very item is the next line this call
+            # writes, so a reader may take the item as its start too (agenthost's driver sends
+            # no separate "it runs" note for it).
+            params[COMPLETED_NEXT] = True
+        self._thread.peer.notify(method, params)
 
     def emit_item(self, item: dict[str, Any]) -> None:
         """Persist a completed item and stream item/started + item/completed."""
@@ -113,7 +126,7 @@ class LiveTurnIO:
                 {"type": "item_completed", "turn_id": self._turn.turn_id, "item": item},
             )
         )
-        self._notify_item("item/started", item)
+        self._notify_item("item/started", item, completed_next=True)
         self._notify_item("item/completed", item)
         self.items.append(item)
 

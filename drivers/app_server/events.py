@@ -90,6 +90,20 @@ _THREAD_KEY = b'"threadId":"'
 # How Codex words the end of a stream that went silent past its `stream_idle_timeout_ms`.
 _STREAM_IDLE = re.compile(r"idle timeout waiting for SSE", re.IGNORECASE)
 
+COMPLETED_NEXT = "completedNext"
+"""tutti-agent's `item/started` param (not Codex's) for an item it emits complete: that item's
+`item/completed` is the next line the same call writes (tutti_agent/turn_io.py's name)."""
+
+
+def _completed_next(params: Mapping[str, Any], item: Mapping[str, Any]) -> bool:
+    """Whether an `item/started` needs no `TurnActivity` of its own: its item follows at once
+    (`COMPLETED_NEXT`) as a `TurnItem` the Session actor takes as the same note (the model
+    answered; not mid-stream; the Turn is not hung), at the same arrival, in the same order. An
+    item no `TurnItem` would carry (unmapped, or the user's) still gets its note."""
+    if params.get(COMPLETED_NEXT) is not True:
+        return False
+    return any(mapped.get("kind") != "user" for mapped in map_item(item))
+
 
 class TurnEvents:
     """The reader-thread callbacks of the driver's app-servers (`on_notification`,
@@ -165,7 +179,7 @@ class TurnEvents:
             item = params.get("item")
             if isinstance(item, Mapping) and item.get("type") not in ("userMessage", None):
                 canonical = self.claim_turn(session, str(params.get("turnId") or ""))
-                if canonical is not None:
+                if canonical is not None and not _completed_next(params, item):
                     self.send(session, TurnActivity(canonical))
         elif method == "item/completed":
             provider_turn_id = str(params.get("turnId") or "")
