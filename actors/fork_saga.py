@@ -55,11 +55,9 @@ from domain.worker_messages import (
 from storage.models import (
     ChangeEvent,
     ForkOperation,
-    ForkOperationChanged,
     ForkPointKind,
     ForkPrepareRequest,
     ProviderForkEvidence,
-    SessionChanged,
 )
 from storage.sqlite import host_error_of, typed_store_error
 
@@ -343,9 +341,8 @@ class ForkSaga:
         # own (one burst per fast fork: each entity read back and published once), or until
         # the caller's budget answers 202 for a slow one (`_answer_accepted`). Every one of
         # them goes out, each after its COMMIT is durable.
-        step_start = len(self._held)
         with self.host.store.db.events_after(into=self._held):
-            fork = self._dispatch(op, generation, step_start)
+            fork = self._dispatch(op, generation)
         # In flight from here (a host that runs the answer at once clears it inside `later`).
         self._in_flight = True
         try:
@@ -361,11 +358,10 @@ class ForkSaga:
         if held:
             self.host.store.db.notify(held)
 
-    def _dispatch(
-        self, op: ForkOperation, generation: str | None, step_start: int = 0
-    ) -> Future[ForkResult]:
-        """`dispatching`, durable, then the one fork request to the worker."""
-        prepared = op
+    def _dispatch(self, op: ForkOperation, generation: str | None) -> Future[ForkResult]:
+        """`dispatching`, durable, then the one fork request to the worker. A lazy prepare
+        never gets here: it is left only for a warm fork whose verdict fails, which ends
+        `failed` in `_check_verdict` (a passing one is prepared at `dispatching`)."""
         if op.status is not fork_states.ForkStatus.DISPATCHING:
             with self.host.store.db.background():
                 # The saga's own row: one guarded UPDATE, no read of it first.
@@ -376,20 +372,6 @@ class ForkSaga:
         # transaction (`_prepare`): law 1's marker is already durable, and its change events
         # are already in this saga's hold.
         self.operation = op
-        if self.prepare_lazy:
-            # Dispatching's fsync made the lazy prepare durable too. It emitted no events
-            # (`ForkPrepare.prepare_fork`): the operation and its source's fence are told
-            # here, in this step's hold ahead of dispatching's own (commit order). The
-            # operation's change carries the prepare's row at seq 0, older than any write: it
-            # never outranks dispatching's carried row in a batch, and alone it is read back
-            # (publisher `_operation_event`), so it makes no batch read the operation back.
-            self._held[step_start:step_start] = [
-                ForkOperationChanged(
-                    prepared.workspace_id, prepared.operation_id, row=prepared, seq=0
-                ),
-                SessionChanged(op.workspace_id, op.source_session_id),
-            ]
-        self.prepare_lazy = False
         # Law 1: the dispatching marker is durable before the request can leave the host.
         self._hit("host.fork.after_dispatching")
         target_home = self.host.runtime_home(
