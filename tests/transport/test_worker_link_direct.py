@@ -6,7 +6,6 @@ handed back through the wake-up pipe). Real ZeroMQ ipc sockets, a real host ROUT
 
 from __future__ import annotations
 
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -16,6 +15,7 @@ from typing import Any
 import pytest
 import zmq
 
+from tests.support.python_calls import python_calls
 from transport.worker_link import HostEnd, MsgType, WorkerEnd, req_msg
 
 
@@ -189,22 +189,6 @@ def test_heartbeats_flow_and_close_sends_what_is_queued(host: HostEnd) -> None:
     assert end.sent_direct == 0
 
 
-def _python_calls(fn: Any) -> list[str]:
-    """The Python functions `fn()` entered on this thread, in order (a profile hook)."""
-    entered: list[str] = []
-
-    def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            entered.append(frame.f_code.co_qualname)
-
-    sys.setprofile(hook)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return entered
-
-
 def test_a_streamed_delta_sends_by_the_sockets_own_calls(host: HostEnd) -> None:
     # A delta's send on the provider's reader thread is the link's two functions and the one
     # `zmq.EVENTS` look (pyzmq builds its option enum inside): no `msgpack.packb` (a Packer
@@ -215,7 +199,7 @@ def test_a_streamed_delta_sends_by_the_sockets_own_calls(host: HostEnd) -> None:
         event = {"type": "message.delta", "turnId": "t", "itemId": "i", "delta": "d00 "}
         end.send_event("ws/s", event)  # this thread's Packer made
         assert _events(host, 1, timeout=5)[0]["event"] == event
-        calls = _python_calls(lambda: end.send_event("ws/s", event))
+        calls = python_calls(lambda: end.send_event("ws/s", event))
         assert _events(host, 1, timeout=5)[0]["event"] == event
         ours = [c for c in calls[1:] if not c.startswith(("EnumType.", "Enum."))]
         assert ours == ["WorkerEnd.send_event", "WorkerEnd._send_frame"], calls

@@ -4,7 +4,6 @@ every option reads and writes as before (a known one by its type, an unknown one
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -12,6 +11,7 @@ import pytest
 import zmq
 
 import transport.worker_link  # noqa: F401 - installs the lookup, as the daemon and worker do
+from tests.support.python_calls import python_calls
 from transport.zmq_options import install
 
 _get: Callable[..., Any] = zmq.backend.Socket.get
@@ -31,18 +31,7 @@ def sock() -> Iterator[zmq.Socket[Any]]:
 
 
 def _python_calls(fn: Callable[[], Any]) -> list[str]:
-    entered: list[str] = []
-
-    def hook(frame: Any, event: str, arg: Any) -> None:
-        if event == "call":
-            entered.append(frame.f_code.co_qualname)
-
-    sys.setprofile(hook)
-    try:
-        fn()
-    finally:
-        sys.setprofile(None)
-    return entered[1:]  # the lambda itself
+    return python_calls(fn)[1:]  # the lambda itself
 
 
 def test_an_option_look_enters_no_python_function(sock: zmq.Socket[Any]) -> None:
