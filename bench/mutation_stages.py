@@ -172,8 +172,7 @@ def report(folder: Path) -> list[str]:
             by_what.setdefault(str(it[0]).split(" ")[-1], []).append(it)
         if by_what:
             lines.append(
-                "a Turn's writes (batched or alone) by kind"
-                " (n, wall p50 / p99, CPU p50 / p99 ms):"
+                "a Turn's writes (batched or alone) by kind (n, wall p50 / p99, CPU p50 / p99 ms):"
             )
             for what, got in sorted(by_what.items(), key=lambda kv: -len(kv[1])):
                 wall, cpu = Latency.of(g[1] for g in got), Latency.of(g[2] for g in got)

@@ -11,7 +11,7 @@ and `AGENTHOST_GC_TIMES`, below, also in the tree's other processes).
 plus `.json` (a thread blocked on the pipe's open: nothing runs between two asks; the first ask
 catches the store at its first write after start-up). A stamp is `(point, time.time() * 1000)`
 appended on entry (and on exit, for the points with an end) to the functions listed in
-`_POINTS`, wrapped once the daemon's modules are imported.
+`POINTS`, wrapped once the daemon's modules are imported.
 """
 
 from __future__ import annotations
@@ -29,6 +29,92 @@ _WORKER = (
     and "--provider" in sys.argv
     and os.environ.get("AGENTHOST_STAMPS_WORKER") == "1"
 )
+
+
+# module, class (or "" for a function), attribute, stamp on entry, stamp on exit ("": none)
+POINTS = (
+    ("transport.server", "ApiServer", "_handle", "loop.handle", ""),
+    ("actors.fork_saga", "", "start", "fork.start", ""),
+    ("storage.fork_prepare", "ForkPrepare", "prepare_fork", "prepare.begin", "prepare.end"),
+    ("storage.base", "Database", "_end_group", "group.begin", "group.end"),
+    (
+        "storage.fork_transitions",
+        "ForkTransitions",
+        "mark_fork_dispatching",
+        "disp.begin",
+        "disp.end",
+    ),
+    ("agenthost.workers", "SupervisorPort", "fork", "workers.fork", "workers.fork.end"),
+    ("actors.fork_saga", "ForkSaga", "_dispatched", "dispatched", ""),
+    (
+        "storage.fork_transitions",
+        "ForkTransitions",
+        "mark_fork_provider_accepted",
+        "accepted.begin",
+        "accepted.end",
+    ),
+    ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
+    ("transport.server", "OneShotResponder", "result", "responder.result", ""),
+    ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
+    # Counted per fork, not placed on its path (`bench.fork_daemon --serial`'s counts).
+    ("agenthost.publisher", "EventPublisher", "_publish", "events.batch", ""),
+    ("agenthost.publisher", "EventPublisher", "project", "events.project", ""),
+    ("transport.server", "ApiServer", "publish_many", "events.handover", ""),
+    ("actors.pool", "ActorPool", "submit", "pool.submit", ""),
+    ("actors.session_base", "SessionCore", "session", "actor.session_read", ""),
+    ("storage.fork_prepare", "", "require_session", "prepare.session_read", ""),
+    ("storage.fork_snapshot", "", "history_link", "history_link", ""),
+    ("storage.history_links", "", "history_link", "history_link", ""),
+    # The daemon's end of the worker link (the supervisor's loop thread).
+    ("drivers.supervisor", "WorkerSupervisor", "_send", "sup.send", ""),
+    ("drivers.supervisor", "WorkerSupervisor", "_complete", "sup.complete", ""),
+)
+
+# module, class, attribute, stamp on entry, stamp on exit; only what is looked up at call
+# time can be wrapped (the worker's method table holds bound methods made at start).
+WORKER_POINTS = (
+    ("transport.worker_link", "WorkerEnd", "_dispatch", "w.recv", ""),
+    ("domain.worker_messages", "ForkRequest", "from_wire", "w.fork", ""),
+    ("transport.worker_link", "WorkerEnd", "send_result", "w.send", "w.sent"),
+    ("drivers.app_server.fork", "ForkThroughTurn", "_fork_on", "w.fork_on", "w.fork_on.end"),
+    ("drivers.app_server.fork", "ForkThroughTurn", "_source_turns", "w.source", "w.source.end"),
+    (
+        "drivers.app_server.fork",
+        "ForkThroughTurn",
+        "_fork_runtime",
+        "w.runtime",
+        "w.runtime.end",
+    ),
+    ("drivers.app_server.process", "AppServerProcess", "answer", "w.answer", "w.answered"),
+    ("drivers.binder", "DirsAhead", "run", "w.dirs", "w.dirs.end"),
+    ("drivers.binder", "DirsAhead", "ready", "w.dirs.ready", "w.dirs.ready.end"),
+    ("drivers.binder", "RolloutBinder", "begin", "w.bind", "w.bind.end"),
+    ("drivers.app_server.fork", "ForkThroughTurn", "_prove_readable", "w.proof", "w.proof.end"),
+    ("drivers.binder", "PendingNames", "wait", "w.names", "w.names.end"),
+    ("drivers.claude.fork", "ClaudeFork", "plan_fork", "c.plan", "c.plan.end"),
+    ("drivers.claude.fork", "ClaudeFork", "call_fork_session", "c.sdk_fork", "c.sdk_fork.end"),
+    ("drivers.claude.fork", "ClaudeFork", "relocate_child", "c.relocate", "c.relocate.end"),
+    ("drivers.binder", "NamesSyncing", "wait", "w.nsync", "w.nsync.end"),
+    ("drivers.claude.fork", "ClaudeFork", "verify_child", "c.verify", "c.verify.end"),
+)
+
+
+def unresolved() -> list[str]:
+    """Every point whose module, class or method today's code lacks (a wrapped point that is
+    gone stamps nothing, and a daemon point that is gone stops `_install`)."""
+    import importlib
+
+    missing: list[str] = []
+    for module_name, cls, attr, *_ in (*POINTS, *WORKER_POINTS):
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as exc:
+            missing.append(f"{module_name}: {exc}")
+            continue
+        owner = getattr(module, cls, None) if cls else module
+        if owner is None or not callable(getattr(owner, attr, None)):
+            missing.append(f"{module_name}.{cls + '.' if cls else ''}{attr}")
+    return missing
 
 
 def _wrap_stamped(
@@ -131,52 +217,14 @@ if _SERVE and _STAMPS:
     from typing import Any
 
     _rec: list[tuple[str, float]] = []
-    # module, class (or "" for a function), attribute, stamp on entry, stamp on exit ("": none)
-    _POINTS = (
-        ("transport.server", "ApiServer", "_handle", "loop.handle", ""),
-        ("actors.fork_saga", "", "start", "fork.start", ""),
-        ("storage.fork_prepare", "ForkPrepare", "prepare_fork", "prepare.begin", "prepare.end"),
-        ("storage.base", "Database", "_end_group", "group.begin", "group.end"),
-        (
-            "storage.fork_transitions",
-            "ForkTransitions",
-            "mark_fork_dispatching",
-            "disp.begin",
-            "disp.end",
-        ),
-        ("agenthost.workers", "SupervisorPort", "fork", "workers.fork", "workers.fork.end"),
-        ("actors.fork_saga", "ForkSaga", "_dispatched", "dispatched", ""),
-        (
-            "storage.fork_transitions",
-            "ForkTransitions",
-            "mark_fork_provider_accepted",
-            "accepted.begin",
-            "accepted.end",
-        ),
-        ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
-        ("transport.server", "OneShotResponder", "result", "responder.result", ""),
-        ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
-        # Counted per fork, not placed on its path (`bench.fork_daemon --serial`'s counts).
-        ("agenthost.publisher", "EventPublisher", "_publish", "events.batch", ""),
-        ("agenthost.publisher", "EventPublisher", "project", "events.project", ""),
-        ("transport.server", "ApiServer", "publish_many", "events.handover", ""),
-        ("actors.pool", "ActorPool", "submit", "pool.submit", ""),
-        ("actors.session_base", "SessionCore", "session", "actor.session_read", ""),
-        ("storage.fork_prepare", "", "require_session", "prepare.session_read", ""),
-        ("storage.fork_snapshot", "", "history_link", "history_link", ""),
-        ("storage.history_links", "", "history_link", "history_link", ""),
-        # The daemon's end of the worker link (the supervisor's loop thread).
-        ("drivers.supervisor", "WorkerSupervisor", "_send", "sup.send", ""),
-        ("drivers.supervisor", "WorkerSupervisor", "_complete", "sup.complete", ""),
-    )
 
     def _install() -> None:
-        for module, cls, attr, before, after in _POINTS:
+        for module, cls, attr, before, after in POINTS:
             mod = importlib.import_module(module)
             _wrap_stamped(_rec, getattr(mod, cls) if cls else mod, attr, before, after)
 
     def _when_imported() -> None:
-        names = {module for module, *_ in _POINTS} | {"agenthost.daemon"}
+        names = {module for module, *_ in POINTS} | {"agenthost.daemon"}
         while not all(n in sys.modules for n in names):
             time.sleep(0.05)
         time.sleep(0.3)  # every module's body has run by now (the daemon is starting)
@@ -197,37 +245,9 @@ if _WORKER and _STAMPS:
     from typing import Any
 
     _wrec: list[tuple[str, float]] = []
-    # module, class, attribute, stamp on entry, stamp on exit; only what is looked up at call
-    # time can be wrapped (the worker's method table holds bound methods made at start).
-    _WPOINTS = (
-        ("transport.worker_link", "WorkerEnd", "_dispatch", "w.recv", ""),
-        ("domain.worker_messages", "ForkRequest", "from_wire", "w.fork", ""),
-        ("transport.worker_link", "WorkerEnd", "send_result", "w.send", "w.sent"),
-        ("drivers.app_server.fork", "ForkThroughTurn", "_fork_on", "w.fork_on", "w.fork_on.end"),
-        ("drivers.app_server.fork", "ForkThroughTurn", "_source_turns", "w.source", "w.source.end"),
-        (
-            "drivers.app_server.fork",
-            "ForkThroughTurn",
-            "_fork_runtime",
-            "w.runtime",
-            "w.runtime.end",
-        ),
-        ("drivers.app_server.process", "AppServerProcess", "answer", "w.answer", "w.answered"),
-        ("drivers.binder", "DirsAhead", "run", "w.dirs", "w.dirs.end"),
-        ("drivers.binder", "DirsAhead", "ready", "w.dirs.ready", "w.dirs.ready.end"),
-        ("drivers.binder", "RolloutBinder", "begin", "w.bind", "w.bind.end"),
-        ("drivers.app_server.fork", "ForkThroughTurn", "_prove_readable", "w.proof", "w.proof.end"),
-        ("drivers.binder", "PendingNames", "wait", "w.names", "w.names.end"),
-        ("drivers.claude.fork", "ClaudeFork", "plan_fork", "c.plan", "c.plan.end"),
-        ("drivers.claude.fork", "ClaudeFork", "call_fork_session", "c.sdk_fork", "c.sdk_fork.end"),
-        ("drivers.claude.fork", "ClaudeFork", "relocate_child", "c.relocate", "c.relocate.end"),
-        ("drivers.claude.fork", "ClaudeFork", "begin_relocate", "c.relocate", "c.relocate.end"),
-        ("drivers.binder", "NamesSyncing", "wait", "w.nsync", "w.nsync.end"),
-        ("drivers.claude.fork", "ClaudeFork", "verify_child", "c.verify", "c.verify.end"),
-    )
 
     def _winstall() -> None:
-        left = list(_WPOINTS)
+        left = list(WORKER_POINTS)
         deadline = time.monotonic() + 60.0
         while left and time.monotonic() < deadline:
             ready = [point for point in left if point[0] in sys.modules]
