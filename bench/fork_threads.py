@@ -228,7 +228,9 @@ def main(argv: list[str] | None = None) -> int:
         counter.stop()
     forks = sum(1 for rs in recs for r in rs if r.get("reason") == "committed")
     other = sum(1 for rs in recs for r in rs if r.get("reason") != "committed")
-    print(f"{forks} forks committed ({other} other) in {args.seconds:.0f} s, {args.clients} clients")
+    print(
+        f"{forks} forks committed ({other} other) in {args.seconds:.0f} s, {args.clients} clients"
+    )
     if not forks:
         return 1
     stats = _diff(a, b)

@@ -143,10 +143,10 @@ def test_a_prepare_at_dispatching_writes_what_prepare_then_dispatching_wrote(
     ).fetchone()
     assert reserved == op.operation_id
     # Its change carries the row as written (the events thread reads none back); the source's
-    # fence is announced with it.
+    # row is not written (its fence is this row and `history_fences`): no change of it.
     (changed,) = [e for e in events if isinstance(e, ForkOperationChanged)]
     assert changed.row is not None and changed.row.status is ForkStatus.DISPATCHING
-    assert [type(e) for e in events] == [ForkOperationChanged, SessionChanged]
+    assert [type(e) for e in events] == [ForkOperationChanged]
     # A replay answers the original and writes nothing.
     again, created = store.fork_prepare.prepare_fork(
         WS,
