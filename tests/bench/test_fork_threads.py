@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_an_events_type_is_read_from_its_body() -> None:
-    assert event_type(msgpack.packb({"type": "fork.operation", "operation": {}})) == "fork.operation"
+    packed = msgpack.packb({"type": "fork.operation", "operation": {}})
+    assert event_type(packed) == "fork.operation"
     assert event_type(msgpack.packb([1, 2])) == "?"
     assert event_type(b"\xc1") == "?"
 

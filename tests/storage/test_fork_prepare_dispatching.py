@@ -20,7 +20,7 @@ from test_store_fork import request, run_to_commit_from_dispatching
 
 from actors.recovery import apply_restart_rule
 from domain.fork_states import ForkStatus
-from storage.models import ChangeEvent, ForkOperationChanged, SessionChanged
+from storage.models import ChangeEvent, ForkOperationChanged
 from storage.store import Store
 from tests.support.invariants import STORE_LAWS, check_invariants
 
