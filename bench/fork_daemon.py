@@ -149,6 +149,7 @@ def clients(
     spy: Path | None = None,
     gil: bool = False,
     gc_share: bool = False,
+    own_workspaces: bool = False,
 ) -> list[dict[str, Any]]:
     """`spy`: a py-spy recording of the daemon's whole tree (raw collapsed stacks) over the
     measured rounds, written there; `gil`: only the threads holding the GIL sampled; `gc_share`:
@@ -168,14 +169,20 @@ def clients(
         daemon = BenchDaemon(Path(tmp) / "home").start()
         try:
             c = daemon.client()
-            sids = [create_session(c, f"src {i}") for i in range(level)]
             specs = []
-            for sid in sids:
+            for n in range(level):
+                ws = client_workspace(n) if own_workspaces else WS
+                sid = create_session(c, f"src {n}", ws)
                 for i in range(3):
-                    run_turn(c, sid, f"turn {i}")
-                specs.append(
-                    ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": last_settled_turn(c, sid)})
-                )
+                    run_turn(c, sid, f"turn {i}", ws)
+                args: dict[str, Any] = {
+                    "ws": ws,
+                    "sid": sid,
+                    "turn_id": last_settled_turn(c, sid, ws),
+                }
+                if own_workspaces:
+                    args["subscribe"] = (ws,)
+                specs.append(ClientSpec("fork", args))
             run_clients(daemon.api, specs, 2.0, events=daemon.events)  # warm
             recorder = _spy_start(daemon.pid, spy, gil) if spy is not None else None
             for _ in range(rounds):
@@ -239,6 +246,12 @@ def clients(
         finally:
             daemon.stop()
     return out
+
+
+def client_workspace(n: int) -> str:
+    """`--own-workspaces`' workspace of client `n`: no id a prefix of another's (ZeroMQ's
+    subscriptions are prefix matches), so each client's SUB is sent its own forks' events only."""
+    return f"{WS}-{n:04d}"
 
 
 def _gc_line(prefix: Path) -> str:
@@ -432,11 +445,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     ap.add_argument("--gil", action="store_true", help="py-spy samples only the GIL's holder")
     ap.add_argument("--gc", action="store_true", help="the collector's share of each kind's CPU")
+    ap.add_argument(
+        "--own-workspaces",
+        action="store_true",
+        help="each client's source in a workspace of its own, its SUB subscribed to that one"
+        " (the events' fan-out: each is sent to one client, not to all)",
+    )
     args = ap.parse_args(argv)
     if args.serial:
         result: Any = serial(args.serial)
     else:
-        result = clients(args.clients, args.seconds, args.rounds, args.py_spy, args.gil, args.gc)
+        result = clients(
+            args.clients,
+            args.seconds,
+            args.rounds,
+            args.py_spy,
+            args.gil,
+            args.gc,
+            own_workspaces=args.own_workspaces,
+        )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
     return 0

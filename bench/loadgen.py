@@ -175,13 +175,15 @@ class Waiter:
     """Waits for a Turn to settle or an operation to end from the events socket, as a GUI
     would, so waiting adds no request load; a slow poll covers a missed event."""
 
-    def __init__(self, c: Any, events: str | None) -> None:
+    def __init__(self, c: Any, events: str | None, topics: Sequence[str] = ("",)) -> None:
+        """`topics`: the workspaces subscribed to ("" = every topic, the default: a GUI's
+        view of every workspace)."""
         self.c = c
         self.sub = None
         if events:
             from transport.client import EventSubscriber
 
-            self.sub = EventSubscriber(events)
+            self.sub = EventSubscriber(events, topics)
 
     def close(self) -> None:
         if self.sub is not None:
@@ -417,7 +419,7 @@ def _client_main(
     # Every loop's client is the lean one (see the module docstring), connected before the
     # release like the others.
     client = LeanClient(endpoint, timeout=120.0)
-    waiter = Waiter(client, events)
+    waiter = Waiter(client, events, tuple(spec.args.get("subscribe", ("",))))
     try:
         ready.put(index)
         go.wait(120)

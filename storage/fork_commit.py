@@ -143,9 +143,9 @@ class ForkCommit:
         # The child's row as the INSERT above left it (version 0, no active Turn: only settled
         # Turns are cloned; its lineage the row written to `fork_lineage`), carried: the events
         # thread announces the child without reading it back. The source's row is not written
-        # here (its event reads it back).
+        # here (its fence is the operation's row and `history_fences`): no change of it to
+        # announce (docs/design/store.md, "A fork announces no change of its source").
         tx.emit(SessionChanged(ws, plan.session.session_id, row=plan.session, seq=tx.seq))
-        tx.emit(SessionChanged(ws, r[4]))
         # The row as written, projected from the plan just built from the snapshot:
         # the same Session and lineage `committed_projection` rebuilds on a read (law 4),
         # without reading and re-hashing the snapshot a second time in this transaction.

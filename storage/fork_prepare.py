@@ -42,7 +42,6 @@ from storage.models import (
     ForkPrepareRequest,
     PlanWorkspace,
     Session,
-    SessionChanged,
     TurnPhase,
 )
 from storage.rows import BARRIER_OPS_SQL, OP_COLUMNS, OP_SEQ, decode_op, require_session
@@ -52,11 +51,11 @@ from storage.sqlite import Tx, dumps, loads
 
 
 def prepared_events(op: ForkOperation) -> list[ChangeEvent]:
-    """The change events a prepare emits: what the caller of a lazy one hands on."""
-    return [
-        ForkOperationChanged(op.workspace_id, op.operation_id),
-        SessionChanged(op.workspace_id, op.source_session_id),
-    ]
+    """The change events a prepare emits: what the caller of a lazy one hands on. The
+    operation's only: a prepare writes nothing of its source's `sessions` row (its fence is the
+    operation's row and `history_fences`), so no Session changed (docs/design/store.md, "A
+    fork announces no change of its source")."""
+    return [ForkOperationChanged(op.workspace_id, op.operation_id)]
 
 
 BARRIER_HOLDERS_SQL = (
@@ -382,7 +381,6 @@ class ForkPrepare:
                 # next write made it durable (`prepared_events`), with that write's events.
                 # A durable one's change carries the row (the events thread reads none back).
                 tx.emit(ForkOperationChanged(ws, op_id, row=prepared, seq=tx.seq))
-                tx.emit(SessionChanged(ws, req.source_session_id))
             return prepared, True
 
         return self._submit(body, ws, durable=durable)

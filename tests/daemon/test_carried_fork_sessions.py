@@ -1,8 +1,9 @@
 """A fork's Session events at its commit: the child's change carries the row the commit's
 INSERT left (version 0, its lineage), so the events thread announces the child without reading
-it back; the source's row is not written by the commit, and its change is read back as before
-(docs/design/store.md, "Change events that carry their row"; "A fork operation's changes carry
-their operation")."""
+it back; the source's row is written by neither the prepare nor the commit, so no change of it
+is emitted and nothing of it is read back (docs/design/store.md, "Change events that carry their
+row"; "A fork operation's changes carry their operation"; "A fork announces no change of its
+source")."""
 
 from __future__ import annotations
 
@@ -85,7 +86,7 @@ def test_the_commit_carries_the_child_row_a_read_gives(
     running: tuple[Daemon, Client], warm: bool
 ) -> None:
     """The child's change carries exactly the row a read gives after the commit, `version`,
-    lineage and active Turn included, at the commit's seq; the source's carries none."""
+    lineage and active Turn included, at the commit's seq; the source has none."""
     daemon, c = running
     store = daemon.store
     assert store is not None
@@ -103,11 +104,7 @@ def test_the_commit_carries_the_child_row_a_read_gives(
     assert child_change.row == read and child_change.row.version == read.version == 0
     assert child_change.row.lineage is not None and child_change.row.active_turn_id is None
     assert child_change.seq == commit.seq
-    assert all(
-        s.row is None and s.touch is None
-        for s in changes
-        if isinstance(s, SessionChanged) and s.session_id == source
-    )
+    assert not [s for s in changes if isinstance(s, SessionChanged) and s.session_id == source]
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["durable-prepare", "lazy-prepare"])
@@ -115,8 +112,8 @@ def test_a_forks_child_is_announced_without_a_read(
     running: tuple[Daemon, Client], warm: bool
 ) -> None:
     """The burst (the saga's steps, the commit) published as one batch, or the commit's changes
-    alone: the child's `session.upserted` is the store's child, built with no read of it; only
-    the source is read back."""
+    alone: the child's `session.upserted` is the store's child, built with no read of it; the
+    source, whose row no step of the fork writes, is neither announced nor read back."""
     daemon, c = running
     store = daemon.store
     assert store is not None
@@ -127,8 +124,8 @@ def test_a_forks_child_is_announced_without_a_read(
         for i, o in enumerate(changes)
         if isinstance(o, ForkOperationChanged) and o.row is not None and o.row.status == "committed"
     )
-    # The commit's three changes: its operation's, the child's, the source's.
-    assert [type(o) for o in changes[at:]] == [ForkOperationChanged, SessionChanged, SessionChanged]
+    # The commit's two changes: its operation's and the child's.
+    assert [type(o) for o in changes[at:]] == [ForkOperationChanged, SessionChanged]
     for batch in (changes, changes[at:]):
         sink = Sink()
         publisher, reads = _publisher(daemon, sink)
@@ -139,16 +136,21 @@ def test_a_forks_child_is_announced_without_a_read(
             if e["type"] == "session.upserted" and e["session"]["agentSessionId"] == child
         ]
         assert announced == [want]
-        assert child not in reads and reads == [source], reads
+        assert reads == [], reads
         assert publisher.carried == 1
+        assert not [
+            e
+            for e in sink.events
+            if e["type"] == "session.upserted" and e["session"]["agentSessionId"] == source
+        ]
 
 
 def test_the_events_thread_tells_a_changes_type_without_isinstance(
     running: tuple[Daemon, Client],
 ) -> None:
     """The change types are final: the publishing thread tells them apart by their `type`, so a
-    fork's burst costs no `isinstance` call in the publisher's own code but the one read-back's
-    (`project`, the source's Session); it cost ~7 a change before."""
+    fork's burst costs no `isinstance` call in the publisher's own code (it reads nothing back);
+    it cost ~7 a change before."""
     daemon, c = running
     _, _, changes = _fork(daemon, c, warm=False)
     sink = Sink()
@@ -165,5 +167,5 @@ def test_the_events_thread_tells_a_changes_type_without_isinstance(
         publisher._publish(list(changes))
     finally:
         sys.setprofile(None)
-    assert len(reads) == 1 and len(changes) >= 6
-    assert calls == ["project"], calls
+    assert len(reads) == 0 and len(changes) >= 4
+    assert calls == [], calls

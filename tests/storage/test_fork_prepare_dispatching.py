@@ -20,7 +20,7 @@ from test_store_fork import request, run_to_commit_from_dispatching
 
 from actors.recovery import apply_restart_rule
 from domain.fork_states import ForkStatus
-from storage.models import ChangeEvent, ForkOperationChanged, SessionChanged
+from storage.models import ChangeEvent, ForkOperationChanged
 from storage.store import Store
 from tests.support.invariants import STORE_LAWS, check_invariants
 
@@ -143,10 +143,10 @@ def test_a_prepare_at_dispatching_writes_what_prepare_then_dispatching_wrote(
     ).fetchone()
     assert reserved == op.operation_id
     # Its change carries the row as written (the events thread reads none back); the source's
-    # fence is announced with it.
+    # row is not written (its fence is this row and `history_fences`): no change of it.
     (changed,) = [e for e in events if isinstance(e, ForkOperationChanged)]
     assert changed.row is not None and changed.row.status is ForkStatus.DISPATCHING
-    assert [type(e) for e in events] == [ForkOperationChanged, SessionChanged]
+    assert [type(e) for e in events] == [ForkOperationChanged]
     # A replay answers the original and writes nothing.
     again, created = store.fork_prepare.prepare_fork(
         WS,

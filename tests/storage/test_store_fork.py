@@ -1191,14 +1191,42 @@ def test_fork_events_follow_each_durable_step(store: Store, source: tuple[str, l
     events: list[object] = []
     store.db.subscribe(events.append)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, turns[0]))
-    assert events == [ForkOperationChanged(WS, op.operation_id), SessionChanged(WS, sid)]
+    assert events == [ForkOperationChanged(WS, op.operation_id)]
     events.clear()
     run_to_commit(store, op)
     assert SessionChanged(WS, op.target_session_id) in events
+    assert SessionChanged(WS, sid) not in events
     assert events.count(ForkOperationChanged(WS, op.operation_id)) == 3
     events.clear()
     store.fork_commit.commit_fork(WS, op.operation_id)  # replay: nothing changed, nothing published
     assert events == []
+
+
+def test_a_fork_writes_nothing_of_its_source_and_announces_no_change_of_it(
+    store: Store, source: tuple[str, list[str]]
+) -> None:
+    """No step of a fork (the prepare, durable or at `dispatching`; its transitions; the
+    commit; the ACK) writes its source's `sessions` row — the fence is the operation's row and
+    `history_fences` — so none emits a change of the source: no Session changed, and its
+    `session.upserted` would repeat a row every subscriber already heard (docs/design/store.md,
+    "A fork announces no change of its source")."""
+    sid, turns = source
+    before = store.sessions.get_session(WS, sid)
+    events: list[object] = []
+    store.db.subscribe(events.append)
+    for dispatching in (False, True):
+        op, _ = store.fork_prepare.prepare_fork(
+            WS, request(sid, turns[-1]), dispatching=dispatching
+        )
+        if dispatching:
+            store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+            assert store.fork_commit.commit_fork(WS, op.operation_id)[1]
+        else:
+            run_to_commit(store, op)
+        store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    after = store.sessions.get_session(WS, sid)
+    assert after == before and after.version == before.version
+    assert [e for e in events if isinstance(e, SessionChanged) and e.session_id == sid] == []
 
 
 def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
@@ -1219,7 +1247,6 @@ def test_a_commit_publishes_the_child_once_not_one_event_per_cloned_turn(
     assert events == [
         ForkOperationChanged(WS, op.operation_id),
         SessionChanged(WS, op.target_session_id),
-        SessionChanged(WS, sid),
     ]
     assert not any(isinstance(e, TurnChanged) for e in events)
     child_turns, _ = store.history.timeline(WS, op.target_session_id)
