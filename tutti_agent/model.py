@@ -392,7 +392,10 @@ def body_chunks(resp: httpx.Response, read_timeout_s: float) -> Iterable[bytes]:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         framing = _CHUNKED
     elif "content-length" in headers:
-        framing = int(headers["content-length"])
+        length = headers["content-length"]  # repeated headers read "n, n": h11's to judge
+        if not length.isdigit():
+            return resp.iter_bytes()
+        framing = int(length)
     else:
         framing = _UNTIL_CLOSE
     return _lean_body(stream, buffered, framing, read_timeout_s)
