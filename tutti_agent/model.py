@@ -392,10 +392,7 @@ def body_chunks(resp: httpx.Response, read_timeout_s: float) -> Iterable[bytes]:
     if "chunked" in headers.get("transfer-encoding", "").lower():
         framing = _CHUNKED
     elif "content-length" in headers:
-        length = headers["content-length"]  # repeated headers read "n, n": h11's to judge
-        if not length.isdigit():
-            return resp.iter_bytes()
-        framing = int(length)
+        framing = int(headers["content-length"])
     else:
         framing = _UNTIL_CLOSE
     return _lean_body(stream, buffered, framing, read_timeout_s)

@@ -294,13 +294,6 @@ def test_a_length_delimited_and_a_close_delimited_reply_read_whole(
     assert io.texts == ["hello"] and used == [1]
 
 
-def test_a_repeated_content_length_reads_whole(monkeypatch: pytest.MonkeyPatch) -> None:
-    n = len(_REPLY)
-    wire = _HEAD + f"content-length: {n}\r\ncontent-length: {n}\r\n\r\n".encode() + _REPLY
-    io, _used = _run_raw([wire], monkeypatch)  # h11 folds the two into one
-    assert io.texts == ["hello"]
-
-
 def test_a_broken_chunked_reply_fails_the_turn_typed(monkeypatch: pytest.MonkeyPatch) -> None:
     head = _HEAD + b"transfer-encoding: chunked\r\n\r\n"
     with pytest.raises(ModelError, match="model request failed: illegal chunk header"):
