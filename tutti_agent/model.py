@@ -427,32 +427,14 @@ def _lean_stream(resp: httpx.Response) -> tuple[Any, bytes] | None:
 def _lean_body(stream: Any, buf: bytes, framing: int, timeout: float) -> Iterator[bytes]:
     import httpcore
     import httpx
-    from httpcore._backends.sync import SyncStream
 
-    sock = stream._sock if type(stream) is SyncStream else None
-    if isinstance(sock, socket.socket):  # a TCP socket, or TLS over one (an `ssl.SSLSocket`)
-        # Its timeout set once: httpcore's `read` sets it again before every read (a
-        # `ioctl(FIONBIO)` each) inside an exception-mapping context manager.
-        sock.settimeout(timeout)
-        recv = sock.recv
-
-        def read() -> bytes:
-            try:
-                return recv(READ_BYTES)
-            except TimeoutError as exc:  # socket.timeout
-                raise httpx.ReadTimeout(str(exc) or "timed out") from exc
-            except OSError as exc:
-                raise httpx.ReadError(str(exc)) from exc
-
-    else:  # a stream of another kind (TLS inside a TLS proxy's tunnel): its own `read`
-
-        def read() -> bytes:
-            try:
-                return bytes(stream.read(READ_BYTES, timeout=timeout))
-            except httpcore.TimeoutException as exc:
-                raise httpx.ReadTimeout(str(exc)) from exc
-            except httpcore.NetworkError as exc:
-                raise httpx.ReadError(str(exc)) from exc
+    def read() -> bytes:
+        try:
+            return bytes(stream.read(READ_BYTES, timeout=timeout))
+        except httpcore.TimeoutException as exc:
+            raise httpx.ReadTimeout(str(exc)) from exc
+        except httpcore.NetworkError as exc:
+            raise httpx.ReadError(str(exc)) from exc
 
     def ended() -> httpx.RemoteProtocolError:
         return httpx.RemoteProtocolError(
