@@ -336,7 +336,7 @@ class ModelClient:
                     raise ModelError(
                         f"model server returned HTTP {resp.status_code}: {_head(resp, 2000)}"
                     )
-                consume(reply_lines(body_chunks(resp, limits.read_timeout_s)))
+                consume(reply_lines(resp.iter_bytes()))
             finally:
                 resp.close()
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -361,135 +361,6 @@ class ModelClient:
 
 Lines = Iterator[bytes]
 """A reply's lines as they arrive, as bytes (no line ends): `reply_lines`."""
-
-
-READ_BYTES = 1 << 16
-"""The most a read of a reply's body asks the socket for (httpcore's own size)."""
-MAX_CHUNK_LINE = 1 << 14
-"""The longest chunk-size line a reply may send (h11's limit for a line it has not ended)."""
-
-
-def body_chunks(resp: httpx.Response, read_timeout_s: float) -> Iterable[bytes]:
-    """A 200 reply's body as its bytes arrive, read from the connection's own stream past the
-    headers httpx parsed: the chunked (or length-delimited, or close-delimited) framing undone
-    here, each read by the stream's `read` with the stream-idle limit.
-
-    httpx's `iter_bytes` reads the same bytes through eight generators and h11's event
-    machine: ~80 Python calls per network read, ~2,000 a streamed Turn of 20 deltas — two
-    fifths of the Turn thread's Python. What stays httpx's: the request, the connection (a
-    proxy, a CONNECT tunnel, TLS and its CA bundle, as before), the headers, the close.
-
-    The reply is read so only where httpx's objects are what this pinned httpx/httpcore
-    build makes of an HTTP/1.x reply without a content coding (`_lean_stream`); anything
-    else is read by `iter_bytes` as before. A read that times out, fails, or meets a framing
-    error or an early end raises what httpx would: `httpx.ReadTimeout`, `httpx.ReadError`,
-    `httpx.RemoteProtocolError` (the caller's `except` clauses type each failure)."""
-    lean = _lean_stream(resp)
-    if lean is None:
-        return resp.iter_bytes()
-    stream, buffered = lean
-    headers = resp.headers
-    if "chunked" in headers.get("transfer-encoding", "").lower():
-        framing = _CHUNKED
-    elif "content-length" in headers:
-        framing = int(headers["content-length"])
-    else:
-        framing = _UNTIL_CLOSE
-    return _lean_body(stream, buffered, framing, read_timeout_s)
-
-
-_CHUNKED = -1
-_UNTIL_CLOSE = -2
-
-
-def _lean_stream(resp: httpx.Response) -> tuple[Any, bytes] | None:
-    """The reply's network stream and the body bytes h11 already holds past the headers, or
-    None where the reply is not one `body_chunks` reads itself."""
-    if resp.extensions.get("http_version") not in (b"HTTP/1.1", b"HTTP/1.0"):
-        return None
-    if resp.headers.get("content-encoding", "identity").strip().lower() != "identity":
-        return None
-    # httpx.Response.stream → BoundSyncStream → ResponseStream → PoolByteStream →
-    # HTTP11ConnectionByteStream → its HTTP11Connection (direct, through a proxy, tunnelled).
-    inner = getattr(getattr(resp.stream, "_stream", None), "_httpcore_stream", None)
-    inner = getattr(inner, "_stream", None)
-    connection = getattr(inner, "_connection", None)
-    h11_state = getattr(connection, "_h11_state", None)
-    stream = getattr(connection, "_network_stream", None)
-    trailing = getattr(h11_state, "trailing_data", None)
-    if stream is None or not isinstance(trailing, tuple) or not hasattr(stream, "read"):
-        return None
-    if getattr(inner, "_closed", True) or not isinstance(trailing[0], bytes):
-        return None
-    return stream, trailing[0]
-
-
-def _lean_body(stream: Any, buf: bytes, framing: int, timeout: float) -> Iterator[bytes]:
-    import httpcore
-    import httpx
-
-    def read() -> bytes:
-        try:
-            return bytes(stream.read(READ_BYTES, timeout=timeout))
-        except httpcore.TimeoutException as exc:
-            raise httpx.ReadTimeout(str(exc)) from exc
-        except httpcore.NetworkError as exc:
-            raise httpx.ReadError(str(exc)) from exc
-
-    def ended() -> httpx.RemoteProtocolError:
-        return httpx.RemoteProtocolError(
-            "peer closed connection without sending complete message body"
-        )
-
-    if framing == _UNTIL_CLOSE:
-        while True:
-            if buf:
-                yield buf
-            buf = read()
-            if not buf:
-                return
-    if framing >= 0:
-        left = framing
-        while left > 0:
-            if not buf:
-                buf = read()
-                if not buf:
-                    raise ended()
-            piece, buf = buf[:left], buf[left:]
-            left -= len(piece)
-            yield piece
-        return
-    while True:  # chunked: size line, data, CR LF; a zero size ends the body
-        while (end := buf.find(b"\r\n")) < 0:
-            if len(buf) > MAX_CHUNK_LINE:
-                raise httpx.RemoteProtocolError("illegal chunk header: too long")
-            more = read()
-            if not more:
-                raise ended()
-            buf += more
-        size_text = buf[:end].split(b";", 1)[0].rstrip(b" \t")
-        if not 0 < len(size_text) <= 20 or size_text.strip(b"0123456789abcdefABCDEF"):
-            raise httpx.RemoteProtocolError(f"illegal chunk header: {buf[:end][:100]!r}")
-        left = int(size_text, 16)
-        buf = buf[end + 2 :]
-        if left == 0:
-            return  # the trailer is left unread: the connection is closed with the reply
-        while left > 0:
-            if not buf:
-                buf = read()
-                if not buf:
-                    raise ended()
-            piece, buf = buf[:left], buf[left:]
-            left -= len(piece)
-            yield piece
-        while len(buf) < 2:
-            more = read()
-            if not more:
-                raise ended()
-            buf += more
-        if buf[:2] != b"\r\n":
-            raise httpx.RemoteProtocolError(f"malformed chunk footer: {buf[:2]!r}")
-        buf = buf[2:]
 
 
 def reply_lines(chunks: Iterable[bytes]) -> Lines:

@@ -7,22 +7,16 @@ no text decoder, line decoder or standard-library JSON decode."""
 
 from __future__ import annotations
 
-import gzip
 import json
-import re
-import socket
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
 
-import tutti_agent.model as model_module
 from model_fakes.responses import ResponsesServer
-from tutti_agent.errors import ModelError
 from tutti_agent.model import Endpoint, ResponsesModel, _sse_events, reply_lines
 
 pytestmark = pytest.mark.timeout(60)
@@ -168,7 +162,7 @@ def _entered(fn: Callable[[], Any]) -> list[tuple[str, str]]:
 
 def test_a_streamed_replys_chunks_pass_no_text_layer_and_no_standard_json_decode() -> None:
     text = "twelve words make a reply of some twelve deltas or so here"
-    with ResponsesServer(lambda body: text, drip_s=0.002) as server:
+    with ResponsesServer(lambda body: text) as server:
         model = ResponsesModel(Endpoint(server.base_url))
         model.run("warm", IO())  # type: ignore[arg-type]  # the client built, httpx imported
         io = IO()
@@ -177,136 +171,5 @@ def test_a_streamed_replys_chunks_pass_no_text_layer_and_no_standard_json_decode
     names = {name for _, name in seen}
     # Without `reply_lines`: httpx's iter_text, TextDecoder.decode, LineDecoder.decode per chunk.
     assert not names & {"Response.iter_text", "Response.iter_lines", "LineDecoder.decode"}
-    # Without `body_chunks`' own reader: h11's event machine once per network read, where now
-    # only the headers pass through it.
-    assert [name for _, name in seen].count("HTTP11Connection._receive_event") == 1
     # Without orjson for the events: json.loads and JSONDecoder.decode once per event.
     assert not [name for file, name in seen if file.endswith("json/decoder.py")]
-
-
-# --------------------------------------------------------------------------- the reply's body
-# `body_chunks` reads a 200 reply's body itself past the headers httpx parsed; a raw server
-# sends each framing in awkward pieces (a size line cut in two, a chunk across writes).
-
-
-class _RawReply:
-    """A 127.0.0.1 server that answers one request with `pieces`, written apart, then closes."""
-
-    def __init__(self, pieces: list[bytes]) -> None:
-        self.pieces = pieces
-        self.sock = socket.create_server(("127.0.0.1", 0))
-        self.base_url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        conn, _ = self.sock.accept()
-        with conn:
-            data = b""
-            while b"\r\n\r\n" not in data:
-                data += conn.recv(65536)
-            head, _, body = data.partition(b"\r\n\r\n")
-            length = int(re.search(rb"(?i)content-length: *(\d+)", head).group(1))  # type: ignore[union-attr]
-            while len(body) < length:
-                body += conn.recv(65536)
-            for piece in self.pieces:
-                try:
-                    conn.sendall(piece)
-                except OSError:
-                    return  # the reader had what it needed (response.completed) and closed
-                time.sleep(0.01)
-
-    def close(self) -> None:
-        self.sock.close()
-        self.thread.join(5)
-
-
-def _sse(*events: Mapping[str, Any]) -> bytes:
-    return b"".join(b"data: " + json.dumps(e).encode() + b"\n\n" for e in events)
-
-
-_REPLY = _sse(
-    {"type": "response.output_text.delta", "item_id": "m", "delta": "he"},
-    {"type": "response.output_text.delta", "item_id": "m", "delta": "llo"},
-    {
-        "type": "response.output_item.done",
-        "item": {
-            "type": "message",
-            "id": "m",
-            "content": [{"type": "output_text", "text": "hello"}],
-        },
-    },
-    {"type": "response.completed", "response": {}},
-)
-_HEAD = b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
-
-
-def _run_raw(pieces: list[bytes], monkeypatch: pytest.MonkeyPatch) -> tuple[IO, list[int]]:
-    used: list[int] = []
-    real = model_module._lean_body
-
-    def counted(*args: Any) -> Iterator[bytes]:
-        used.append(1)
-        return real(*args)
-
-    monkeypatch.setattr(model_module, "_lean_body", counted)
-    server = _RawReply(pieces)
-    try:
-        io = IO()
-        ResponsesModel(Endpoint(server.base_url, read_timeout_s=5)).run("hi", io)  # type: ignore[arg-type]
-        return io, used
-    finally:
-        server.close()
-
-
-def _chunked(body: bytes, size: int) -> bytes:
-    out = b""
-    for at in range(0, len(body), size):
-        piece = body[at : at + size]
-        out += f"{len(piece):X}".encode() + b";ext=1 \r\n" + piece + b"\r\n"
-    return out + b"0\r\nx-trailer: 1\r\n\r\n"
-
-
-def _cut(data: bytes, size: int) -> list[bytes]:
-    return [data[at : at + size] for at in range(0, len(data), size)]
-
-
-@pytest.mark.parametrize("write", [7, 1000])
-def test_a_chunked_reply_in_any_pieces_reads_whole(
-    write: int, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    wire = _HEAD + b"transfer-encoding: chunked\r\n\r\n" + _chunked(_REPLY, 23)
-    io, used = _run_raw(_cut(wire, write), monkeypatch)
-    assert io.deltas == ["he", "llo"] and io.texts == ["hello"] and used == [1]
-
-
-def test_a_length_delimited_and_a_close_delimited_reply_read_whole(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    sized = _HEAD + f"content-length: {len(_REPLY)}\r\n\r\n".encode() + _REPLY
-    io, used = _run_raw(_cut(sized, 11), monkeypatch)
-    assert io.texts == ["hello"] and used == [1]
-    closed = b"HTTP/1.0 200 OK\r\ncontent-type: text/event-stream\r\n\r\n" + _REPLY
-    io, used = _run_raw(_cut(closed, 13), monkeypatch)
-    assert io.texts == ["hello"] and used == [1]
-
-
-def test_a_broken_chunked_reply_fails_the_turn_typed(monkeypatch: pytest.MonkeyPatch) -> None:
-    head = _HEAD + b"transfer-encoding: chunked\r\n\r\n"
-    with pytest.raises(ModelError, match="model request failed: illegal chunk header"):
-        _run_raw([head + b"zz\r\n"], monkeypatch)
-    with pytest.raises(ModelError, match="model request failed: malformed chunk footer"):
-        _run_raw([head + b"3\r\nabcXY"], monkeypatch)
-    # The connection closed before `response.completed`: the body was cut.
-    cut = _chunked(_REPLY, 23)[:60]
-    with pytest.raises(ModelError, match="model request failed: peer closed connection"):
-        _run_raw([head + cut], monkeypatch)
-
-
-def test_a_reply_with_a_content_coding_is_read_by_httpx(monkeypatch: pytest.MonkeyPatch) -> None:
-    packed = gzip.compress(_REPLY)
-    wire = (
-        _HEAD + f"content-encoding: gzip\r\ncontent-length: {len(packed)}\r\n\r\n".encode() + packed
-    )
-    io, used = _run_raw([wire], monkeypatch)
-    assert io.texts == ["hello"] and used == []
