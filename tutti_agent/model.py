@@ -12,7 +12,7 @@ import json
 import os
 import socket
 import threading
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -20,6 +20,7 @@ import orjson
 
 from tutti_agent.errors import ModelError
 from tutti_agent.ids import uuid7
+from tutti_agent.rollout import orjson_agrees
 
 if TYPE_CHECKING:
     import httpx
@@ -335,7 +336,7 @@ class ModelClient:
                     raise ModelError(
                         f"model server returned HTTP {resp.status_code}: {_head(resp, 2000)}"
                     )
-                consume(resp.iter_lines())
+                consume(reply_lines(resp.iter_bytes()))
             finally:
                 resp.close()
         except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
@@ -358,8 +359,36 @@ class ModelClient:
             raise ModelError(f"model request failed: {_cause(exc)}") from None
 
 
-Lines = Iterator[str]
-"""A reply's lines as they arrive (no line ends)."""
+Lines = Iterator[bytes]
+"""A reply's lines as they arrive, as bytes (no line ends): `reply_lines`."""
+
+
+def reply_lines(chunks: Iterable[bytes]) -> Lines:
+    """The lines of a reply's body (its content decoded: `httpx.Response.iter_bytes`) as bytes,
+    split where an event stream's lines end — CR LF, LF or a lone CR — with the ends left out;
+    a last line without an end is a line too.
+
+    Not httpx's `iter_lines`: that decodes every chunk to text, then splits it as
+    `str.splitlines` does, which also ends a line at U+0085, U+2028 and U+2029 (and the
+    control characters JSON escapes anyway); JSON allows the first three raw inside a string,
+    so a delta holding one was cut in two and its event lost (`_decode_event`: bad SSE data).
+    And the text layers (a decoder, a chunker, a line decoder, each a generator per chunk) were
+    a tenth of a streamed Turn's Python in the app-server."""
+    rest = b""
+    for chunk in chunks:
+        if rest:
+            chunk, rest = rest + chunk, b""
+        if b"\r" in chunk:
+            held = chunk.endswith(b"\r")  # may be the first half of a CR LF: the next chunk says
+            body = chunk[:-1] if held else chunk
+            lines = body.replace(b"\r\n", b"\n").replace(b"\r", b"\n").split(b"\n")
+            rest = lines.pop() + b"\r" if held else lines.pop()
+        else:
+            lines = chunk.split(b"\n")
+            rest = lines.pop()
+        yield from lines
+    if rest:
+        yield rest[:-1] if rest.endswith(b"\r") else rest
 
 
 def request_body(body: Mapping[str, Any]) -> bytes:
@@ -531,27 +560,54 @@ def _usage(io: TurnIO, input_tokens: Any, output_tokens: Any) -> None:
 def _sse_events(lines: Lines, *, done_marker: bool = False) -> Iterator[dict[str, Any]]:
     """Yield each SSE `data:` payload as it arrives (items stream into the turn live); with
     `done_marker`, Chat Completions' final `data: [DONE]` is yielded as `{"type": "done"}`."""
-    data: list[str] = []
-    for raw in lines:
-        line = raw.rstrip("\r\n")
+    data: list[bytes] = []
+    for line in lines:
         if not line:
             if data:
-                text = "\n".join(data)
-                data = []
-                if done_marker and text.strip() == "[DONE]":
+                parts, data = data, []
+                if done_marker and _is_done(parts):
                     yield {"type": "done"}
                     return
-                yield _decode_event(text)
+                yield _decode_event(parts)
             continue
-        if line.startswith("data:"):
-            data.append(line[5:].lstrip())
+        if line.startswith(b"data:"):
+            data.append(line[5:])
     if data:
-        yield _decode_event("\n".join(data))
+        yield _decode_event(data)
 
 
-def _decode_event(text: str) -> dict[str, Any]:
+def _event_text(parts: list[bytes]) -> str:
+    """An event's `data:` parts as the text they always made: each decoded as UTF-8 (an invalid
+    byte read as U+FFFD), its leading whitespace stripped, joined by newlines."""
+    return "\n".join(part.decode("utf-8", "replace").lstrip() for part in parts)
+
+
+def _is_done(parts: list[bytes]) -> bool:
+    return b"[DONE]" in parts[-1] and _event_text(parts).strip() == "[DONE]"
+
+
+def _decode_event(parts: list[bytes]) -> dict[str, Any]:
+    """An event's JSON, by orjson from the bytes where it reads what the standard library
+    reads from `_event_text` (an event with no run of 19 digits: `rollout.orjson_agrees`);
+    anything orjson refuses — invalid UTF-8, NaN, a value whose leading whitespace is not
+    ASCII — is decoded from the text by the standard library as before, with its errors."""
+    raw = parts[0].lstrip() if len(parts) == 1 else b"\n".join(p.lstrip() for p in parts)
+    obj: Any
     try:
-        obj = json.loads(text)
-    except ValueError:
-        return {"type": "error", "error": {"message": f"bad SSE data: {text[:200]}"}}
-    return obj if isinstance(obj, dict) else {"type": "error", "error": {"message": text[:200]}}
+        if not orjson_agrees(raw):
+            raise _Refused
+        obj = orjson.loads(raw)
+    except (orjson.JSONDecodeError, _Refused):
+        text = _event_text(parts)
+        try:
+            obj = json.loads(text)
+        except ValueError:
+            return {"type": "error", "error": {"message": f"bad SSE data: {text[:200]}"}}
+        return obj if isinstance(obj, dict) else {"type": "error", "error": {"message": text[:200]}}
+    if isinstance(obj, dict):
+        return obj
+    return {"type": "error", "error": {"message": _event_text(parts)[:200]}}
+
+
+class _Refused(Exception):
+    """An event orjson may read otherwise than the standard library: decode it as text."""

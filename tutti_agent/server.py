@@ -43,6 +43,7 @@ from tutti_agent.store import ThreadHead, ThreadHistory, ThreadStore
 from tutti_agent.turns import LiveThread
 from tutti_agent.wire import (
     encode_message,
+    encode_notification,
     head_to_wire,
     thread_to_wire,
     turn_columns,
@@ -72,7 +73,9 @@ class Connection:
         self._pending: dict[int | str, tuple[threading.Event, list[Any]]] = {}
 
     def send(self, message: Mapping[str, Any]) -> None:
-        data = encode_message(message) + "\n"
+        self._write(encode_message(message) + "\n")
+
+    def _write(self, data: str) -> None:
         with self._lock:
             try:
                 self._out.write(data)
@@ -81,7 +84,7 @@ class Connection:
                 pass  # the client is gone; turns still finish and persist
 
     def notify(self, method: str, params: Mapping[str, Any]) -> None:
-        self.send({"method": method, "params": dict(params)})
+        self._write(encode_notification(method, params) + "\n")
 
     def request(
         self, method: str, params: Mapping[str, Any], cancelled: threading.Event
