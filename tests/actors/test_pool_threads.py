@@ -127,6 +127,7 @@ def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
         idle(2)
         threads = [t for t in threading.enumerate() if t.name.startswith("t-lifo_")]
         assert len(threads) == 2
+        time.sleep(0.1)  # each is asleep now, not just listed idle
         before = {t.name: _switches(t) for t in threads}
         for _ in range(20):
             pool.submit(one)
