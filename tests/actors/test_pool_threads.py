@@ -94,6 +94,19 @@ def _switches(thread: threading.Thread) -> int:
     raise AssertionError("no voluntary_ctxt_switches line")
 
 
+def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
+    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
+    counts = {t.name: _switches(t) for t in threads}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {t.name: _switches(t) for t in threads}
+        if now == counts:
+            break
+        counts = now
+    return counts
+
+
 def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
     """With two threads idle, each slice wakes exactly one of them, the one that went idle
     last: one actor's slices, submitted one at a time, all run on one thread, and the other
@@ -127,8 +140,7 @@ def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
         idle(2)
         threads = [t for t in threading.enumerate() if t.name.startswith("t-lifo_")]
         assert len(threads) == 2
-        time.sleep(0.1)  # each is asleep now, not just listed idle
-        before = {t.name: _switches(t) for t in threads}
+        before = _asleep(threads)
         for _ in range(20):
             pool.submit(one)
             assert done.acquire(timeout=10)

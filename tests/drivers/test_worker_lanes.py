@@ -92,6 +92,19 @@ def _switches(thread: threading.Thread) -> int:
     raise AssertionError("no voluntary_ctxt_switches line")
 
 
+def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
+    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
+    counts = {t.name: _switches(t) for t in threads}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {t.name: _switches(t) for t in threads}
+        if now == counts:
+            break
+        counts = now
+    return counts
+
+
 def test_a_request_wakes_one_idle_thread_the_one_idle_last() -> None:
     """With two lane threads idle, each request wakes exactly one, the one idle last: requests
     put one at a time all run on one thread and the other sleeps through them (no wake-up).
@@ -116,9 +129,8 @@ def test_a_request_wakes_one_idle_thread_the_one_idle_last() -> None:
         time.sleep(0.001)
     threads = lane_threads()
     assert len(threads) == 2 and len(lane._idle) == 2
-    time.sleep(0.1)  # each is asleep now, not just listed idle
     ran.clear()
-    before = {t.name: _switches(t) for t in threads}
+    before = _asleep(threads)
     for i in range(20):
         lane.put(i)
         assert done.acquire(timeout=30)
