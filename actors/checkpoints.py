@@ -22,9 +22,11 @@ import hashlib
 import json
 import logging
 import os
+import queue
 import re
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -156,9 +158,50 @@ class DirectoryLocks:
             shadow.clear_stale_locks(Path(cwd))
 
 
+class _OneWakeQueue:
+    """The checkpoint pool's work queue (what `ThreadPoolExecutor` calls of its `SimpleQueue`:
+    `put`, `get(block=True)`, `get_nowait`): a job is handed to ONE idle thread, the one idle
+    last, asleep on its own lock. On the executor's `SimpleQueue` every idle thread waited on
+    the queue's one lock, which its `get` hands on as it returns: with both of the pool's
+    threads idle, each job woke both (`tests/actors/test_checkpoint_pool.py`)."""
+
+    def __init__(self) -> None:
+        self._items: deque[Any] = deque()
+        self._waiting: list[list[Any]] = []  # [its lock (held while it sleeps), the item]
+        self._lock = threading.Lock()
+
+    def put(self, item: Any) -> None:
+        with self._lock:
+            if self._waiting:
+                waiter = self._waiting.pop()
+                waiter[1] = item
+                waiter[0].release()
+                return
+            self._items.append(item)
+
+    def get(self, block: bool = True) -> Any:
+        with self._lock:
+            if self._items:
+                return self._items.popleft()
+            if not block:
+                raise queue.Empty
+            wake = threading.Lock()
+            wake.acquire()
+            waiter = [wake, None]
+            self._waiting.append(waiter)
+        wake.acquire()
+        return waiter[1]
+
+    def get_nowait(self) -> Any:
+        return self.get(block=False)
+
+
 def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
-    """The threads every checkpoint job of a daemon runs on (threads start on demand)."""
-    return ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
+    """The threads every checkpoint job of a daemon runs on (threads start on demand), each
+    job waking one of them (`_OneWakeQueue`)."""
+    pool = ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
+    pool._work_queue = _OneWakeQueue()  # type: ignore[assignment]  # before any thread starts
+    return pool
 
 
 @dataclass(eq=False)

@@ -768,6 +768,15 @@ class TurnRunner:
         state.settled = state.settling = turn.phase == "settled"
         return state
 
+    def _binding_moved(self, state: TurnState, binding_json: str) -> None:
+        """A `turn.binding` (alone, or carried by its `turn.started`): queued even once the Turn
+        settles (a late checkpoint)."""
+        self._writes.enqueue(self._writes.binding_write(state.turn_id, binding_json))
+        if not state.settling and not state.start_unanswered:
+            # Heard after the start's answer (the answer can overtake the event): it waits
+            # for the Turn's next write as the start's writes do, not alone.
+            self._writes.linger(START_LINGER_S)
+
     def on_driver_event(self, event: TurnEvent) -> None:
         turn_id = event.turn_id
         state = self._state_for_event(turn_id)
@@ -781,11 +790,12 @@ class TurnRunner:
         store, ws, sid = self._core.session_store, self._core.ws, self._core.sid
         if isinstance(event, TurnBindingMoved):
             # A trailing system message may move the checkpoint after settlement (Claude).
-            self._writes.enqueue(self._writes.binding_write(turn_id, event.binding_json))
-            if not state.settling and not state.start_unanswered:
-                # Heard after the start's answer (the answer can overtake the event): it
-                # waits for the Turn's next write as the start's writes do, not alone.
-                self._writes.linger(START_LINGER_S)
+            self._binding_moved(state, event.binding_json)
+            return
+        if isinstance(event, TurnStarted) and event.binding_json is not None:
+            # The start carrying its binding: exactly `turn.started`, then `turn.binding`.
+            self._bind(state, event.provider_turn_id)  # (a no-op once settling)
+            self._binding_moved(state, event.binding_json)
             return
         if state.settling:
             return

@@ -13,12 +13,24 @@ from domain.worker_messages import MalformedMessage
 
 @dataclass(frozen=True, slots=True)
 class TurnStarted:
+    """`turn.started`: the provider's turn id of the Turn; `binding_json`, when set, is the
+    Turn's first `turn.binding` carried by the same event (a driver that knows both at once:
+    the host handles it as the start followed by that binding, one message, not two)."""
+
     TYPE: ClassVar[str] = "turn.started"
     turn_id: str
     provider_turn_id: str
+    binding_json: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"type": self.TYPE, "turnId": self.turn_id, "providerTurnId": self.provider_turn_id}
+        out: dict[str, Any] = {
+            "type": self.TYPE,
+            "turnId": self.turn_id,
+            "providerTurnId": self.provider_turn_id,
+        }
+        if self.binding_json is not None:
+            out["bindingJson"] = self.binding_json
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,7 +182,12 @@ def turn_event_from_wire(event: Mapping[str, Any]) -> TurnEvent:
     kind = event.get("type")
     turn_id = str(event.get("turnId") or "")
     if kind == TurnStarted.TYPE:
-        return TurnStarted(turn_id, str(event.get("providerTurnId") or ""))
+        binding = event.get("bindingJson")
+        return TurnStarted(
+            turn_id,
+            str(event.get("providerTurnId") or ""),
+            None if binding is None else str(binding),
+        )
     if kind == TurnItem.TYPE:
         item = event.get("item")
         return TurnItem(turn_id, dict(item) if isinstance(item, Mapping) else {})

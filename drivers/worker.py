@@ -14,13 +14,13 @@ import importlib
 import json
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
 import time
 import traceback
 import uuid
+from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -73,17 +73,35 @@ LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
 
 
 # The request lanes: a lane is a queue and up to N threads that take requests from it, handed
-# to by the link thread itself with one lock-free put (no dispatcher thread between the link
-# and the lane, and no `ThreadPoolExecutor.submit` on the link thread).
+# to by the link thread itself (no dispatcher thread between the link and the lane, and no
+# `ThreadPoolExecutor.submit` on the link thread).
 #
 # Why not an executor: `ThreadPoolExecutor.submit` takes a lock that every `fork()` in the
 # process also takes (concurrent.futures registers it as an at-fork hook) and may start a
 # thread; with dozens of app-servers being spawned a submit waited for seconds, which on the
 # link thread stopped the heartbeats (measured at 200 Sessions). So requests went through a
 # dispatcher thread that submitted: one more thread hand-off on every request's path. Here the
-# link thread only puts into a `queue.SimpleQueue` (a C call that never blocks), and a lane's
-# threads are started by the lane's own threads: whenever one takes a request and leaves no
-# other idle, it starts a spare (up to N) before running it.
+# link thread only takes the lane's own lock (held by a lane thread for a few bytecodes, never
+# across a fork or a request) to hand the request to the idle thread that went idle last, or
+# to queue it; a lane's threads are started by the lane's own threads: whenever one takes a
+# request and leaves no other idle, it starts a spare (up to N) before running it.
+#
+# Each idle thread sleeps on its own lock, so a request wakes exactly one: with one
+# `queue.SimpleQueue` all of them waited on, its `get` handed the queue's lock on as it
+# returned and the lane's other idle thread woke too, at every request (a warm `turn.start`
+# woke both of the fast lane's threads: ~5 wake-ups a Turn for one request).
+
+
+class _Idle:
+    """A lane thread with nothing to do, asleep on `wake` (held while idle) until `put`
+    hands it `msg` and releases it."""
+
+    __slots__ = ("msg", "wake")
+
+    def __init__(self) -> None:
+        self.wake = threading.Lock()
+        self.wake.acquire()
+        self.msg: Any = None
 
 
 class RequestLane:
@@ -93,15 +111,22 @@ class RequestLane:
         self.name = name
         self.size = max(1, size)
         self._handle = handle
-        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._items: deque[Any] = deque()
+        self._idle: list[_Idle] = []
         self._lock = threading.Lock()
         self._threads = 0
-        self._idle = 0
         self._spawn()  # one waiting from the start: the first request starts nothing
 
     def put(self, msg: Any) -> None:
-        """Queue one request (any thread; never blocks, starts no thread)."""
-        self._queue.put(msg)
+        """Hand one request to the thread idle last, else queue it (any thread; starts no
+        thread)."""
+        with self._lock:
+            if self._idle:
+                idle = self._idle.pop()
+                idle.msg = msg
+                idle.wake.release()
+                return
+            self._items.append(msg)
 
     @property
     def threads(self) -> int:
@@ -114,16 +139,24 @@ class RequestLane:
                 return
             self._threads += 1
             number = self._threads
-        threading.Thread(target=self._run, name=f"req-{self.name}-{number}", daemon=True).start()
+        threading.Thread(
+            target=self._run, args=(_Idle(),), name=f"req-{self.name}-{number}", daemon=True
+        ).start()
 
-    def _run(self) -> None:
+    def _run(self, me: _Idle) -> None:
+        lock, items, idle = self._lock, self._items, self._idle
         while True:
-            with self._lock:
-                self._idle += 1
-            msg = self._queue.get()
-            with self._lock:
-                self._idle -= 1
-                spare = self._idle == 0 and self._threads < self.size
+            with lock:
+                waiting = not items
+                if waiting:
+                    idle.append(me)
+                else:
+                    msg = items.popleft()
+            if waiting:
+                me.wake.acquire()
+                msg, me.msg = me.msg, None
+            with lock:
+                spare = not idle and self._threads < self.size
             if spare:
                 # The next request finds a thread waiting (started here, never on the link).
                 self._spawn()
@@ -131,6 +164,7 @@ class RequestLane:
                 self._handle(msg)
             except Exception:  # noqa: BLE001 - one bad request must not stop the lane
                 traceback.print_exc(file=sys.stderr)
+            del msg
 
 
 def install_parent_death_signal(expected_parent: int | None) -> None:

@@ -23,7 +23,6 @@ from domain.turn_events import (
     InteractionRequested,
     MessageDelta,
     TurnActivity,
-    TurnBindingMoved,
     TurnCompleted,
     TurnEvent,
     TurnItem,
@@ -142,13 +141,14 @@ class TurnEvents:
                 session.active.add(provider_turn_id)
                 emit_started = True
         if emit_started and canonical is not None:
-            self.send(session, TurnStarted(canonical, provider_turn_id))
             binding = {
                 "schemaVersion": 1,
                 "threadId": session.thread_id,
                 "providerTurnId": provider_turn_id,
             }
-            self.send(session, TurnBindingMoved(canonical, json.dumps(binding, sort_keys=True)))
+            # The start and its binding as one event: one link message, one actor message.
+            binding_json = json.dumps(binding, sort_keys=True)
+            self.send(session, TurnStarted(canonical, provider_turn_id, binding_json))
         return canonical
 
     def send(self, session: SessionState, event: TurnEvent) -> None:

@@ -1,5 +1,6 @@
-"""The actor pool's threads (`actors.pool._Threads`): bounded, reused while idle, a raising
-slice logged without losing its thread, and the slices queued before a close still run."""
+"""The actor pool's threads (`actors.pool._Threads`): bounded, reused while idle (the one
+idle last, alone woken), a raising slice logged without losing its thread, and the slices queued
+before a close still run."""
 
 from __future__ import annotations
 
@@ -82,3 +83,71 @@ def test_slices_queued_before_the_close_still_run_and_later_ones_are_dropped() -
     thread.join(10)
     assert not thread.is_alive()
     assert ran == [0, 1, 2]
+
+
+def _switches(thread: threading.Thread) -> int:
+    """The thread's voluntary context switches so far (each a sleep and a wake-up)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
+    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
+    counts = {t.name: _switches(t) for t in threads}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {t.name: _switches(t) for t in threads}
+        if now == counts:
+            break
+        counts = now
+    return counts
+
+
+def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
+    """With two threads idle, each slice wakes exactly one of them, the one that went idle
+    last: one actor's slices, submitted one at a time, all run on one thread, and the other
+    thread sleeps through them (no wake-up at all). On one `SimpleQueue` both idle threads
+    waited on, the other woke at every slice (its lock handed on by the taker's `get`) and
+    the slices alternated between the two."""
+    pool = ActorPool(2, name="t-lifo")
+    both, go = threading.Barrier(3), threading.Event()
+    ran: list[str] = []
+    done = threading.Semaphore(0)
+
+    def held() -> None:
+        both.wait(10)
+        go.wait(10)
+
+    def one() -> None:
+        ran.append(threading.current_thread().name)
+        done.release()
+
+    def idle(n: int) -> None:
+        deadline = time.monotonic() + 10
+        while pool._threads._idle < n and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert pool._threads._idle == n
+
+    try:
+        pool.submit(held)
+        pool.submit(held)  # no thread idle: a second one starts
+        both.wait(10)
+        go.set()
+        idle(2)
+        threads = [t for t in threading.enumerate() if t.name.startswith("t-lifo_")]
+        assert len(threads) == 2
+        before = _asleep(threads)
+        for _ in range(20):
+            pool.submit(one)
+            assert done.acquire(timeout=10)
+            idle(2)
+        after = {t.name: _switches(t) for t in threads}
+        assert len(set(ran)) == 1, ran
+        [other] = [t.name for t in threads if t.name != ran[0]]
+        assert after[other] - before[other] == 0, (before, after)
+    finally:
+        pool.close()

@@ -10,6 +10,7 @@ checkpoints on); the worker's events are intercepted on the delivery thread and 
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -22,7 +23,8 @@ import agenthost.daemon as daemon_module
 from actors import session_turns
 from actors.messages import DriverEvent
 from agenthost.daemon import Daemon
-from domain.turn_events import TurnItem
+from domain.turn_events import TurnBindingMoved, TurnItem, TurnStarted
+from tests.daemon.split_start import started_and_binding
 from tests.support.carried import hear_settled
 from tests.support.daemon import WS, create_session, run_turn, settle, submit, wait_for
 from tests.support.in_process import in_process_daemon
@@ -237,7 +239,9 @@ def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
     settlement as the start's bind does: the Turn's writes after its claim are still two.
     Here the binding is held in the event sink until the answer has been handled, then sent
     on alone, the events after it 0.1 s later. Before, queueing it ended the wait and the
-    bind and binding were written as a transaction of their own (three and four)."""
+    bind and binding were written as a transaction of their own (three and four). (The
+    app-server driver carries the binding on `turn.started`; the sink sends it apart, as the
+    Claude driver's trailing bindings come.)"""
     monkeypatch.setattr(session_turns, "START_LINGER_S", 30.0)
     monkeypatch.setattr(session_turns, "ASSISTANT_LINGER_S", 30.0)
     daemon, c = running
@@ -266,7 +270,7 @@ def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
                 forward(*held.pop(0))
             waited.append(True)
 
-    def sink(provider: str, key: str, event: dict[str, Any]) -> None:
+    def one(provider: str, key: str, event: dict[str, Any]) -> None:
         with lock:
             if not waited and (held or event.get("type") == "turn.binding"):
                 if not held:
@@ -274,6 +278,10 @@ def test_a_binding_heard_after_the_starts_answer_waits_for_the_settlement_too(
                 held.append((provider, key, event))
                 return
         forward(provider, key, event)
+
+    def sink(provider: str, key: str, event: dict[str, Any]) -> None:
+        for part in started_and_binding(event):
+            one(provider, key, part)
 
     stats = store.db.write_stats
     supervisor.set_event_sink(sink)
@@ -322,3 +330,66 @@ def test_a_warm_turns_start_request_is_built_once(
     assert len(sent) == 2
     warm = [r for r in sent if r.runtime_generation is not None]
     assert warm and all(r.home is not None for r in warm), sent
+
+
+def test_a_turns_start_reaches_the_session_actor_as_one_message_with_its_binding(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The app-server driver sends a Turn's `turn.started` with its binding on it: per warm
+    Turn the Session actor gets one driver event for the start (not a `turn.started` and a
+    `turn.binding` back to back: one worker event, one delivery wake-up and one actor message
+    fewer), and the store holds the bind and the binding as the two events wrote them."""
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None
+    routed: list[Any] = []
+    real_route = daemon_module.route
+
+    def spy(routes: Any, host: Any, ws: str, sid_: str, message: Any) -> None:
+        routed.append(message)
+        real_route(routes, host, ws, sid_, message)
+
+    monkeypatch.setattr(daemon_module, "route", spy)
+    for n in range(3):
+        routed.clear()
+        turn = run_turn(c, sid, f"one start {n}")
+        assert turn["outcome"] == "completed", turn
+        events = [m.event for m in routed if isinstance(m, DriverEvent)]
+        assert not [e for e in events if isinstance(e, TurnBindingMoved)], events
+        [started] = [e for e in events if isinstance(e, TurnStarted)]
+        assert started.binding_json is not None, started
+        assert json.loads(started.binding_json)["providerTurnId"] == started.provider_turn_id
+        stored = daemon.store.turns.get_turn(WS, sid, turn["turnId"])
+        assert stored.root_provider_turn_id == started.provider_turn_id, stored
+        assert stored.provider_turn_binding_json == started.binding_json, stored
+
+
+def test_a_start_carrying_its_binding_on_a_settled_turn_writes_the_binding_alone(
+    running: tuple[Daemon, Client],
+) -> None:
+    """A `turn.started` with a binding is handled as `turn.started` then `turn.binding`: on a
+    Turn already settled the start binds nothing (its provider turn stays), and the binding
+    (a checkpoint that may move after settlement) is written."""
+    daemon, c = running
+    sid = _warm_session(c)
+    assert daemon.store is not None
+    turn = run_turn(c, sid, "settled first")
+    bound = turn["rootProviderTurnId"]
+    assert bound, turn
+    late = '{"late": true}'
+    daemon_module.route(
+        daemon.routes,
+        daemon.host,
+        WS,
+        sid,
+        DriverEvent(TurnStarted(turn["turnId"], "another-provider-turn", late)),
+    )
+
+    def written() -> bool:
+        stored = daemon.store.turns.get_turn(WS, sid, turn["turnId"])  # type: ignore[union-attr]
+        return stored.provider_turn_binding_json == late
+
+    wait_for(written, 30)
+    stored = daemon.store.turns.get_turn(WS, sid, turn["turnId"])
+    assert stored.root_provider_turn_id == bound, stored
+    assert stored.phase == "settled", stored

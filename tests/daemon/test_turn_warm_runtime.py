@@ -27,6 +27,7 @@ from actors.turn_writes import TurnWrites
 from agenthost.daemon import Daemon
 from domain.errors import Conflict
 from domain.worker_messages import HistoryRequest
+from tests.daemon.split_start import started_and_binding
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
     WS,
@@ -272,12 +273,13 @@ def test_a_turns_start_events_land_as_one_transaction_when_they_arrive_apart(
     forward = daemon._on_worker_event
 
     def sink(provider: str, key: str, event: dict[str, object]) -> None:
-        if event.get("type") == "turn.binding":
-            time.sleep(0.3)
-        item = event.get("item")
-        if isinstance(item, dict) and item.get("kind") == "assistant":
-            release.wait(30)
-        forward(provider, key, event)
+        for part in started_and_binding(event):  # the binding apart from its start
+            if part.get("type") == "turn.binding":
+                time.sleep(0.3)
+            item = part.get("item")
+            if isinstance(item, dict) and item.get("kind") == "assistant":
+                release.wait(30)
+            forward(provider, key, part)
 
     daemon.supervisor.set_event_sink(sink)
     try:

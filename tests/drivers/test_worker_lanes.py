@@ -5,6 +5,7 @@ and survives a handler that raises."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -80,3 +81,63 @@ def test_a_handler_that_raises_does_not_stop_the_lane() -> None:
     lane.put("bad")
     lane.put("good")
     assert ran.acquire(timeout=30)
+
+
+def _switches(thread: threading.Thread) -> int:
+    """The thread's voluntary context switches so far (each a sleep and a wake-up)."""
+    with open(f"/proc/self/task/{thread.native_id}/status") as f:
+        for line in f:
+            if line.startswith("voluntary_ctxt_switches:"):
+                return int(line.split()[1])
+    raise AssertionError("no voluntary_ctxt_switches line")
+
+
+def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
+    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
+    counts = {t.name: _switches(t) for t in threads}
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = {t.name: _switches(t) for t in threads}
+        if now == counts:
+            break
+        counts = now
+    return counts
+
+
+def test_a_request_wakes_one_idle_thread_the_one_idle_last() -> None:
+    """With two lane threads idle, each request wakes exactly one, the one idle last: requests
+    put one at a time all run on one thread and the other sleeps through them (no wake-up).
+    On one `SimpleQueue` both waited on, the other woke at every request (the taker's `get`
+    handed the queue's lock on) and the requests alternated between them."""
+    ran: list[str] = []
+    done = threading.Semaphore(0)
+
+    def handle(msg: int) -> None:
+        ran.append(threading.current_thread().name)
+        done.release()
+
+    lane = RequestLane("lifo", 4, handle)
+    lane.put(0)  # the first request leaves no thread idle: a spare starts
+    assert done.acquire(timeout=30)
+
+    def lane_threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name.startswith("req-lifo-")]
+
+    deadline = time.monotonic() + 10
+    while (len(lane_threads()) < 2 or len(lane._idle) < 2) and time.monotonic() < deadline:
+        time.sleep(0.001)
+    threads = lane_threads()
+    assert len(threads) == 2 and len(lane._idle) == 2
+    ran.clear()
+    before = _asleep(threads)
+    for i in range(20):
+        lane.put(i)
+        assert done.acquire(timeout=30)
+        while len(lane._idle) < 2 and time.monotonic() < deadline + 20:
+            time.sleep(0.001)
+    after = {t.name: _switches(t) for t in threads}
+    assert len(set(ran)) == 1, ran
+    [other] = [t.name for t in threads if t.name != ran[0]]
+    assert after[other] - before[other] == 0, (before, after)
+    assert lane.threads == 2

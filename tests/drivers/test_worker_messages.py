@@ -45,7 +45,6 @@ def test_every_event_a_real_driver_streams_is_its_turn_event_byte_for_byte(
     assert {
         te.TurnStarted,
         te.TurnItem,
-        te.TurnBindingMoved,
         te.TurnCompleted,
         te.InteractionRequested,
     } <= seen
@@ -189,6 +188,22 @@ def test_the_typed_fork_call_through_a_real_worker_answers_a_fork_result(tmp_pat
         supervisor.close()
     assert isinstance(got, wm.ForkResult)
     assert got.disposition is DeliveryDisposition.NOT_STARTED, got
+
+
+def test_a_turn_started_carries_its_binding_or_none() -> None:
+    """`turn.started` may carry the Turn's first binding (`bindingJson`): it reads back as
+    itself; one without the key (the Claude driver's, an older worker's) reads as before."""
+    carried = te.TurnStarted("t", "p", '{"schemaVersion": 1}')
+    assert carried.to_wire() == {
+        "type": "turn.started",
+        "turnId": "t",
+        "providerTurnId": "p",
+        "bindingJson": '{"schemaVersion": 1}',
+    }
+    assert te.turn_event_from_wire(carried.to_wire()) == carried
+    bare = {"type": "turn.started", "turnId": "t", "providerTurnId": "p"}
+    assert te.turn_event_from_wire(bare) == te.TurnStarted("t", "p")
+    assert te.TurnStarted("t", "p").to_wire() == bare
 
 
 def test_an_unknown_event_type_is_malformed() -> None:
