@@ -6,6 +6,7 @@ cycles, missing files and mismatched metadata) and guards deletion (seed 004 §9
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import threading
@@ -36,7 +37,9 @@ from tutti_agent.rollout import (
     fsync_dir,
     iter_rollout_paths,
     lines_of_decoded,
+    make_dirs,
     new_rollout_path,
+    now_iso,
     read_file,
     read_rollout,
     read_span,
@@ -397,6 +400,35 @@ class ThreadStore:
             self._paths[thread_id] = path
         return writer, lines
 
+    def create_child_lines(
+        self,
+        thread_id: str,
+        meta: Mapping[str, Any],
+        *,
+        first_ordinal: int = 0,
+        items: Sequence[RolloutItem] = (),
+        copied: CopiedSpan | None = None,
+        copied_lines: bool = True,
+    ) -> tuple[Path, list[RolloutLine]]:
+        """`create_rollout_lines` for a rollout this server writes once and leaves closed (a
+        fork's child): the same file, durable on return with the same syncs (the file, then
+        its directory and each parent whose entries changed), the same cleanup on failure —
+        written by descriptor, not through a buffered file object: one `open`, the lines in
+        one `writev`, no `fstat`/`ioctl`/`lseek` of the object's own and no `write` per chunk.
+        `sessions/` is not probed first: it is created (and its parents' changes fsynced)
+        only when the create finds it missing. Returns the path and the lines written."""
+        path = new_rollout_path(self.home, thread_id)
+        chunks, lines = _encode_new_rollout(
+            first_ordinal,
+            [RolloutItem(LineType.SESSION_META, dict(meta)), *items],
+            copied,
+            copied_lines,
+        )
+        _write_new_file(path, chunks)
+        with self._cache_lock:
+            self._paths[thread_id] = path
+        return path, lines
+
     def copied_span(self, history: ThreadHistory, end: int) -> CopiedSpan | None:
         """Lines `[1, end)` of a single-file history as the bytes its file holds, for a Copied
         child to write verbatim instead of encoding each line again; None (encode them) unless
@@ -661,6 +693,89 @@ class ThreadStore:
             path.unlink()
             self._forget(thread_id, path)
             fsync_dir(path.parent)
+
+
+_IOV_MAX = 1024
+"""Buffers one `writev` takes at most (Linux's `IOV_MAX`)."""
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+"""`open(path, "xb")`'s flags."""
+
+
+def _encode_new_rollout(
+    first_ordinal: int,
+    items: Sequence[RolloutItem],
+    copied: CopiedSpan | None,
+    copied_lines: bool,
+) -> tuple[list[bytes], list[RolloutLine]]:
+    """The chunks of a new rollout holding `items` (the first one `session_meta`) with
+    `copied` verbatim after the first, and the lines they are (`RolloutWriter.create`'s
+    encoding: one timestamp for the batch, each line's end offset in the new file;
+    `copied_lines=False`: the copied lines are not among those returned)."""
+    timestamp = now_iso()
+    lines: list[RolloutLine] = []
+    chunks: list[bytes] = []
+    offset = 0
+
+    def encode(ordinal: int, item: RolloutItem) -> None:
+        nonlocal offset
+        data = (RolloutLine(ordinal, timestamp, item, 0).to_json() + "\n").encode()
+        offset += len(data)
+        chunks.append(data)
+        lines.append(RolloutLine(ordinal, timestamp, item, offset))
+
+    encode(first_ordinal, items[0])
+    ordinal = first_ordinal + 1
+    if copied is not None and copied.lines:
+        if copied.lines[0].ordinal != ordinal:
+            raise ValueError(f"copied lines start at {copied.lines[0].ordinal}, not {ordinal}")
+        shift = offset - copied.start
+        if copied_lines:
+            new = tuple.__new__  # no Python-level constructor call per line
+            lines.extend(
+                [
+                    new(RolloutLine, (ordinal_, timestamp_, item_, end_ + shift))
+                    for ordinal_, timestamp_, item_, end_ in copied.lines
+                ]
+            )
+        chunks.append(copied.data)
+        offset += len(copied.data)
+        ordinal = copied.lines[-1].ordinal + 1
+    for item in items[1:]:
+        encode(ordinal, item)
+        ordinal += 1
+    return chunks, lines
+
+
+def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
+    """Create `path` (it must not exist) holding `chunks`, durable on return: the file
+    fsynced, then its directory and each parent created for it. A failure removes the file
+    (its removal made durable) before it raises."""
+    changed: list[Path] = []
+    try:
+        fd = os.open(path, _NEW_FILE, 0o666)
+    except FileNotFoundError:
+        changed = make_dirs(path.parent)
+        fd = os.open(path, _NEW_FILE, 0o666)
+    try:
+        try:
+            for at in range(0, len(chunks), _IOV_MAX):
+                batch = chunks[at : at + _IOV_MAX]
+                written = os.writev(fd, batch)
+                size = sum(map(len, batch))
+                if written < size:  # a short write: the rest one `write` at a time
+                    rest = memoryview(b"".join(batch))[written:]
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for directory in [path.parent, *changed]:
+            fsync_dir(directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            fsync_dir(path.parent)
+        raise
 
 
 def _file_key(path: Path) -> tuple[int, int, int, int]:
