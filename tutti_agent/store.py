@@ -7,8 +7,10 @@ cycles, missing files and mismatched metadata) and guards deletion (seed 004 §9
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -247,9 +249,10 @@ class ThreadStore:
                 self._paths[thread_id] = path
         return path
 
-    def _read(self, path: Path) -> list[RolloutLine]:
-        """`read_rollout`, reusing the last parse while the file is unchanged."""
-        key = _file_key(path)
+    def _read(self, path: Path, key: tuple[int, int, int, int] | None = None) -> list[RolloutLine]:
+        """`read_rollout`, reusing the last parse while the file is unchanged; `key`: the
+        file's `_file_key` the caller has just taken."""
+        key = _file_key(path) if key is None else key
         with self._cache_lock:
             hit = self._parsed.get(path)
             if hit is not None and hit[0] == key:
@@ -517,16 +520,31 @@ class ThreadStore:
 
     # -- lineage ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadHistory:
-        """Resolve the full logical history; a missing own rollout is `NoRolloutFound`."""
+        """Resolve the full logical history; a missing own rollout is `NoRolloutFound`.
+
+        The remembered path is checked to still be a regular file by the same `stat` that
+        keys its parse (`_find`'s `is_file` and `_read`'s key were two of the same file)."""
+        with self._cache_lock:
+            known = self._paths.get(thread_id)
+        if known is not None:
+            key = _regular_file_key(known)
+            if key is not None:
+                return self._load(thread_id, known, frozenset(), key)
         path = self._find(thread_id)
         if path is None:
             raise NoRolloutFound(thread_id)
         return self._load(thread_id, path, frozenset())
 
-    def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
+    def _load(
+        self,
+        thread_id: str,
+        path: Path,
+        visiting: frozenset[str],
+        key: tuple[int, int, int, int] | None = None,
+    ) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        own = self._read(path)
+        own = self._read(path, key)
         key = (path, "history")
         with self._cache_lock:
             hit = self._memo.get(key)
@@ -780,6 +798,24 @@ def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
 
 def _file_key(path: Path) -> tuple[int, int, int, int]:
     st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+"""The errors `Path.is_file` answers False for."""
+
+
+def _regular_file_key(path: Path) -> tuple[int, int, int, int] | None:
+    """`_file_key` of `path` if it is a regular file (`Path.is_file`, links followed), else
+    None: one `stat` for both."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno in _NOT_THERE:
+            return None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 

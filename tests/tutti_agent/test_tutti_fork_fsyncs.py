@@ -1,8 +1,8 @@
 """How many fsyncs a fork child and a new rollout cost, and which ones.
 
 Every written file is fsynced before the fork returns, and every
-directory whose entries changed is fsynced once — but a fork child is written in one `writev`
-write with one file fsync, not one fsync per line.
+directory whose entries changed is fsynced once — but a fork child is written by one `writev`
+and one file fsync, not one fsync per line.
 Counts, never timings: these fail if a fsync per line is made or a directory fsync goes
 missing."""
 
@@ -225,3 +225,34 @@ def test_a_fork_child_in_a_home_without_sessions_creates_it_durably(
     assert [log.count(d) for d in (tmp_path, home, home / "sessions")] == [1, 1, 1]
     assert (log.count(path), log.files, log.dirs) == (1, 1, 3)
     assert read_rollout(path) == lines
+
+
+def test_a_warm_load_stats_its_rollout_once_and_finds_a_moved_one_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A load of a thread whose path the store remembers `stat`s that file once — the check
+    that it is still a regular file and the key of its cached parse are one call (a fork's
+    prepare loads its source: the app-server's `stat`s per warm fork 5 → 4). A rollout moved
+    since is looked up again."""
+    import os
+
+    store = ThreadStore(tmp_path / "tutti-home")
+    source = _ten_turn_source(store)
+    first = store.load(source)
+    path = store.path_of(source)
+    stats: list[str] = []
+    real_stat = os.stat
+
+    def counted_stat(name: object, *args: object, **kwargs: object) -> os.stat_result:
+        stats.append(os.fspath(name))  # type: ignore[arg-type]
+        return real_stat(name, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "stat", counted_stat)
+    assert store.load(source) is first
+    assert stats == [str(path)]
+    monkeypatch.undo()
+    # Moved where an older build filed rollouts: the remembered path is gone, the lookup finds it.
+    dated = path.parent / "2026" / "12" / "05"
+    dated.mkdir(parents=True)
+    path.rename(dated / path.name)
+    assert store.load(source).path == dated / path.name
