@@ -540,11 +540,11 @@ class ThreadStore:
         thread_id: str,
         path: Path,
         visiting: frozenset[str],
-        key: tuple[int, int, int, int] | None = None,
+        file_key: tuple[int, int, int, int] | None = None,
     ) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        own = self._read(path, key)
+        own = self._read(path, file_key)
         key = (path, "history")
         with self._cache_lock:
             hit = self._memo.get(key)
