@@ -192,6 +192,13 @@ class Span:
     last_ordinal: int
     used: float = 0.0
     derived: dict[str, Any] = field(default_factory=dict)
+    first: bytes = field(init=False, repr=False)
+    """The span's first line (a copy of it: a few hundred bytes): a rollout that does not hold
+    it where the span would start holds none of the span's lines."""
+
+    def __post_init__(self) -> None:
+        end = self.source.find(b"\n", self.start, self.stop)
+        self.first = self.source[self.start : self.stop if end < 0 else end + 1]
 
     @property
     def size(self) -> int:
@@ -271,6 +278,11 @@ class ParsedSpans:
         with self._lock:
             for span in self._spans:
                 if best is not None and span.size <= best[2]:
+                    continue
+                # Not even its first line: none of its lines (one short compare, where
+                # `lines_held` would search the whole span for the first byte that differs —
+                # a worker forking 16 sources holds 16 spans, 15 of them misses every fork).
+                if not data.startswith(span.first, start):
                     continue
                 if data.startswith(span.view(), start):
                     best = (span, len(span.records), span.size)
@@ -790,9 +802,9 @@ class DirsAhead:
     alone (the binder refuses it anyway). A wrong guess of the path costs only empty
     directories; a caller that never calls `ready()` leaves them, harmlessly.
 
-    On the caller's thread, not a pool's: the caller only waits for the provider's answer
-    meanwhile, so a background thread bought no wall time and cost a hand-off per fork. Only
-    the round's other fsyncs go to the fsync pool, as every `sync_together` round's do."""
+    On the caller's thread, not a pool's, and so are its fsyncs: the caller only waits for the
+    provider's answer meanwhile, so a background thread bought no wall time and cost a
+    hand-off per fork, and so did a `sync_together` round's (docs/performance.md, forkw)."""
 
     def __init__(self, path: Path | str) -> None:
         self._path = os.path.abspath(path)
@@ -801,11 +813,11 @@ class DirsAhead:
         self._error: BaseException | None = None
 
     def run(self) -> None:
-        """Create the chain, then fsync every created directory's parent in one round
-        (`sync_together`: no order between them is needed — nothing is named inside the chain
-        before `ready()` — and syncs issued together join one journal commit, where one after
-        another each waited for a commit or a cache flush of its own and outlasted the
-        provider's fork they were meant to hide behind); an error is kept for `ready()`."""
+        """Create the chain, then fsync every created directory's parent, one after another
+        on this thread (no order between them is needed — nothing is named inside the chain
+        before `ready()`; a `sync_together` round cost the worker ~40 `futex` calls a fork in
+        hand-offs to the sync threads, and a tutti-agent child home's three fsyncs end within
+        the provider's fork they hide behind); an error is kept for `ready()`."""
         if self._ran:
             return
         self._ran = True
@@ -830,7 +842,11 @@ class DirsAhead:
                 # Created here or concurrently by another: its entry is fsynced here either way.
                 os.mkdir(directory, 0o700)
             self._parents.append(os.path.dirname(directory))
-        fsync_dirs(reversed(self._parents))
+        # One after another on this thread (see `run`): each hand-off to a sync thread (its
+        # queue, its wake-up, the latch and the interpreter lock handed back) cost the worker
+        # more CPU than the overlap of three fsyncs saved.
+        for parent in reversed(self._parents):
+            fsync_dir(parent)
 
     def ready(self) -> None:
         """Wait until every directory this created is durable (see the class docstring)."""

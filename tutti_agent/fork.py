@@ -346,7 +346,7 @@ class ForkService:
         # lines is built (60,000 for a 10,000-Turn prefix); the answer is made from its head.
         unopened = copied is not None and not options.keep_child_parse
         try:
-            writer, written = self.store.create_rollout_lines(
+            path, written = self.store.create_child_lines(
                 child_id,
                 meta,
                 first_ordinal=first_ordinal,
@@ -359,7 +359,6 @@ class ForkService:
         except Exception as exc:
             raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc
         try:
-            writer.close()
             self.hooks.after_child_write(child_id)
             # The child's history from the lines just written, checked as a load checks it
             # (identity, ordinals, history_base into the frozen source), not re-read from disk.
@@ -367,22 +366,21 @@ class ForkService:
             child: ThreadHistory | None = None
             head: ThreadHead | None = None
             if unopened:
-                self.store.adopt_unopened(child_id, writer.path, written[-1].end_byte_offset)
+                self.store.adopt_unopened(child_id, path, written[-1].end_byte_offset)
                 head = ThreadHead(
                     child_id,
-                    writer.path,
+                    path,
                     written[0].item.payload,
                     dict(child_settings),
                     _preview(prepared.source.lines, n),
                 )
             else:
                 child = self.store.adopt_created(
-                    child_id, writer.path, written, parent, remember=options.keep_child_parse
+                    child_id, path, written, parent, remember=options.keep_child_parse
                 )
         except BaseException as exc:
             # LiveThreadInitGuard: an uninitialized child must not survive as a rollout.
-            writer.close()
-            remove_file_durably(writer.path)
+            remove_file_durably(path)
             if isinstance(exc, AppServerError):
                 raise
             raise ForkInitFailed(f"fork child initialization failed: {exc}") from exc

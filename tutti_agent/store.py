@@ -6,8 +6,11 @@ cycles, missing files and mismatched metadata) and guards deletion (seed 004 §9
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
+import stat
 import threading
 import time
 from collections import OrderedDict
@@ -36,7 +39,9 @@ from tutti_agent.rollout import (
     fsync_dir,
     iter_rollout_paths,
     lines_of_decoded,
+    make_dirs,
     new_rollout_path,
+    now_iso,
     read_file,
     read_rollout,
     read_span,
@@ -244,9 +249,10 @@ class ThreadStore:
                 self._paths[thread_id] = path
         return path
 
-    def _read(self, path: Path) -> list[RolloutLine]:
-        """`read_rollout`, reusing the last parse while the file is unchanged."""
-        key = _file_key(path)
+    def _read(self, path: Path, key: tuple[int, int, int, int] | None = None) -> list[RolloutLine]:
+        """`read_rollout`, reusing the last parse while the file is unchanged; `key`: the
+        file's `_file_key` the caller has just taken."""
+        key = _file_key(path) if key is None else key
         with self._cache_lock:
             hit = self._parsed.get(path)
             if hit is not None and hit[0] == key:
@@ -397,6 +403,35 @@ class ThreadStore:
             self._paths[thread_id] = path
         return writer, lines
 
+    def create_child_lines(
+        self,
+        thread_id: str,
+        meta: Mapping[str, Any],
+        *,
+        first_ordinal: int = 0,
+        items: Sequence[RolloutItem] = (),
+        copied: CopiedSpan | None = None,
+        copied_lines: bool = True,
+    ) -> tuple[Path, list[RolloutLine]]:
+        """`create_rollout_lines` for a rollout this server writes once and leaves closed (a
+        fork's child): the same file, durable on return with the same syncs (the file, then
+        its directory and each parent whose entries changed), the same cleanup on failure —
+        written by descriptor, not through a buffered file object: one `open`, the lines in
+        one `writev`, no `fstat`/`ioctl`/`lseek` of the object's own and no `write` per chunk.
+        `sessions/` is not probed first: it is created (and its parents' changes fsynced)
+        only when the create finds it missing. Returns the path and the lines written."""
+        path = new_rollout_path(self.home, thread_id)
+        chunks, lines = _encode_new_rollout(
+            first_ordinal,
+            [RolloutItem(LineType.SESSION_META, dict(meta)), *items],
+            copied,
+            copied_lines,
+        )
+        _write_new_file(path, chunks)
+        with self._cache_lock:
+            self._paths[thread_id] = path
+        return path, lines
+
     def copied_span(self, history: ThreadHistory, end: int) -> CopiedSpan | None:
         """Lines `[1, end)` of a single-file history as the bytes its file holds, for a Copied
         child to write verbatim instead of encoding each line again; None (encode them) unless
@@ -485,16 +520,31 @@ class ThreadStore:
 
     # -- lineage ----------------------------------------------------------------------
     def load(self, thread_id: str) -> ThreadHistory:
-        """Resolve the full logical history; a missing own rollout is `NoRolloutFound`."""
+        """Resolve the full logical history; a missing own rollout is `NoRolloutFound`.
+
+        The remembered path is checked to still be a regular file by the same `stat` that
+        keys its parse (`_find`'s `is_file` and `_read`'s key were two of the same file)."""
+        with self._cache_lock:
+            known = self._paths.get(thread_id)
+        if known is not None:
+            key = _regular_file_key(known)
+            if key is not None:
+                return self._load(thread_id, known, frozenset(), key)
         path = self._find(thread_id)
         if path is None:
             raise NoRolloutFound(thread_id)
         return self._load(thread_id, path, frozenset())
 
-    def _load(self, thread_id: str, path: Path, visiting: frozenset[str]) -> ThreadHistory:
+    def _load(
+        self,
+        thread_id: str,
+        path: Path,
+        visiting: frozenset[str],
+        file_key: tuple[int, int, int, int] | None = None,
+    ) -> ThreadHistory:
         if thread_id in visiting:
             raise LineageError(thread_id, "lineage cycle")
-        own = self._read(path)
+        own = self._read(path, file_key)
         key = (path, "history")
         with self._cache_lock:
             hit = self._memo.get(key)
@@ -663,8 +713,109 @@ class ThreadStore:
             fsync_dir(path.parent)
 
 
+_IOV_MAX = 1024
+"""Buffers one `writev` takes at most (Linux's `IOV_MAX`)."""
+_NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+"""`open(path, "xb")`'s flags."""
+
+
+def _encode_new_rollout(
+    first_ordinal: int,
+    items: Sequence[RolloutItem],
+    copied: CopiedSpan | None,
+    copied_lines: bool,
+) -> tuple[list[bytes], list[RolloutLine]]:
+    """The chunks of a new rollout holding `items` (the first one `session_meta`) with
+    `copied` verbatim after the first, and the lines they are (`RolloutWriter.create`'s
+    encoding: one timestamp for the batch, each line's end offset in the new file;
+    `copied_lines=False`: the copied lines are not among those returned)."""
+    timestamp = now_iso()
+    lines: list[RolloutLine] = []
+    chunks: list[bytes] = []
+    offset = 0
+
+    def encode(ordinal: int, item: RolloutItem) -> None:
+        nonlocal offset
+        data = (RolloutLine(ordinal, timestamp, item, 0).to_json() + "\n").encode()
+        offset += len(data)
+        chunks.append(data)
+        lines.append(RolloutLine(ordinal, timestamp, item, offset))
+
+    encode(first_ordinal, items[0])
+    ordinal = first_ordinal + 1
+    if copied is not None and copied.lines:
+        if copied.lines[0].ordinal != ordinal:
+            raise ValueError(f"copied lines start at {copied.lines[0].ordinal}, not {ordinal}")
+        shift = offset - copied.start
+        if copied_lines:
+            new = tuple.__new__  # no Python-level constructor call per line
+            lines.extend(
+                [
+                    new(RolloutLine, (ordinal_, timestamp_, item_, end_ + shift))
+                    for ordinal_, timestamp_, item_, end_ in copied.lines
+                ]
+            )
+        chunks.append(copied.data)
+        offset += len(copied.data)
+        ordinal = copied.lines[-1].ordinal + 1
+    for item in items[1:]:
+        encode(ordinal, item)
+        ordinal += 1
+    return chunks, lines
+
+
+def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
+    """Create `path` (it must not exist) holding `chunks`, durable on return: the file
+    fsynced, then its directory and each parent created for it. A failure removes the file
+    (its removal made durable) before it raises."""
+    changed: list[Path] = []
+    try:
+        fd = os.open(path, _NEW_FILE, 0o666)
+    except FileNotFoundError:
+        changed = make_dirs(path.parent)
+        fd = os.open(path, _NEW_FILE, 0o666)
+    try:
+        try:
+            for at in range(0, len(chunks), _IOV_MAX):
+                batch = chunks[at : at + _IOV_MAX]
+                written = os.writev(fd, batch)
+                size = sum(map(len, batch))
+                if written < size:  # a short write: the rest one `write` at a time
+                    rest = memoryview(b"".join(batch))[written:]
+                    while rest:
+                        rest = rest[os.write(fd, rest) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        for directory in [path.parent, *changed]:
+            fsync_dir(directory)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(path)
+            fsync_dir(path.parent)
+        raise
+
+
 def _file_key(path: Path) -> tuple[int, int, int, int]:
     st = os.stat(path)
+    return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
+
+
+_NOT_THERE = frozenset({errno.ENOENT, errno.ENOTDIR, errno.EBADF, errno.ELOOP})
+"""The errors `Path.is_file` answers False for."""
+
+
+def _regular_file_key(path: Path) -> tuple[int, int, int, int] | None:
+    """`_file_key` of `path` if it is a regular file (`Path.is_file`, links followed), else
+    None: one `stat` for both."""
+    try:
+        st = os.stat(path)
+    except OSError as exc:
+        if exc.errno in _NOT_THERE:
+            return None
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        return None
     return st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns
 
 

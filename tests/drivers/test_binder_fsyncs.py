@@ -441,20 +441,40 @@ def test_a_small_bind_s_names_are_synced_by_the_thread_that_waits_for_them(
     assert len(syncers) == 1
 
 
-def test_dirs_ahead_fsyncs_every_created_parent_in_one_round(
+def _fsync_threads(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The thread of every `os.fsync`, in order (installed after `counting_fsyncs`, wraps it)."""
+    import threading
+
+    idents: list[int] = []
+    real = os.fsync
+
+    def fsync(fd: int) -> None:
+        idents.append(threading.get_ident())
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    return idents
+
+
+def test_dirs_ahead_fsyncs_every_created_parent_once_on_the_calling_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A fresh target home's chain (home, sessions, year, month, day under an existing
-    runtimes directory) is made durable in one round of five syncs, each parent once — not
-    five journal commits or cache flushes one after another while the provider's answer
-    waits."""
+    runtimes directory) is made durable by five syncs, each parent once, all on the thread
+    that calls `DirsAhead` (the fork's, while the provider works): no `sync_together`
+    round — its hand-offs to the sync threads cost the worker more CPU per fork at 16
+    clients than the overlap saved (docs/performance.md, forkw)."""
+    import threading
+
     from drivers.binder import DirsAhead
 
     widths = _rounds(monkeypatch)
     path = tmp_path / "home" / "sessions" / "2026" / "12" / "02"
     with counting_fsyncs(monkeypatch) as log:
+        threads = _fsync_threads(monkeypatch)
         DirsAhead(path).ready()
-    assert widths == [5]
+    assert widths == []
+    assert threads == [threading.get_ident()] * 5
     parents = [tmp_path, *(path.parents[k] for k in range(3, -1, -1))]
     assert [log.count(d) for d in parents] == [1] * 5 and log.dirs == 5
     # Already there: nothing created, nothing synced.
@@ -496,8 +516,9 @@ def test_a_tutti_child_home_is_three_directories_made_and_synced_once_each(
 ) -> None:
     """tutti-agent's child rollout directory (`child_rollout_dir`) is its home's `sessions/`,
     whatever the day: a fresh target home under an existing workspace directory costs three
-    `mkdir`s (`<session>`, the home, `sessions`) and three directory fsyncs in one round —
-    not six of each (the dated `sessions/YYYY/MM/DD` it had before). Counts, not timings."""
+    `mkdir`s (`<session>`, the home, `sessions`) and three directory fsyncs on the calling
+    thread — not six of each (the dated `sessions/YYYY/MM/DD` it had before). Counts, not
+    timings."""
     from drivers.binder import DirsAhead
     from drivers.tutti_agent import TuttiAgentProvider
 
@@ -516,7 +537,7 @@ def test_a_tutti_child_home_is_three_directories_made_and_synced_once_each(
     with counting_fsyncs(monkeypatch) as log:
         DirsAhead(ahead).ready()
     assert made == [str(target.parent), str(target), str(ahead)]
-    assert widths == [3]
+    assert widths == []
     assert [log.count(d) for d in (tmp_path, target.parent, target)] == [1, 1, 1]
     assert (log.files, log.dirs) == (0, 3)
 
