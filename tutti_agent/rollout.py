@@ -4,10 +4,12 @@ Owns the on-disk format (`{timestamp, ordinal, type, payload}` per line, first l
 `session_meta`), crash-safe appends (flush + fsync per line) and tolerant reading (a torn
 last line left by a killed process is ignored; any other bad line is corruption).
 
-A new rollout whose first lines are all known up front (a fork child, a new thread's
-`session_meta`) is created with `RolloutWriter.create`: every line handed to the file at once
-(`writelines`, no joined copy), one fsync of the file, then one fsync of each directory whose
-entries changed (a forked 10-turn child written line by line would cost ~60 fsyncs).
+A new rollout whose first lines are all known up front is created whole: a new thread's
+`session_meta` with `RolloutWriter.create` (every line handed to the file at once, `writelines`,
+no joined copy), a fork's child, which this server never appends to, by descriptor
+(`ThreadStore.create_child_lines`: one `open`, one `writev`); either way one fsync of the file,
+then one fsync of each directory whose entries changed (a forked 10-turn child written line by
+line would cost ~60 fsyncs).
 
 Its lines are decoded as the standard library's decoder reads them, by orjson where the two
 agree (`fast_loads`): the worker's binder and its readability proof decode rollouts the same

@@ -1,8 +1,8 @@
 """What the generic app-server driver does on its reader thread: a provider turn id bound to its
 canonical Turn on first sight, notifications turned into the turn events of internals.md
-(`turn.started`, `turn.binding`, `item`, `message.delta`, `turn.completed`), server→client
-requests raised as Interactions, a retried model failure stopped, and the turns of a dead (or
-stopped) app-server failed. `TurnEvents` is the driver's event translator; it owns `emit`.
+(`turn.started` carrying the Turn's binding, `item`, `message.delta`, `turn.completed`),
+server→client requests raised as Interactions, a retried model failure stopped, and the turns
+of a dead (or stopped) app-server failed. `TurnEvents` is the driver's event translator; it owns `emit`.
 """
 
 from __future__ import annotations
