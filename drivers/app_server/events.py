@@ -2,7 +2,8 @@
 canonical Turn on first sight, notifications turned into the turn events of internals.md
 (`turn.started` carrying the Turn's binding, `item`, `message.delta`, `turn.completed`),
 server→client requests raised as Interactions, a retried model failure stopped, and the turns
-of a dead (or stopped) app-server failed. `TurnEvents` is the driver's event translator; it owns `emit`.
+of a dead (or stopped) app-server failed. `TurnEvents` is the driver's event translator; it
+owns `emit`.
 """
 
 from __future__ import annotations
