@@ -626,7 +626,10 @@ class EventPublisher:
             self.carried += 1
             if change.row is None:
                 self.touched += 1
-            return {"type": SESSION_UPSERTED, "session": projection.session(row, self.catalog)}
+            return {
+                "type": SESSION_UPSERTED,
+                "session": projection.child_or_session(row, self.catalog),
+            }
         try:
             return self.project(change)
         finally:

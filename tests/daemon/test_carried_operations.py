@@ -136,9 +136,7 @@ def _fields(value: Any) -> dict[str, Any]:
 
 def _accepted(changes: list[ChangeEvent]) -> list[ForkOperationChanged]:
     """`provider_accepted`'s change: the write right before the commit's, its row older."""
-    return [
-        o for o in _ops(changes) if o.row is not None and o.row.status == "provider_accepted"
-    ]
+    return [o for o in _ops(changes) if o.row is not None and o.row.status == "provider_accepted"]
 
 
 def test_the_events_thread_projects_a_carried_operation_without_a_read(
