@@ -8,6 +8,7 @@ catalog, so projecting never spawns a process.
 from __future__ import annotations
 
 import re
+import threading
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast, get_args
 
@@ -279,6 +280,52 @@ def error_reason(error: str | None) -> str | None:
     return match.group(1) if match else None
 
 
+class Children:
+    """The wire maps of the committed children last projected, by the identity of their
+    `Session` value: a fork's child is one object from its commit on — the plan's Session the
+    commit's changes carry (its `fork.operation` and its own `session.upserted`), the
+    `fork.create` reply's operation, and every later decode of the operation through the
+    store's `ProjectionCache` (the ACK's reply, `fork.get`) — so it is projected once, not four
+    times a fork. A `Session` is frozen and its projection a function of it and the catalog
+    alone, so the same object (held here: its id is not reused while it is kept) with the same
+    catalog projects the same map; the map is shared, read-only, by every event and reply that
+    carries it. Bounded (`size`, oldest first out); any thread."""
+
+    __slots__ = ("_held", "_lock", "size", "projected")
+
+    def __init__(self, size: int = 256) -> None:
+        self._held: dict[int, tuple[Session, ProviderCatalog, wire.Session]] = {}
+        self._lock = threading.Lock()
+        self.size = size
+        self.projected = 0
+        """Children projected (a miss each); tests pin the one projection a fork."""
+
+    def get(self, value: Session, catalog: ProviderCatalog) -> wire.Session:
+        held = self._held.get(id(value))
+        if held is not None and held[0] is value and held[1] is catalog:
+            return held[2]
+        projected = session(value, catalog)
+        with self._lock:
+            self.projected += 1
+            self._held[id(value)] = (value, catalog, projected)
+            if len(self._held) > self.size:
+                del self._held[next(iter(self._held))]
+        return projected
+
+
+children = Children()
+"""The process's committed children projected (`Children`)."""
+
+
+def child_or_session(value: Session, catalog: ProviderCatalog) -> wire.Session:
+    """`session(value, catalog)`; a fork's child's (a Session with a lineage) through
+    `children` (a carried one is most often the commit's own row, which its operation's
+    projection has met or will)."""
+    if value.lineage is not None:
+        return children.get(value, catalog)
+    return session(value, catalog)
+
+
 def operation(value: ForkOperation, catalog: ProviderCatalog) -> wire.Operation:
     committed = value.committed_session
     return {
@@ -289,7 +336,7 @@ def operation(value: ForkOperation, catalog: ProviderCatalog) -> wire.Operation:
         "point": _point(value.point_kind, value.source_turn_id),
         "status": value.public_status.value,
         "phase": value.phase.value,
-        "session": None if committed is None else session(committed, catalog),
+        "session": None if committed is None else children.get(committed, catalog),
         "lineage": lineage(value.lineage),
         "error": value.error,
         "workspace": operation_workspace(value),

@@ -34,10 +34,11 @@ same rule, per Turn (`shown_turns`), and not after its Session's removal was pub
 and settlement: `SessionChanged.touch`) is built from the newest row this thread knows of that
 Session (`Known`) when that row is at exactly the version before the touch's, and then published
 under the same rule; else read back (docs/design/store.md, "A Turn's Session events carried").
-A fork operation change that carries its row (the saga's steps', the commit's, the ACK's) is
-projected from it under the same rule, per operation (`shown_ops`), when every change of that
-operation in the batch carries one; else read back (docs/design/store.md, "A fork operation's
-changes carry their operation").
+A fork operation change that carries its row (the saga's steps', the commit's; the ACK emits
+none) is projected from it under the same rule, per operation (`shown_ops`), when every change
+of that operation in the batch carries one; else read back (docs/design/store.md, "A fork
+operation's changes carry their operation"). A fork's child is projected once for its reply and
+events (`projection.Children`).
 A batch's changes of a Session whose versions are all at or below that of a row already
 published (`Published`) are covered: no event, no read (docs/design/store.md, "A Session
 change already heard").
@@ -626,7 +627,10 @@ class EventPublisher:
             self.carried += 1
             if change.row is None:
                 self.touched += 1
-            return {"type": SESSION_UPSERTED, "session": projection.session(row, self.catalog)}
+            return {
+                "type": SESSION_UPSERTED,
+                "session": projection.child_or_session(row, self.catalog),
+            }
         try:
             return self.project(change)
         finally:

@@ -249,12 +249,14 @@ class ForkTransitions:
                 " AND operation_id = ? AND client_observed_at_ms IS NULL",
                 (tx.now_ms, ws, op_id),
             )
-            # The row as written, decoded once (not decoded, then copied with the time), and
-            # carried by its change: the events thread publishes it without reading it back.
+            # The row as written, decoded once (not decoded, then copied with the time). No
+            # change is emitted: the ACK sets `client_observed_at_ms` and releases the barrier,
+            # neither of which the operation's projection (its `fork.operation` event, the
+            # activity log's status and phase) shows — its event would repeat, byte for byte,
+            # the commit's that every subscriber already heard (design/store.md, "The ACK
+            # announces nothing").
             written = (*r[:25], tx.now_ms, *r[26:])
-            acked = decode_op(tx.conn, written, projections=self._projections)
-            tx.emit(ForkOperationChanged(ws, op_id, row=acked, seq=tx.seq))
-            return acked, True
+            return decode_op(tx.conn, written, projections=self._projections), True
 
         return self._submit(body, ws)
 
