@@ -191,21 +191,21 @@ def test_the_threads_start_only_when_none_is_idle_and_end_at_shutdown() -> None:
         pool.submit(job)
 
 
-def test_a_shutdown_runs_what_is_queued_or_drops_it() -> None:
-    for drop in (False, True):
-        pool = WakeOneThreads(1, f"t-drop-{drop}")
-        gate = threading.Event()
-        ran: list[int] = []
-        pool.submit(lambda: gate.wait(10))
-        for i in range(3):
-            pool.submit(lambda i=i: ran.append(i))
-        dropped = pool.shutdown(wait=False, drop=drop)
-        gate.set()
-        for thread in pool.threads:
-            thread.join(10)
-            assert not thread.is_alive()
-        assert ran == ([] if drop else [0, 1, 2])
-        assert len(dropped) == (3 if drop else 0)
+@pytest.mark.parametrize("drop", [False, True])
+def test_a_shutdown_runs_what_is_queued_or_drops_it(drop: bool) -> None:
+    pool = WakeOneThreads(1, f"t-drop-{drop}")
+    gate = threading.Event()
+    ran: list[int] = []
+    pool.submit(lambda: gate.wait(10))
+    for i in range(3):
+        pool.submit(lambda i=i: ran.append(i))
+    dropped = pool.shutdown(wait=False, drop=drop)
+    gate.set()
+    for thread in pool.threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert ran == ([] if drop else [0, 1, 2])
+    assert len(dropped) == (3 if drop else 0)
 
 
 def test_a_raising_job_is_logged_and_keeps_its_thread(caplog: pytest.LogCaptureFixture) -> None:
