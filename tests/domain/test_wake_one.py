@@ -6,10 +6,12 @@ the checkpoint pool, the worker's lanes, the API's pools) through `tests.support
 
 from __future__ import annotations
 
+import functools
 import queue
 import random
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -19,7 +21,7 @@ from tests.support.wakeups import asleep, woken_since
 pytestmark = pytest.mark.timeout(60)
 
 
-def _waiting(q: WakeOneQueue[object], n: int) -> None:
+def _waiting(q: WakeOneQueue[Any], n: int) -> None:
     deadline = time.monotonic() + 10
     while q.waiting < n and time.monotonic() < deadline:
         time.sleep(0.001)
@@ -198,7 +200,7 @@ def test_a_shutdown_runs_what_is_queued_or_drops_it(drop: bool) -> None:
     ran: list[int] = []
     pool.submit(lambda: gate.wait(10))
     for i in range(3):
-        pool.submit(lambda i=i: ran.append(i))
+        pool.submit(functools.partial(ran.append, i))
     dropped = pool.shutdown(wait=False, drop=drop)
     gate.set()
     for thread in pool.threads:
