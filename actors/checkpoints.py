@@ -22,22 +22,24 @@ import hashlib
 import json
 import logging
 import os
-import queue
 import re
 import threading
 import time
-from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, ParamSpec, Protocol, TypeVar
 
 from actors.ports import Failpoints
 from actors.store_ports import DeletedSessions
+from domain.wake_one import WakeOneThreads
 from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+P = ParamSpec("P")
 
 CAPTURE_THREADS = 2
 """Checkpoint jobs running at once, whatever the number of Sessions (2 cores is the target
@@ -158,50 +160,65 @@ class DirectoryLocks:
             shadow.clear_stale_locks(Path(cwd))
 
 
-class _OneWakeQueue:
-    """The checkpoint pool's work queue (what `ThreadPoolExecutor` calls of its `SimpleQueue`:
-    `put`, `get(block=True)`, `get_nowait`): a job is handed to ONE idle thread, the one idle
-    last, asleep on its own lock. On the executor's `SimpleQueue` every idle thread waited on
-    the queue's one lock, which its `get` hands on as it returns: with both of the pool's
-    threads idle, each job woke both (`tests/actors/test_checkpoint_pool.py`)."""
+class _Job:
+    """One checkpoint job and its `Future`: run on a pool thread unless cancelled first."""
 
-    def __init__(self) -> None:
-        self._items: deque[Any] = deque()
-        self._waiting: list[list[Any]] = []  # [its lock (held while it sleeps), the item]
-        self._lock = threading.Lock()
+    __slots__ = ("args", "fn", "future")
 
-    def put(self, item: Any) -> None:
-        with self._lock:
-            if self._waiting:
-                waiter = self._waiting.pop()
-                waiter[1] = item
-                waiter[0].release()
-                return
-            self._items.append(item)
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.fn = fn
+        self.args = args
+        self.future: Future[Any] = Future()
 
-    def get(self, block: bool = True) -> Any:
-        with self._lock:
-            if self._items:
-                return self._items.popleft()
-            if not block:
-                raise queue.Empty
-            wake = threading.Lock()
-            wake.acquire()
-            waiter = [wake, None]
-            self._waiting.append(waiter)
-        wake.acquire()
-        return waiter[1]
-
-    def get_nowait(self) -> Any:
-        return self.get(block=False)
+    def __call__(self) -> None:
+        future = self.future
+        if not future.set_running_or_notify_cancel():
+            return
+        try:
+            result = self.fn(*self.args)
+        except BaseException as exc:  # noqa: BLE001 - the future carries it to its reader
+            future.set_exception(exc)
+        else:
+            future.set_result(result)
+        del self.fn, self.args
 
 
-def checkpoint_pool(threads: int = CAPTURE_THREADS) -> ThreadPoolExecutor:
-    """The threads every checkpoint job of a daemon runs on (threads start on demand), each
-    job waking one of them (`_OneWakeQueue`)."""
-    pool = ThreadPoolExecutor(threads, thread_name_prefix="agenthost-checkpoint")
-    pool._work_queue = _OneWakeQueue()  # type: ignore[assignment]  # before any thread starts
-    return pool
+class CheckpointPool(Executor):
+    """The threads every checkpoint job of a daemon runs on (`domain.wake_one.WakeOneThreads`:
+    started on demand, each job waking ONE idle thread, the one idle last). The jobs' callers
+    read `Future`s (the Turn waits on its captures' `result`, the janitor chains the next sweep
+    with `add_done_callback`), so this is the smallest `Executor` that gives them: `submit` and
+    `shutdown(wait, cancel_futures)`, no private attribute of `ThreadPoolExecutor` patched.
+    On the executor's `SimpleQueue` every idle thread waited on the queue's one lock, which its
+    `get` hands on as it returns: with both threads idle, each job woke both
+    (`tests/actors/test_checkpoint_pool.py`)."""
+
+    def __init__(self, threads: int = CAPTURE_THREADS) -> None:
+        self._threads = WakeOneThreads(threads, "agenthost-checkpoint")
+
+    @property
+    def threads(self) -> list[threading.Thread]:
+        return self._threads.threads
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        """Run `fn(*args)` on a pool thread; `RuntimeError` once shut down."""
+        if kwargs:
+            fn = functools.partial(fn, **kwargs)
+        job = _Job(fn, args)
+        self._threads.submit(job)
+        return job.future
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        """No more jobs; the queued ones run first (cancelled instead with `cancel_futures`);
+        `wait`: until every thread has ended."""
+        for job in self._threads.shutdown(wait=wait, drop=cancel_futures):
+            if isinstance(job, _Job):
+                job.future.cancel()
+
+
+def checkpoint_pool(threads: int = CAPTURE_THREADS) -> CheckpointPool:
+    """The threads every checkpoint job of a daemon runs on (`CheckpointPool`)."""
+    return CheckpointPool(threads)
 
 
 @dataclass(eq=False)
@@ -210,7 +227,7 @@ class TurnCheckpoints:
     `HostContext.turn_checkpoints`); `shadow` is the one `ShadowStore` of the home."""
 
     shadow: ShadowStore
-    pool: ThreadPoolExecutor = field(default_factory=checkpoint_pool)
+    pool: Executor = field(default_factory=checkpoint_pool)
     locks: DirectoryLocks = field(default_factory=DirectoryLocks)
     # `host.checkpoint.before|after`, hit on the checkpoint thread before each capture.
     failpoints: Failpoints | None = None
@@ -395,7 +412,7 @@ class CheckpointJanitor:
 
     shadow: ShadowStore
     store: CheckpointStore
-    pool: ThreadPoolExecutor
+    pool: Executor
     locks: DirectoryLocks
     interval_s: float
     # The store's size cap in bytes (0: none): over it, a sweep drops the oldest Turns'

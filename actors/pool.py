@@ -29,7 +29,6 @@ import logging
 import sys
 import threading
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -37,6 +36,8 @@ from typing import Any
 import pykka
 from pykka import ActorDeadError, ActorRegistry, messages
 from pykka._envelope import Envelope
+
+from domain.wake_one import WakeOneThreads
 
 log = logging.getLogger(__name__)
 
@@ -186,125 +187,22 @@ class Timers:
 # -- the threads and the pooled actors ------------------------------------------------------
 
 
-class _Sleeper:
-    """An idle pool thread: asleep on its own `wake` lock (held while it is idle) until
-    `submit` hands it a slice in `fn` (None: end) and releases the lock."""
-
-    __slots__ = ("fn", "wake")
-
-    def __init__(self) -> None:
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        self.fn: Callable[[], None] | None = None
-
-
-class _Threads:
-    """Up to `max_threads` threads running submitted callables in submission order: a
-    `ThreadPoolExecutor` without what a slice does not use. Every message to an idle actor is
-    one `submit`; the executor's made a `Future` (a Condition each), a work item and a
-    Python-level semaphore round trip per call (`_adjust_thread_count`, and the worker's
-    release after each item): ~4 % of the daemon's CPU at 16 forking clients. A new thread
-    starts only when no thread is idle, as the executor's did; nothing ever waits on a slice's
-    result, and a slice that raises is logged (the executor kept its error in a Future nobody
-    read).
-
-    A slice is handed to ONE idle thread, the one idle last (LIFO), which alone is woken:
-    each idle thread sleeps on its own lock (`_Sleeper`). One `SimpleQueue` that every idle
-    thread waited on woke two of them per slice: its `get` hands its lock on as it returns, so
-    the other sleeper woke, took the interpreter from the thread with the slice and slept
-    again — ~4 voluntary switches a slice on the Session actors' two threads, ~2 with this
-    (`tests/actors/test_pool_threads.py`). The last idle thread first also keeps one
-    Session's consecutive slices on one thread. A slice submitted while no thread is idle
-    waits in `_items` for the next thread done with its own (FIFO)."""
-
-    def __init__(self, max_threads: int, name: str) -> None:
-        self.max_threads = max_threads
-        self._name = name
-        self._items: deque[Callable[[], None] | None] = deque()
-        self._sleepers: list[_Sleeper] = []
-        self._lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._closed = False
-
-    @property
-    def _idle(self) -> int:
-        """Threads asleep with nothing to do."""
-        return len(self._sleepers)
-
-    def submit(self, fn: Callable[[], None]) -> None:
-        with self._lock:
-            if self._closed:
-                raise RuntimeError("the actor pool is closed")
-            if self._sleepers:
-                sleeper = self._sleepers.pop()
-                sleeper.fn = fn
-                sleeper.wake.release()
-                return
-            if len(self._threads) >= self.max_threads:
-                self._items.append(fn)
-                return
-            if not self._threads:
-                _at_exit(self)
-            thread = threading.Thread(
-                target=self._work,
-                args=(_Sleeper(), [fn]),
-                name=f"{self._name}_{len(self._threads)}",
-            )
-            self._threads.append(thread)
-            thread.start()
-
-    def _work(self, me: _Sleeper, first: list[Callable[[], None]]) -> None:
-        # The first slice in a box the `Thread` keeps: emptied, so it holds no actor.
-        fn: Callable[[], None] | None = first.pop()
-        lock, items, sleepers = self._lock, self._items, self._sleepers
-        while fn is not None:
-            try:
-                fn()
-            except BaseException:  # noqa: BLE001 - one slice must not end the thread
-                log.exception("actor pool slice failed")
-            fn = None  # not held (nor its actor) while this thread sleeps
-            with lock:
-                if items:
-                    fn = items.popleft()
-                    continue
-                sleepers.append(me)
-            me.wake.acquire()
-            fn, me.fn = me.fn, None
-
-    def shutdown(self) -> None:
-        """No more slices; each thread ends after those already queued."""
-        with self._lock:
-            if self._closed:
-                return
-            self._closed = True
-            sleepers, self._sleepers = self._sleepers, []
-            for sleeper in sleepers:  # nothing queued while one sleeps: it ends now
-                sleeper.fn = None
-                sleeper.wake.release()
-            for _ in range(len(self._threads) - len(sleepers)):
-                self._items.append(None)  # a busy one ends after what is queued
-
-
-def _at_exit(threads: _Threads) -> None:
-    """At the interpreter's exit, before it joins its threads (`threading._shutdown`), the pool
-    is shut down so its threads end after the slices already queued: what the executor's own
-    exit hook did. Held weakly: a pool nobody holds is not kept for the hook."""
-    ref = weakref.ref(threads)
-
-    def shut() -> None:
-        pool = ref()
-        if pool is not None:
-            pool.shutdown()
-
-    threading._register_atexit(shut)  # type: ignore[attr-defined]
-
-
 class ActorPool:
-    """A bounded thread pool plus a single timer thread, shared by the actors of one daemon."""
+    """A bounded thread pool plus a single timer thread, shared by the actors of one daemon.
+
+    The threads are `domain.wake_one.WakeOneThreads`, not a `ThreadPoolExecutor`: every message
+    to an idle actor is one `submit`, and the executor's made a `Future` (a Condition each), a
+    work item and a semaphore round trip per call (~4 % of the daemon's CPU at 16 forking
+    clients); nothing ever waits on a slice's result, and a slice that raises is logged. A
+    slice wakes ONE idle thread, the one idle last: on one `SimpleQueue` both of the Session
+    actors' idle threads woke for every slice (~4 voluntary switches a slice, ~2 so), and the
+    last idle thread first keeps one Session's consecutive slices on one thread
+    (`tests/actors/test_pool_threads.py`). A slice submitted while no thread is idle starts one
+    under the bound, or waits for the next thread done (FIFO)."""
 
     def __init__(self, max_threads: int = DEFAULT_ACTOR_THREADS, *, name: str = "actor") -> None:
         self.max_threads = max(1, int(max_threads))
-        self._threads = _Threads(self.max_threads, name)
+        self._threads = WakeOneThreads(self.max_threads, name)
         self.timers = Timers(f"{name}-timer")
 
     def submit(self, fn: Callable[[], None]) -> None:
@@ -318,8 +216,9 @@ class ActorPool:
         return self.timers.call_later(seconds, fn)
 
     def close(self) -> None:
+        """No more slices; each thread ends after the slices already queued."""
         self.timers.close()
-        self._threads.shutdown()
+        self._threads.shutdown(wait=False)
 
 
 MAX_AHEAD = 8

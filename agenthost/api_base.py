@@ -16,12 +16,13 @@ another."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import logging
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import Executor, ThreadPoolExecutor
+from concurrent.futures import Executor
 from typing import Any, Protocol, TypeVar
 
 import pykka
@@ -35,6 +36,7 @@ from domain.errors import (
     SessionNotFound,
     Unavailable,
 )
+from domain.wake_one import WakeOneThreads
 from protocol.envelope import Request, pack_result
 from storage.base import ReadView
 from storage.models import ChangeEvent, ForkOperation, Session, SessionChanged
@@ -113,13 +115,16 @@ class RequestPlumbing:
         # The live Session actors (`actors.host_actor.SessionRoutes`): a request for one goes
         # straight to it; the rest through the HostActor (which starts them).
         self.routes = routes if routes is not None else SessionRoutes()
-        self._pool = ThreadPoolExecutor(max_workers=readers, thread_name_prefix="agenthost-read")
+        # The reader pool and the writers' are `domain.wake_one.WakeOneThreads`, not
+        # `ThreadPoolExecutor`s: nothing reads a request's `Future` (each answers through its
+        # responder), and on the executor's `SimpleQueue` every idle thread waited on one lock
+        # that its `get` hands on as it returns, so with two threads idle a request woke both;
+        # here it wakes one, the one idle last (`tests/daemon/test_api_pools.py`).
+        self._pool = WakeOneThreads(readers, "agenthost-read")
         # Writes no actor orders run on threads of their own (`write`), one lane per Session
         # (`SessionLanes`): one waiting for the store's writer never holds a
         # reader's thread, and several Sessions' queued writes share a group commit.
-        self._writers = ThreadPoolExecutor(
-            max_workers=writers, thread_name_prefix="agenthost-write"
-        )
+        self._writers = WakeOneThreads(writers, "agenthost-write")
         self.lanes = SessionLanes(self._writers)
         # The point reads' own connection, used only by the first thread that dispatches (the
         # transport thread); a call from any other thread reads through the pool.
@@ -145,8 +150,9 @@ class RequestPlumbing:
 
     def close(self) -> None:
         self._unsubscribe()
-        self._writers.shutdown(wait=True, cancel_futures=True)
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        # What is still queued is dropped, unanswered, as the executors' `cancel_futures` did.
+        self._writers.shutdown(wait=True, drop=True)
+        self._pool.shutdown(wait=True, drop=True)
         self._view.close()
 
     # -- dispatch --------------------------------------------------------------------------
@@ -443,7 +449,7 @@ class SessionLanes:
     """The lanes (first in, first out) of the actor-free writes and the counts of the requests
     the actor still owes an answer, of every Session (any thread)."""
 
-    def __init__(self, executor: Executor) -> None:
+    def __init__(self, executor: Executor | WakeOneThreads) -> None:
         self._executor = executor
         self._lock = threading.Lock()
         self._lanes: dict[Key, deque[Callable[[], None]]] = {}
@@ -464,7 +470,7 @@ class SessionLanes:
                 return True
             self._lanes[key] = deque((write,))
         try:
-            self._executor.submit(self._drain, key)
+            self._executor.submit(functools.partial(self._drain, key))
         except RuntimeError:  # shut down: run it here, its answer says so if the store is gone
             self._drain(key)
         return True

@@ -21,7 +21,6 @@ import contextlib
 import hashlib
 import json
 import os
-import queue
 import re
 import stat
 import threading
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import ProviderError
+from domain.wake_one import WakeOneQueue
 from drivers.failpoints import Failpoints
 from tutti_agent.rollout import REFUSED, fast_loads, lines_of
 
@@ -681,7 +681,10 @@ def fsync_dir(path: Path | str) -> None:
 
 
 _SYNC_THREADS = 8
-_sync_queue: queue.SimpleQueue[tuple[_Round, Callable[[], None]]] = queue.SimpleQueue()
+# Each sync handed to ONE idle sync thread, the one idle last (`domain.wake_one`): on a
+# `SimpleQueue` the eight idle threads waited on one lock that a `get` hands on as it returns,
+# so each sync of a round woke a second thread for nothing.
+_sync_queue: WakeOneQueue[tuple[_Round, Callable[[], None]]] = WakeOneQueue()
 _sync_threads = 0
 _sync_pool_lock = threading.Lock()
 

@@ -20,12 +20,12 @@ import threading
 import time
 import traceback
 import uuid
-from collections import deque
 from collections.abc import Callable, Mapping
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.turn_events import TurnEvent
+from domain.wake_one import WakeOneQueue
 from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
@@ -86,22 +86,11 @@ LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
 # to queue it; a lane's threads are started by the lane's own threads: whenever one takes a
 # request and leaves no other idle, it starts a spare (up to N) before running it.
 #
-# Each idle thread sleeps on its own lock, so a request wakes exactly one: with one
-# `queue.SimpleQueue` all of them waited on, its `get` handed the queue's lock on as it
-# returned and the lane's other idle thread woke too, at every request (a warm `turn.start`
-# woke both of the fast lane's threads: ~5 wake-ups a Turn for one request).
-
-
-class _Idle:
-    """A lane thread with nothing to do, asleep on `wake` (held while idle) until `put`
-    hands it `msg` and releases it."""
-
-    __slots__ = ("msg", "wake")
-
-    def __init__(self) -> None:
-        self.wake = threading.Lock()
-        self.wake.acquire()
-        self.msg: Any = None
+# The lane's queue is a `domain.wake_one.WakeOneQueue`: each idle thread sleeps on its own
+# lock, so a request wakes exactly one: with one `queue.SimpleQueue` all of them waited on, its
+# `get` handed the queue's lock on as it returned and the lane's other idle thread woke too, at
+# every request (a warm `turn.start` woke both of the fast lane's threads: ~5 wake-ups a Turn
+# for one request).
 
 
 class RequestLane:
@@ -111,27 +100,25 @@ class RequestLane:
         self.name = name
         self.size = max(1, size)
         self._handle = handle
-        self._items: deque[Any] = deque()
-        self._idle: list[_Idle] = []
-        self._lock = threading.Lock()
+        self._queue: WakeOneQueue[Any] = WakeOneQueue()
+        self._lock = threading.Lock()  # the thread count
         self._threads = 0
         self._spawn()  # one waiting from the start: the first request starts nothing
 
     def put(self, msg: Any) -> None:
         """Hand one request to the thread idle last, else queue it (any thread; starts no
         thread)."""
-        with self._lock:
-            if self._idle:
-                idle = self._idle.pop()
-                idle.msg = msg
-                idle.wake.release()
-                return
-            self._items.append(msg)
+        self._queue.put(msg)
 
     @property
     def threads(self) -> int:
         with self._lock:
             return self._threads
+
+    @property
+    def idle(self) -> int:
+        """Threads asleep with no request."""
+        return self._queue.waiting
 
     def _spawn(self) -> None:
         with self._lock:
@@ -139,25 +126,13 @@ class RequestLane:
                 return
             self._threads += 1
             number = self._threads
-        threading.Thread(
-            target=self._run, args=(_Idle(),), name=f"req-{self.name}-{number}", daemon=True
-        ).start()
+        threading.Thread(target=self._run, name=f"req-{self.name}-{number}", daemon=True).start()
 
-    def _run(self, me: _Idle) -> None:
-        lock, items, idle = self._lock, self._items, self._idle
+    def _run(self) -> None:
+        get = self._queue.get
         while True:
-            with lock:
-                waiting = not items
-                if waiting:
-                    idle.append(me)
-                else:
-                    msg = items.popleft()
-            if waiting:
-                me.wake.acquire()
-                msg, me.msg = me.msg, None
-            with lock:
-                spare = not idle and self._threads < self.size
-            if spare:
+            msg = get()
+            if not self._queue.waiting and self._threads < self.size:
                 # The next request finds a thread waiting (started here, never on the link).
                 self._spawn()
             try:

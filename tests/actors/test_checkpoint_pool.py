@@ -4,40 +4,18 @@ one idle last, and a shutdown still ends every thread and cancels what is queued
 from __future__ import annotations
 
 import threading
-import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 
 import pytest
 
-from actors.checkpoints import checkpoint_pool
+from actors.checkpoints import CheckpointPool, checkpoint_pool
+from tests.support.wakeups import asleep, woken_since
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def _switches(thread: threading.Thread) -> int:
-    """The thread's voluntary context switches so far (each a sleep and a wake-up)."""
-    with open(f"/proc/self/task/{thread.native_id}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
-def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
-    """Each thread's switch count once none moved for 50 ms (idle is not yet asleep)."""
-    counts = {t.name: _switches(t) for t in threads}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = {t.name: _switches(t) for t in threads}
-        if now == counts:
-            break
-        counts = now
-    return counts
-
-
-def _pool_threads(pool: ThreadPoolExecutor) -> list[threading.Thread]:
-    return sorted(pool._threads, key=lambda t: t.name)  # type: ignore[attr-defined]
+def _pool_threads(pool: CheckpointPool) -> list[threading.Thread]:
+    return sorted(pool.threads, key=lambda t: t.name)
 
 
 def test_a_job_wakes_one_idle_thread_the_one_idle_last() -> None:
@@ -59,12 +37,12 @@ def test_a_job_wakes_one_idle_thread_the_one_idle_last() -> None:
             f.result(10)
         threads = _pool_threads(pool)
         assert len(threads) == 2
-        before = _asleep(threads)
+        before = asleep(threads)
         ran = [pool.submit(lambda: threading.current_thread().name).result(10) for _ in range(20)]
-        after = {t.name: _switches(t) for t in threads}
+        woken = woken_since(threads, before)
         assert len(set(ran)) == 1, ran
         [other] = [t.name for t in threads if t.name != ran[0]]
-        assert after[other] - before[other] == 0, (before, after)
+        assert woken[other] == 0, woken
     finally:
         pool.shutdown(wait=True)
     assert not any(t.is_alive() for t in threads)
@@ -82,3 +60,28 @@ def test_a_shutdown_cancels_what_is_queued_and_ends_every_thread() -> None:
     for thread in _pool_threads(pool):
         thread.join(10)
         assert not thread.is_alive()
+
+
+def test_a_jobs_future_carries_its_result_or_error_and_a_closed_pool_refuses() -> None:
+    """What the callers read: `result()` (a Turn's capture), `add_done_callback` (the janitor's
+    next sweep); a `submit` after the shutdown raises `RuntimeError` (the daemon is closing)."""
+    pool = checkpoint_pool(2)
+
+    def fails() -> None:
+        raise ValueError("a job that raises")
+
+    done: list[int] = []
+
+    def add(a: int, b: int = 0) -> int:
+        return a + b
+
+    ok = pool.submit(add, 2, b=3)
+    ok.add_done_callback(lambda f: done.append(f.result()))
+    assert ok.result(10) == 5
+    bad = pool.submit(fails)
+    with pytest.raises(ValueError, match="a job that raises"):
+        bad.result(10)
+    assert done == [5]
+    pool.shutdown(wait=True)
+    with pytest.raises(RuntimeError):
+        pool.submit(lambda: None)

@@ -1,4 +1,4 @@
-"""The actor pool's threads (`actors.pool._Threads`): bounded, reused while idle (the one
+"""The actor pool's threads (`domain.wake_one.WakeOneThreads`): bounded, reused while idle (the one
 idle last, alone woken), a raising slice logged without losing its thread, and the slices queued
 before a close still run."""
 
@@ -10,6 +10,7 @@ import time
 import pytest
 
 from actors.pool import ActorPool
+from tests.support.wakeups import asleep, woken_since
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -54,7 +55,7 @@ def test_an_idle_thread_is_reused_and_a_raising_slice_keeps_it() -> None:
 
     def idle() -> None:
         deadline = time.monotonic() + 10
-        while pool._threads._idle == 0 and time.monotonic() < deadline:
+        while pool._threads.idle == 0 and time.monotonic() < deadline:
             time.sleep(0.001)  # the slice has returned; its thread counts itself idle next
 
     try:
@@ -85,28 +86,6 @@ def test_slices_queued_before_the_close_still_run_and_later_ones_are_dropped() -
     assert ran == [0, 1, 2]
 
 
-def _switches(thread: threading.Thread) -> int:
-    """The thread's voluntary context switches so far (each a sleep and a wake-up)."""
-    with open(f"/proc/self/task/{thread.native_id}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
-def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
-    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
-    counts = {t.name: _switches(t) for t in threads}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = {t.name: _switches(t) for t in threads}
-        if now == counts:
-            break
-        counts = now
-    return counts
-
-
 def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
     """With two threads idle, each slice wakes exactly one of them, the one that went idle
     last: one actor's slices, submitted one at a time, all run on one thread, and the other
@@ -128,9 +107,9 @@ def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
 
     def idle(n: int) -> None:
         deadline = time.monotonic() + 10
-        while pool._threads._idle < n and time.monotonic() < deadline:
+        while pool._threads.idle < n and time.monotonic() < deadline:
             time.sleep(0.001)
-        assert pool._threads._idle == n
+        assert pool._threads.idle == n
 
     try:
         pool.submit(held)
@@ -140,14 +119,14 @@ def test_a_slice_wakes_one_idle_thread_the_one_idle_last() -> None:
         idle(2)
         threads = [t for t in threading.enumerate() if t.name.startswith("t-lifo_")]
         assert len(threads) == 2
-        before = _asleep(threads)
+        before = asleep(threads)
         for _ in range(20):
             pool.submit(one)
             assert done.acquire(timeout=10)
             idle(2)
-        after = {t.name: _switches(t) for t in threads}
+        woken = woken_since(threads, before)
         assert len(set(ran)) == 1, ran
         [other] = [t.name for t in threads if t.name != ran[0]]
-        assert after[other] - before[other] == 0, (before, after)
+        assert woken[other] == 0, woken
     finally:
         pool.close()

@@ -598,3 +598,43 @@ def test_a_bind_into_ready_directories_probes_none_of_them_again(
     assert [path for kind, path in calls if kind == "stat"] == []
     assert (dst / receipt.rollouts[0].relative_path).is_file()
     assert (log.files, log.dirs) == (1, 1)  # the file, then its directory: nothing created
+
+
+def test_a_sync_handed_to_the_sync_threads_wakes_one_of_them() -> None:
+    """The eight sync threads idle: rounds of two syncs (one on the caller's thread, one handed
+    over) each wake ONE sync thread, the one idle last, and the other seven sleep through them.
+    On the `SimpleQueue` they all waited on, each handed sync woke a second thread for nothing
+    (the taker's `get` hands the queue's lock on) and the syncs went to several threads."""
+    import threading
+    import time
+
+    from drivers import binder
+    from drivers.binder import sync_together
+    from tests.support.wakeups import asleep, woken_since
+
+    ran: list[str] = []
+
+    def here() -> None:
+        pass
+
+    def handed() -> None:
+        ran.append(threading.current_thread().name)
+
+    def all_idle() -> None:
+        deadline = time.monotonic() + 10
+        while binder._sync_queue.waiting < binder._SYNC_THREADS and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert binder._sync_queue.waiting == binder._SYNC_THREADS
+
+    sync_together([here, handed])  # starts the sync threads (once per process)
+    all_idle()
+    threads = [t for t in threading.enumerate() if t.name.startswith("fsync-")]
+    assert len(threads) == binder._SYNC_THREADS
+    ran.clear()
+    before = asleep(threads)
+    for _ in range(20):
+        sync_together([here, handed])
+        all_idle()
+    woken = woken_since(threads, before)
+    assert len(ran) == 20 and len(set(ran)) == 1, ran
+    assert all(n == 0 for name, n in woken.items() if name != ran[0]), woken

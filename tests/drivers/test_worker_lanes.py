@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from drivers.worker import RequestLane
+from tests.support.wakeups import asleep, woken_since
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -83,28 +84,6 @@ def test_a_handler_that_raises_does_not_stop_the_lane() -> None:
     assert ran.acquire(timeout=30)
 
 
-def _switches(thread: threading.Thread) -> int:
-    """The thread's voluntary context switches so far (each a sleep and a wake-up)."""
-    with open(f"/proc/self/task/{thread.native_id}/status") as f:
-        for line in f:
-            if line.startswith("voluntary_ctxt_switches:"):
-                return int(line.split()[1])
-    raise AssertionError("no voluntary_ctxt_switches line")
-
-
-def _asleep(threads: list[threading.Thread]) -> dict[str, int]:
-    """Each thread's switch count once none moved for 50 ms (listed idle is not yet asleep)."""
-    counts = {t.name: _switches(t) for t in threads}
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        time.sleep(0.05)
-        now = {t.name: _switches(t) for t in threads}
-        if now == counts:
-            break
-        counts = now
-    return counts
-
-
 def test_a_request_wakes_one_idle_thread_the_one_idle_last() -> None:
     """With two lane threads idle, each request wakes exactly one, the one idle last: requests
     put one at a time all run on one thread and the other sleeps through them (no wake-up).
@@ -125,19 +104,19 @@ def test_a_request_wakes_one_idle_thread_the_one_idle_last() -> None:
         return [t for t in threading.enumerate() if t.name.startswith("req-lifo-")]
 
     deadline = time.monotonic() + 10
-    while (len(lane_threads()) < 2 or len(lane._idle) < 2) and time.monotonic() < deadline:
+    while (len(lane_threads()) < 2 or lane.idle < 2) and time.monotonic() < deadline:
         time.sleep(0.001)
     threads = lane_threads()
-    assert len(threads) == 2 and len(lane._idle) == 2
+    assert len(threads) == 2 and lane.idle == 2
     ran.clear()
-    before = _asleep(threads)
+    before = asleep(threads)
     for i in range(20):
         lane.put(i)
         assert done.acquire(timeout=30)
-        while len(lane._idle) < 2 and time.monotonic() < deadline + 20:
+        while lane.idle < 2 and time.monotonic() < deadline + 20:
             time.sleep(0.001)
-    after = {t.name: _switches(t) for t in threads}
+    woken = woken_since(threads, before)
     assert len(set(ran)) == 1, ran
     [other] = [t.name for t in threads if t.name != ran[0]]
-    assert after[other] - before[other] == 0, (before, after)
+    assert woken[other] == 0, woken
     assert lane.threads == 2
