@@ -34,6 +34,7 @@ from tutti_agent.rollout import (
     RolloutItem,
     RolloutLine,
     RolloutWriter,
+    encode_new_rollout,
     file_holds,
     find_rollout_path,
     fsync_dir,
@@ -41,7 +42,6 @@ from tutti_agent.rollout import (
     lines_of_decoded,
     make_dirs,
     new_rollout_path,
-    now_iso,
     read_file,
     read_rollout,
     read_span,
@@ -421,16 +421,16 @@ class ThreadStore:
         `sessions/` is not probed first: it is created (and its parents' changes fsynced)
         only when the create finds it missing. Returns the path and the lines written."""
         path = new_rollout_path(self.home, thread_id)
-        chunks, lines = _encode_new_rollout(
+        new_rollout = encode_new_rollout(
             first_ordinal,
             [RolloutItem(LineType.SESSION_META, dict(meta)), *items],
             copied,
             copied_lines,
         )
-        _write_new_file(path, chunks)
+        _write_new_file(path, new_rollout.chunks)
         with self._cache_lock:
             self._paths[thread_id] = path
-        return path, lines
+        return path, new_rollout.lines
 
     def copied_span(self, history: ThreadHistory, end: int) -> CopiedSpan | None:
         """Lines `[1, end)` of a single-file history as the bytes its file holds, for a Copied
@@ -717,51 +717,6 @@ _IOV_MAX = 1024
 """Buffers one `writev` takes at most (Linux's `IOV_MAX`)."""
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 """`open(path, "xb")`'s flags."""
-
-
-def _encode_new_rollout(
-    first_ordinal: int,
-    items: Sequence[RolloutItem],
-    copied: CopiedSpan | None,
-    copied_lines: bool,
-) -> tuple[list[bytes], list[RolloutLine]]:
-    """The chunks of a new rollout holding `items` (the first one `session_meta`) with
-    `copied` verbatim after the first, and the lines they are (`RolloutWriter.create`'s
-    encoding: one timestamp for the batch, each line's end offset in the new file;
-    `copied_lines=False`: the copied lines are not among those returned)."""
-    timestamp = now_iso()
-    lines: list[RolloutLine] = []
-    chunks: list[bytes] = []
-    offset = 0
-
-    def encode(ordinal: int, item: RolloutItem) -> None:
-        nonlocal offset
-        data = (RolloutLine(ordinal, timestamp, item, 0).to_json() + "\n").encode()
-        offset += len(data)
-        chunks.append(data)
-        lines.append(RolloutLine(ordinal, timestamp, item, offset))
-
-    encode(first_ordinal, items[0])
-    ordinal = first_ordinal + 1
-    if copied is not None and copied.lines:
-        if copied.lines[0].ordinal != ordinal:
-            raise ValueError(f"copied lines start at {copied.lines[0].ordinal}, not {ordinal}")
-        shift = offset - copied.start
-        if copied_lines:
-            new = tuple.__new__  # no Python-level constructor call per line
-            lines.extend(
-                [
-                    new(RolloutLine, (ordinal_, timestamp_, item_, end_ + shift))
-                    for ordinal_, timestamp_, item_, end_ in copied.lines
-                ]
-            )
-        chunks.append(copied.data)
-        offset += len(copied.data)
-        ordinal = copied.lines[-1].ordinal + 1
-    for item in items[1:]:
-        encode(ordinal, item)
-        ordinal += 1
-    return chunks, lines
 
 
 def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
