@@ -23,7 +23,6 @@ from actors.messages import FollowUp
 from actors.pool import TimerHandle
 from actors.store_ports import SessionActorStore
 from domain.errors import HostError, Unavailable
-from domain.turn_events import TurnEvent
 from storage.models import NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
@@ -51,7 +50,6 @@ class TurnState:
     # settle write is durable. A Turn counts as live until it is settled.
     settling: bool = False
     settled: bool = False
-    pending_events: list[TurnEvent] = field(default_factory=list)
     last_activity: float = field(default_factory=time.monotonic)
     watchdog: TimerHandle | None = None
     # turn.start was sent: only from then does the inactivity limit run. Before, the Turn

@@ -272,9 +272,6 @@ class TurnRunner:
         state.provider = self._runtime.cached_session().provider
         self._arm_first_byte(state, state.provider)
         self._bind(state, result.provider_turn_id)
-        pending, state.pending_events = state.pending_events, []
-        for event in pending:
-            self.on_driver_event(event)
 
     def _bind(self, state: TurnState, provider_turn_id: str) -> None:
         if not provider_turn_id or state.provider_turn_id == provider_turn_id or state.settling:
