@@ -377,31 +377,12 @@ class ThreadStore:
     ) -> RolloutWriter:
         """A new rollout of `session_meta` + `items`, durable on return (one write, one file
         fsync, one fsync per changed directory: `RolloutWriter.create`)."""
-        return self.create_rollout_lines(thread_id, meta, first_ordinal=first_ordinal, items=items)[
-            0
-        ]
-
-    def create_rollout_lines(
-        self,
-        thread_id: str,
-        meta: Mapping[str, Any],
-        *,
-        first_ordinal: int = 0,
-        items: Sequence[RolloutItem] = (),
-        copied: CopiedSpan | None = None,
-        copied_lines: bool = True,
-    ) -> tuple[RolloutWriter, list[RolloutLine]]:
-        """`create_rollout`, and the lines it wrote (with their byte offsets); `copied` goes
-        verbatim between `session_meta` and `items` (`copied_span`); `copied_lines=False`:
-        the copied lines are not among those returned (`RolloutWriter.create`)."""
         path = new_rollout_path(self.home, thread_id)
         meta_item = RolloutItem(LineType.SESSION_META, dict(meta))
-        writer, lines = RolloutWriter.create(
-            path, first_ordinal, [meta_item, *items], copied, copied_lines=copied_lines
-        )
+        writer, _ = RolloutWriter.create(path, first_ordinal, [meta_item, *items])
         with self._cache_lock:
             self._paths[thread_id] = path
-        return writer, lines
+        return writer
 
     def create_child_lines(
         self,
@@ -413,13 +394,16 @@ class ThreadStore:
         copied: CopiedSpan | None = None,
         copied_lines: bool = True,
     ) -> tuple[Path, list[RolloutLine]]:
-        """`create_rollout_lines` for a rollout this server writes once and leaves closed (a
-        fork's child): the same file, durable on return with the same syncs (the file, then
-        its directory and each parent whose entries changed), the same cleanup on failure —
-        written by descriptor, not through a buffered file object: one `open`, the lines in
-        one `writev`, no `fstat`/`ioctl`/`lseek` of the object's own and no `write` per chunk.
-        `sessions/` is not probed first: it is created (and its parents' changes fsynced)
-        only when the create finds it missing. Returns the path and the lines written."""
+        """A new rollout (as `create_rollout`) this server writes once and leaves closed (a
+        fork's child), and the lines it wrote (with their byte offsets); `copied` goes verbatim
+        between `session_meta` and `items` (`copied_span`); `copied_lines=False`: the copied
+        lines are not among those returned. The same file, durable on return with the same
+        syncs (the file, then its directory and each parent whose entries changed), the same
+        cleanup on failure — written by descriptor, not through a buffered file object: one
+        `open`, the lines in one `writev`, no `fstat`/`ioctl`/`lseek` of the object's own and no
+        `write` per chunk. `sessions/` is not probed first: it is created (and its parents'
+        changes fsynced) only when the create finds it missing. Returns the path and the lines
+        written."""
         path = new_rollout_path(self.home, thread_id)
         new_rollout = encode_new_rollout(
             first_ordinal,
