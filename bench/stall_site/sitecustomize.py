@@ -238,6 +238,19 @@ if _DIR:
             return int(inner(self, conn, db, pages))
 
         database._wal_grew = grew
+        # The writer's connection binds the hook when it is first leased, which may be before
+        # this poll found the module: bind it again, once, on the writer's thread.
+        lease = database._writer_connection
+        rebound: set[int] = set()
+
+        def writer_connection(self: Any) -> Any:
+            conn = lease(self)
+            if id(conn) not in rebound:
+                rebound.add(id(conn))
+                conn.set_wal_hook(self._wal_grew)
+            return conn
+
+        database._writer_connection = writer_connection
 
     def _timer_fn(handle_cls: Any) -> None:
         inner = handle_cls._take

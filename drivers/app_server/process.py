@@ -35,6 +35,20 @@ _PR_SET_PDEATHSIG = 1
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
+def child_running(proc: subprocess.Popen[Any]) -> bool:
+    """Whether the child has not exited. `Popen.poll()` answers None ("running") while
+    another thread is inside `wait()` — the reader waits for the exit it saw coming (its
+    stdout closed) and may not run again for a while after the child has become a zombie —
+    so a None is checked with `waitid(WNOWAIT)`, which sees a zombie without reaping it."""
+    if proc.poll() is not None:
+        return False
+    try:
+        exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+    except ChildProcessError:
+        return False  # reaped meanwhile (by the thread in `wait()`)
+    return exited is None
+
+
 def decode_line(raw: bytes) -> Any:
     """One line of the server's stdout as JSON, or None when it is not JSON. orjson first (the
     reader decodes every delta); what it refuses and the standard library reads (NaN, an
@@ -261,7 +275,9 @@ class AppServerProcess:
 
     @property
     def alive(self) -> bool:
-        return self._closed_reason is None and self._proc is not None and self._proc.poll() is None
+        return (
+            self._closed_reason is None and self._proc is not None and child_running(self._proc)
+        )
 
     def initialize(
         self, client_name: str, client_version: str, *, timeout: float = 30.0

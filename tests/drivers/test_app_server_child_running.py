@@ -1,0 +1,46 @@
+"""`child_running`: an app-server that has exited is not running, even while another thread
+is inside `Popen.wait()` (the reader, which saw its stdout close) — where `Popen.poll()`
+alone answers None. A worker that believed the dead runtime live would stamp its old
+generation and the host would skip a fork's re-attestation."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+
+from drivers.app_server.process import child_running
+
+
+def _state(pid: int) -> bytes:
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        stat = f.read()
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3]
+
+
+def test_a_zombie_is_not_running_while_another_thread_holds_the_wait() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        assert child_running(proc)
+        # What a thread inside `wait()` holds: `poll()` cannot take it and answers None.
+        with proc._waitpid_lock:
+            proc.send_signal(signal.SIGKILL)
+            deadline = time.monotonic() + 10
+            while _state(proc.pid) != b"Z":
+                assert time.monotonic() < deadline, "the child never became a zombie"
+                time.sleep(0.005)
+            assert proc.poll() is None  # the trap: poll alone calls the zombie running
+            assert not child_running(proc)
+            assert _state(proc.pid) == b"Z"  # seen without reaping it
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    assert not child_running(proc)
+
+
+def test_a_reaped_child_is_not_running() -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    assert not child_running(proc)
