@@ -275,9 +275,7 @@ class AppServerProcess:
 
     @property
     def alive(self) -> bool:
-        return (
-            self._closed_reason is None and self._proc is not None and child_running(self._proc)
-        )
+        return self._closed_reason is None and self._proc is not None and child_running(self._proc)
 
     def initialize(
         self, client_name: str, client_version: str, *, timeout: float = 30.0
