@@ -246,3 +246,49 @@ def test_a_warm_fork_s_structure_is_one_worker_request_and_two_actor_messages(
         )
         time.sleep(0.3)
     assert seen[-1] == (0, 3, 2), seen
+
+
+def test_a_fork_of_a_source_found_live_is_routed_without_reading_it_again(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fork.create` on a source the transport thread found live before is routed from its
+    memory of live Sessions, no point read (one SQLite statement a fork before this cut); a
+    replay on a source deleted while still remembered live (the delete's commit not yet seen
+    by `_on_change`) is answered from durable state as before — the actor's 404 asks the
+    fork's `gone` — and a fork of it that nothing durable answers is still a 404."""
+    daemon, c = running
+    assert daemon.api is not None
+    api = daemon.api.plumbing
+    checks: list[tuple[str, str]] = []
+    real = api._view.session_exists
+
+    def counted(ws: str, sid: str) -> bool:
+        checks.append((ws, sid))
+        return real(ws, sid)
+
+    monkeypatch.setattr(api._view, "session_exists", counted)
+    sid = create_session(c, title="remembered")["agentSessionId"]
+    turn_id = run_turn(c, sid, "one")["turnId"]
+    assert (WS, sid) in api.live_sessions  # the Turn's submit found it live
+    before = len(checks)
+    ops = []
+    for _ in range(2):
+        params = fork_params(WS, sid, turn_id)
+        status, body = c.call_raw("fork.create", params)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+        ops.append((params, body["operation"]))
+    assert len(checks) == before  # routed from memory: no read
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    api.live_sessions.add((WS, sid))  # as if `_on_change` had not run yet
+    params, op = ops[-1]
+    status, again = c.call_raw("fork.create", params)  # a replay: same requestId and target
+    assert status == 200, again
+    assert again["operation"]["operationId"] == op["operationId"]
+    assert again["operation"]["status"] == "committed"
+    assert len(checks) == before
+    status, error = c.call_raw("fork.create", fork_params(WS, sid, turn_id))
+    assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
