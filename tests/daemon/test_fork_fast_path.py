@@ -292,3 +292,45 @@ def test_a_fork_of_a_source_found_live_is_routed_without_reading_it_again(
     assert len(checks) == before
     status, error = c.call_raw("fork.create", fork_params(WS, sid, turn_id))
     assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
+
+
+def test_a_warm_fork_dumps_its_runtime_settings_once(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm fork asks `attestation_key` of its frozen runtime twice in one actor step (the
+    Session's warm-runtime check, then the saga's `attests_again`): the runtime's settings are
+    JSON-dumped once a fork, not twice (the thread's last key kept for that runtime object and
+    generation); a fork on a runtime with other settings would still get its own key."""
+    import types
+
+    import actors.fork_saga as fork_saga
+
+    _, c = running
+    sid, turn_id = _source(c)
+    for _ in range(2):  # the first attests; the next ones find that runtime warm
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+    dumps: list[Any] = []
+    real = fork_saga.json.dumps
+
+    def counting(value: Any, **kwargs: Any) -> str:
+        dumps.append(value)
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(fork_saga, "json", types.SimpleNamespace(dumps=counting))
+    for n in (1, 2):
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+        assert len(dumps) <= n, dumps  # the first may dump once (another runtime object)
+    runtime = fork_saga.PreparedRuntime("p", "/h", "/c", {"a": 1}, "ps", {})
+    other = fork_saga.PreparedRuntime("p", "/h", "/c", {"a": 2}, "ps", {})
+    assert fork_saga.attestation_key(runtime, "g") != fork_saga.attestation_key(other, "g")
+    assert fork_saga.attestation_key(runtime, "g") != fork_saga.attestation_key(runtime, "h")
