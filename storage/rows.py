@@ -348,7 +348,9 @@ def op_from_row(
     if r[12] is None:
         target_turns: tuple[Any, ...] | None = None
     else:
-        target_turns = tuple(json_column(r[12])) if lists is None else lists.id_list(r[28], 12, r[12])
+        target_turns = (
+            tuple(json_column(r[12])) if lists is None else lists.id_list(r[28], 12, r[12])
+        )
     return ForkOperation(
         workspace_id=r[0],
         operation_id=r[1],

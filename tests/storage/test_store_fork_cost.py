@@ -377,18 +377,20 @@ def test_a_fork_s_operation_columns_decode_without_the_standard_library(
     op, created = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     assert created
     store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
-    accepted = store.fork_transitions.mark_fork_provider_accepted(
-        WS, op.operation_id, evidence(op)
-    )
+    accepted = store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
     acked = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
     read = store.fork_queries.get_fork_operation(WS, op.operation_id)
     assert calls == []
-    row = store.db.connection().execute(
-        "SELECT source_provider_turn_ids, target_provider_turn_ids, binding_receipt"
-        " FROM fork_operations WHERE operation_id = ?",
-        (op.operation_id,),
-    ).fetchone()
+    row = (
+        store.db.connection()
+        .execute(
+            "SELECT source_provider_turn_ids, target_provider_turn_ids, binding_receipt"
+            " FROM fork_operations WHERE operation_id = ?",
+            (op.operation_id,),
+        )
+        .fetchone()
+    )
     assert read.source_provider_turn_ids == tuple(real(row[0]))
     assert read.target_provider_turn_ids == tuple(real(row[1]))
     assert read.binding_receipt == real(row[2])
