@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 from collections.abc import Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
@@ -70,12 +71,24 @@ _RETRY_MAX_S = 2.0
 _LAZY_RECHECK_S = 0.05
 
 
+_LAST_KEY = threading.local()
+"""Each Session actor thread's last `attestation_key`: (runtime, generation, key)."""
+
+
 def attestation_key(runtime: PreparedRuntime, generation: str) -> tuple[str, ...]:
     """What a passed fork re-attestation proved (kept as the Session's `attested_runtime`): the
     runtime generation and the prepared identity it was asked about (a changed cwd or settings
-    re-attests too)."""
+    re-attests too). A warm fork asks it twice of the same frozen runtime, in one actor step
+    (`SessionRuntime.warm_runtime`, then `attests_again`): the thread's last answer is kept
+    for that runtime object and generation, so its settings are dumped once a fork."""
+    last = getattr(_LAST_KEY, "key", None)
+    if last is not None and last[0] is runtime and last[1] == generation:
+        key: tuple[str, ...] = last[2]
+        return key
     settings = json.dumps(dict(runtime.settings), sort_keys=True, default=str)
-    return (generation, runtime.home, runtime.cwd, settings)
+    key = (generation, runtime.home, runtime.cwd, settings)
+    _LAST_KEY.key = (runtime, generation, key)
+    return key
 
 
 def attests_again(host: ForkHost, runtime: PreparedRuntime) -> bool:

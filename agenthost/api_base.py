@@ -141,7 +141,8 @@ class RequestPlumbing:
         routed without reading the store again. A Session leaves when its delete commits
         (`_on_change`, before the delete is answered); none ever comes back (a delete is
         final and ids are never reused), so a Session found here is live or being deleted,
-        and its actor's own write refuses a deleted one as the read would have."""
+        and its actor's own write refuses a deleted one as the read would have (a
+        `fork.create`, which may answer a replay on a deleted source, then asks its `gone`)."""
         # Deletes seen (a fresh number each): a check that raced one remembers nothing.
         self._delete_seq = itertools.count(1)
         self._deletes = 0
@@ -312,7 +313,28 @@ class RequestPlumbing:
         already in the Session's lane (`write`)."""
         responder = _Counted(responder, self.lanes.begin_routed((ws, sid)))
 
+        def answer_gone(refusal: HostError) -> None:
+            assert gone is not None
+            try:
+                answer = gone()
+            except HostError as exc:
+                responder.error(exc)
+                return
+            except Exception as exc:  # noqa: BLE001 - every request gets a typed reply
+                responder.error(host_error_of(exc, f"routing {sid}", logger=log))
+                return
+            if answer is None:
+                responder.error(refusal)
+            else:
+                responder.result(*answer)
+
         def reply(outcome: Any) -> None:
+            if isinstance(outcome, SessionNotFound) and gone is not None:
+                # The actor found the Session gone (deleted after it was found live, or while
+                # remembered live): what `gone` answers from durable state, as the pool's
+                # check would have (else the 404 stands) — on the pool, off the actor.
+                self.on_pool(responder, lambda: answer_gone(outcome))
+                return
             if isinstance(outcome, HostError):
                 responder.error(outcome)
                 return
@@ -375,9 +397,10 @@ class RequestPlumbing:
         if me != self._view_thread:
             return False
         key = (ws, sid)
-        # A method that may answer a gone Session otherwise (`gone`: a fork replay) always
-        # reads: the memory is for the plain mutations, which the actor refuses by itself.
-        if gone is not None or key not in self.live_sessions:
+        # A Session remembered live is not read: its actor refuses a deleted one by itself,
+        # and a method that may answer a gone Session otherwise (`gone`: a fork replay) asks
+        # `gone` on that refusal (`route`'s reply), as it does here on a Session found gone.
+        if key not in self.live_sessions:
             deletes = self._deletes
             try:
                 exists = self._view.session_exists(ws, sid)

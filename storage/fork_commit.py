@@ -26,9 +26,9 @@ from storage.models import (
     Session,
     SessionChanged,
 )
-from storage.rows import OP_COLUMNS, decode_op, op_from_row
+from storage.rows import OP_COLUMNS, decode_op, json_column, op_from_row
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, Tx, dumps, loads
+from storage.sqlite import Row, Tx, dumps
 
 log = logging.getLogger(__name__)
 
@@ -111,7 +111,7 @@ class ForkCommit:
             snapshot,
             child_provider_session_id=r[11],
             binding_mode=r[16],
-            turn_bindings=loads(r[27]),
+            turn_bindings=json_column(r[27]),
             committed_at_ms=tx.now_ms,
             snapshot_hash=r[18],
             last_use=True,
@@ -170,9 +170,9 @@ class ForkCommit:
             raise ForkSnapshotCorrupt("snapshot does not belong to this operation")
         if source["provider_session_id"] != r[8]:
             raise ForkSnapshotCorrupt("snapshot source provider session differs from operation")
-        if tuple(snapshot["provider_turn_ids"]) != tuple(loads(r[10])):
+        if tuple(snapshot["provider_turn_ids"]) != tuple(json_column(r[10])):
             raise ForkSnapshotCorrupt("snapshot provider turn prefix differs from operation")
-        receipt = loads(r[17]) or {}
+        receipt = json_column(r[17]) or {}
         forked_from = receipt_forked_from(receipt)
         if forked_from is not None and forked_from != source["provider_session_id"]:
             raise ForkSnapshotCorrupt("evidence forkedFromId does not name the source")

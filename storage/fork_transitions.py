@@ -30,7 +30,7 @@ from domain.fork_states import (
 )
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, ProviderForkEvidence, SessionChanged
-from storage.rows import OP_COLUMNS, decode_op, load_op, op_from_row
+from storage.rows import OP_COLUMNS, decode_op, json_column, load_op, op_from_row
 from storage.sqlite import Tx, dumps, loads
 
 
@@ -308,7 +308,7 @@ def _receipt_as_read(receipt: Mapping[str, Any], written: str) -> Any:
     receipt again: `written` is that dump, so it is only decoded."""
     if all(type(k) is str and _scalar(v) for k, v in receipt.items()):
         return {k: receipt[k] for k in sorted(receipt)}
-    return loads(written)
+    return json_column(written)
 
 
 DELETE_RESERVATION_SQL = (

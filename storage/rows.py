@@ -36,7 +36,7 @@ from storage.models import (
     Turn,
 )
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, Tx, loads
+from storage.sqlite import Row, Tx
 
 # -- Column lists and decoders ---------------------------------------------------------------------
 
@@ -344,11 +344,13 @@ def op_from_row(
 ) -> ForkOperation:
     """The operation of row `r`. With `lists` (the store's cache) a long provider Turn id list
     is parsed once per operation, not once per read (see `ProjectionCache.id_list`)."""
-    source_turns = tuple(loads(r[10])) if lists is None else lists.id_list(r[28], 10, r[10])
+    source_turns = tuple(json_column(r[10])) if lists is None else lists.id_list(r[28], 10, r[10])
     if r[12] is None:
         target_turns: tuple[Any, ...] | None = None
     else:
-        target_turns = tuple(loads(r[12])) if lists is None else lists.id_list(r[28], 12, r[12])
+        target_turns = (
+            tuple(json_column(r[12])) if lists is None else lists.id_list(r[28], 12, r[12])
+        )
     return ForkOperation(
         workspace_id=r[0],
         operation_id=r[1],
@@ -367,7 +369,7 @@ def op_from_row(
         driver_kind=r[14],
         driver_version=r[15],
         binding_mode=r[16],
-        binding_receipt=loads(r[17]),
+        binding_receipt=json_column(r[17]),
         snapshot_hash=r[18],
         status=ForkStatus(r[19]),
         error=r[20],
@@ -380,7 +382,7 @@ def op_from_row(
         lineage=None if committed is None else committed[1],
         target_title=r[26],
         workspace_mode=r[29] or "shared",
-        worktree=loads(r[30]),
+        worktree=json_column(r[30]),
         worktree_state=r[31],
     )
 
@@ -417,13 +419,13 @@ class ProjectionCache:
         text it was parsed from and served only while the row holds the very same text (a
         compare of the two strings, no parse), so a changed row is parsed again."""
         if len(text) < LIST_CACHE_MIN_CHARS:
-            return tuple(loads(text))
+            return tuple(json_column(text))
         key = (op_seq, column)
         with self._lock:
             held = self._lists.get(key)
         if held is not None and held[0] == text:
             return held[1]
-        parsed = tuple(loads(text))
+        parsed = tuple(json_column(text))
         with self._lock:
             self._lists[key] = (text, parsed)
             self._lists.move_to_end(key)

@@ -246,3 +246,91 @@ def test_a_warm_fork_s_structure_is_one_worker_request_and_two_actor_messages(
         )
         time.sleep(0.3)
     assert seen[-1] == (0, 3, 2), seen
+
+
+def test_a_fork_of_a_source_found_live_is_routed_without_reading_it_again(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`fork.create` on a source the transport thread found live before is routed from its
+    memory of live Sessions, no point read (one SQLite statement a fork before this cut); a
+    replay on a source deleted while still remembered live (the delete's commit not yet seen
+    by `_on_change`) is answered from durable state as before — the actor's 404 asks the
+    fork's `gone` — and a fork of it that nothing durable answers is still a 404."""
+    daemon, c = running
+    assert daemon.api is not None
+    api = daemon.api.plumbing
+    checks: list[tuple[str, str]] = []
+    real = api._view.session_exists
+
+    def counted(ws: str, sid: str) -> bool:
+        checks.append((ws, sid))
+        return real(ws, sid)
+
+    monkeypatch.setattr(api._view, "session_exists", counted)
+    sid = create_session(c, title="remembered")["agentSessionId"]
+    turn_id = run_turn(c, sid, "one")["turnId"]
+    assert (WS, sid) in api.live_sessions  # the Turn's submit found it live
+    before = len(checks)
+    ops = []
+    for _ in range(2):
+        params = fork_params(WS, sid, turn_id)
+        status, body = c.call_raw("fork.create", params)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+        ops.append((params, body["operation"]))
+    assert len(checks) == before  # routed from memory: no read
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    api.live_sessions.add((WS, sid))  # as if `_on_change` had not run yet
+    params, op = ops[-1]
+    status, again = c.call_raw("fork.create", params)  # a replay: same requestId and target
+    assert status == 200, again
+    assert again["operation"]["operationId"] == op["operationId"]
+    assert again["operation"]["status"] == "committed"
+    assert len(checks) == before
+    status, error = c.call_raw("fork.create", fork_params(WS, sid, turn_id))
+    assert status == 404 and error["reason"] == "workspace_agent_session_not_found", error
+
+
+def test_a_warm_fork_dumps_its_runtime_settings_once(
+    running: tuple[Daemon, Client], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A warm fork asks `attestation_key` of its frozen runtime twice in one actor step (the
+    Session's warm-runtime check, then the saga's `attests_again`): the runtime's settings are
+    JSON-dumped once a fork, not twice (the thread's last key kept for that runtime object and
+    generation); a fork on a runtime with other settings would still get its own key."""
+    import types
+
+    import actors.fork_saga as fork_saga
+
+    _, c = running
+    sid, turn_id = _source(c)
+    for _ in range(2):  # the first attests; the next ones find that runtime warm
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+    dumps: list[Any] = []
+    real = fork_saga.json.dumps
+
+    def counting(value: Any, **kwargs: Any) -> str:
+        dumps.append(value)
+        return real(value, **kwargs)
+
+    monkeypatch.setattr(fork_saga, "json", types.SimpleNamespace(dumps=counting))
+    for n in (1, 2):
+        status, body = fork(c, sid, turn_id)
+        assert status == 200 and body["operation"]["status"] == "committed", body
+        c.call(
+            "fork.acknowledge",
+            {"workspaceId": WS, "operationId": body["operation"]["operationId"]},
+        )
+        assert len(dumps) <= n, dumps  # the first may dump once (another runtime object)
+    runtime = fork_saga.PreparedRuntime("p", "/h", "/c", {"a": 1}, "ps", {})
+    other = fork_saga.PreparedRuntime("p", "/h", "/c", {"a": 2}, "ps", {})
+    assert fork_saga.attestation_key(runtime, "g") != fork_saga.attestation_key(other, "g")
+    assert fork_saga.attestation_key(runtime, "g") != fork_saga.attestation_key(runtime, "h")

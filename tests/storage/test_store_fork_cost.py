@@ -266,13 +266,13 @@ def test_a_polled_operation_parses_its_provider_turn_ids_once(
     changed is parsed again."""
     monkeypatch.setattr(rows, "LIST_CACHE_MIN_CHARS", 0)  # this history's lists are short
     parses: Counter[str] = Counter()
-    real_loads = rows.loads
+    real_loads = rows.json_column
 
     def loads(text: Any) -> Any:
         parses["lists" if isinstance(text, str) and text.startswith("[") else "other"] += 1
         return real_loads(text)
 
-    monkeypatch.setattr(rows, "loads", loads)
+    monkeypatch.setattr(rows, "json_column", loads)
     sid, last = _source(store, 4)
     op, _ = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
     store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
@@ -348,3 +348,51 @@ def test_prepare_maps_the_boundary_once_and_the_commit_builds_the_child_with_tha
     store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
     store.fork_commit.commit_fork(WS, op.operation_id)
     assert calls["maps"] == 2  # the check above, not the commit
+
+
+def test_a_fork_s_operation_columns_decode_without_the_standard_library(
+    store: Store, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fork operation's JSON columns (the provider Turn id lists, the binding receipt, the
+    Turn bindings, the worktree) are decoded by `rows.json_column` (orjson where it agrees),
+    never by `json.loads` — the row is read back ~4 times a warm fork (the prepare's, the
+    accept's and the commit's reads, the ACK's), each parsing up to six columns by the standard
+    library before this cut; the test fails with the `loads` they used. The values are those
+    the standard library reads."""
+    import json
+
+    import storage.sqlite as sqlite
+
+    sid, last = _source(store, 3)
+    calls: list[str] = []
+    real = json.loads
+
+    def counting(text: Any, *args: Any, **kwargs: Any) -> Any:
+        if not kwargs and not args:  # the snapshot's own strict decodes pass a hook
+            calls.append(text)
+        return real(text, *args, **kwargs)
+
+    monkeypatch.setattr(json, "loads", counting)
+    monkeypatch.setattr(sqlite.json, "loads", counting)
+    op, created = store.fork_prepare.prepare_fork(WS, request(sid, last, target=str(uuid.uuid4())))
+    assert created
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    accepted = store.fork_transitions.mark_fork_provider_accepted(WS, op.operation_id, evidence(op))
+    committed, _ = store.fork_commit.commit_fork(WS, op.operation_id)
+    acked = store.fork_transitions.acknowledge_fork(WS, op.operation_id)
+    read = store.fork_queries.get_fork_operation(WS, op.operation_id)
+    assert calls == []
+    row = (
+        store.db.connection()
+        .execute(
+            "SELECT source_provider_turn_ids, target_provider_turn_ids, binding_receipt"
+            " FROM fork_operations WHERE operation_id = ?",
+            (op.operation_id,),
+        )
+        .fetchone()
+    )
+    assert read.source_provider_turn_ids == tuple(real(row[0]))
+    assert read.target_provider_turn_ids == tuple(real(row[1]))
+    assert read.binding_receipt == real(row[2])
+    assert accepted is not None and committed.status.value == "committed"
+    assert acked is not None
