@@ -6,6 +6,7 @@ other method's result still goes through the delivery thread. Real threads, no t
 
 from __future__ import annotations
 
+import sys
 import threading
 from concurrent.futures import Future
 from typing import Any
@@ -138,4 +139,40 @@ def test_a_delta_behind_a_queued_event_keeps_arrival_order() -> None:
         assert order == ["item", "message.delta"] and deliveries.inlined == 0
     finally:
         release.set()
+        deliveries.close(5)
+
+
+def test_an_inline_delta_takes_no_lock_and_enters_no_function_but_its_sink() -> None:
+    """The loop thread is the deliveries' one producer, so its own read of the backlog is the
+    whole check for a delta with nothing queued: no lock taken, no closure built and called
+    around the sink (three lock pairs and two Python calls a delta before, on the thread every
+    delta crosses). Counted by a profile hook around one inline `event` call."""
+    deliveries = Deliveries()
+    seen: list[str] = []
+
+    def sink(provider: str, sid: str, event: dict[str, Any]) -> None:
+        seen.append(str(event["type"]))
+
+    deliveries.event_sink = sink
+    entered: list[str] = []
+
+    def hook(frame: Any, what: str, arg: Any) -> None:
+        if what == "call":
+            entered.append(frame.f_code.co_name)
+        elif what == "c_call":
+            entered.append(f"C:{getattr(arg, '__qualname__', arg)}")
+
+    event = {"type": "message.delta", "turnId": "t", "delta": "d00 "}
+    try:
+        deliveries.event("tutti-agent", "ws/s", event)  # warm: nothing lazily made below
+        sys.setprofile(hook)
+        try:
+            deliveries.event("tutti-agent", "ws/s", event)
+        finally:
+            sys.setprofile(None)
+        assert seen == ["message.delta", "message.delta"] and deliveries.inlined == 2
+        entered = [name for name in entered if name != "C:setprofile"]
+        assert [name for name in entered if not name.startswith("C:")] == ["event", "sink"]
+        assert not [name for name in entered if "lock" in name.lower()], entered
+    finally:
         deliveries.close(5)
