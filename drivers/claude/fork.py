@@ -120,14 +120,15 @@ class ClaudeFork:
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
         legacy = checkpoint is None
-        text = source_path.read_text(encoding="utf-8", errors="replace")
-        if checkpoint is not None and not holds_message(text, checkpoint):
+        data = source_path.read_bytes()
+        if checkpoint is not None and not holds_message(data, checkpoint):
             # Law 1: fork_session is called at most once per operation, so a checkpoint the
             # transcript does not hold is recomputed *before* that call, never after a refusal.
             checkpoint = None
         if checkpoint is None:
             # A Turn bound before bindings existed (or a stale binding): the transcript's own
             # checkpoint of the boundary Turn.
+            text = data.decode("utf-8", errors="replace")
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise NotStarted("boundary turn is not a root user message of the transcript")
@@ -270,7 +271,11 @@ def _copy_durably(source: Path, dest: Path) -> None:
     os.rename(tmp, dest)
 
 
-def holds_message(text: str, message_uuid: str) -> bool:
-    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
-    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
-    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None
+def holds_message(data: bytes, message_uuid: str) -> bool:
+    """Whether a transcript's bytes have an entry whose own `uuid` is `message_uuid` (a scan,
+    no decode and no JSON parse: the fork's pre-check of a bound checkpoint). The CLI writes
+    compact JSON, so the compact key is looked for first; any other spacing by the pattern."""
+    uuid = message_uuid.encode()
+    if b'"uuid":"' + uuid + b'"' in data:
+        return True
+    return re.search(rb'"uuid"\s*:\s*"' + re.escape(uuid) + rb'"', data) is not None

@@ -1,0 +1,94 @@
+"""What a Claude fork reads and parses of the transcripts, counted: the bound checkpoint is
+found in the source's bytes (no decode, no parse). No CLI: synthetic transcripts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import drivers.claude_transcript as transcript
+from domain.worker_messages import ForkRequest
+from drivers.claude.env import sdk_version
+from drivers.claude.fork import ClaudeFork, holds_message
+from drivers.claude_transcript import encode_binding, transcript_path
+from drivers.failpoints import Failpoints
+
+pytestmark = [pytest.mark.claude, pytest.mark.timeout(60)]
+
+
+def _entry(uuid_: str, type_: str, content: Any) -> dict[str, Any]:
+    return {"type": type_, "uuid": uuid_, "message": {"role": type_, "content": content}}
+
+
+def _source(tmp_path: Path) -> tuple[ForkRequest, str, str]:
+    """A two-Turn source transcript under its home and a fork request through Turn 2."""
+    sid, u1, a1, u2, a2 = (str(uuid.uuid4()) for _ in range(5))
+    home, cwd = tmp_path / "source-home", tmp_path / "work"
+    cwd.mkdir()
+    path = transcript_path(home, str(cwd), sid)
+    path.parent.mkdir(parents=True)
+    lines = [
+        _entry(u1, "user", "first"),
+        _entry(a1, "assistant", [{"type": "text", "text": f'quoted \\"uuid\\":\\"{a2}\\"'}]),
+        _entry(u2, "user", "second"),
+        _entry(a2, "assistant", [{"type": "text", "text": "two"}]),
+    ]
+    path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in lines))
+    request = ForkRequest.from_wire(
+        {
+            "source": {
+                "agentSessionId": "source",
+                "providerSessionId": sid,
+                "home": str(home),
+                "cwd": str(cwd),
+            },
+            "target": {"agentSessionId": "child", "home": str(tmp_path / "child-home")},
+            "providerTurnIds": [u1, u2],
+            "providerTurnBindings": [encode_binding(a1), encode_binding(a2)],
+            "driverKind": "claude-code",
+            "driverVersion": sdk_version(),
+        }
+    )
+    return request, u2, a2
+
+
+def test_bound_checkpoint_is_found_in_the_source_bytes_without_decoding_or_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request, _, checkpoint = _source(tmp_path)
+    decoded: list[Path] = []
+    parsed: list[str] = []
+    real_read_text = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        decoded.append(self)
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(transcript, "parse_entries", lambda text: parsed.append(text) or [])
+    plan = ClaudeFork(Failpoints(), threading.Lock()).plan_fork(request)
+    assert plan.checkpoint == checkpoint and not plan.legacy
+    assert decoded == [] and parsed == []
+
+
+def test_stale_binding_still_falls_back_to_the_transcripts_own_checkpoint(tmp_path: Path) -> None:
+    request, root, checkpoint = _source(tmp_path)
+    wire = request.to_wire()
+    wire["providerTurnBindings"][-1] = encode_binding(str(uuid.uuid4()))
+    plan = ClaudeFork(Failpoints(), threading.Lock()).plan_fork(ForkRequest.from_wire(wire))
+    assert plan.checkpoint == checkpoint
+
+
+def test_holds_message_matches_only_an_entrys_own_uuid_key_in_any_spacing() -> None:
+    m = str(uuid.uuid4())
+    assert holds_message(f'{{"type":"user","uuid":"{m}"}}\n'.encode(), m)
+    assert holds_message(f'{{"type": "user", "uuid" : "{m}"}}\n'.encode(), m)
+    # The same text inside a string value is escaped, so it is never an entry's uuid.
+    escaped = json.dumps({"type": "user", "uuid": "x", "text": f'"uuid":"{m}"'}).encode()
+    assert not holds_message(escaped, m)
+    assert not holds_message(f'{{"parentUuid":"{m}"}}'.encode(), m)
