@@ -1,5 +1,6 @@
 """What a Claude fork reads and parses of the transcripts, counted: the bound checkpoint is
-found in the source's bytes (no decode, no parse). No CLI: synthetic transcripts."""
+found in the source's bytes (no decode, no parse), and the child's lines are parsed by orjson
+with the standard library only for what orjson refuses. No CLI: synthetic transcripts."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ import drivers.claude_transcript as transcript
 from domain.worker_messages import ForkRequest
 from drivers.claude.env import sdk_version
 from drivers.claude.fork import ClaudeFork, holds_message
-from drivers.claude_transcript import encode_binding, transcript_path
+from drivers.claude_transcript import encode_binding, parse_entries, split_turns, transcript_path
 from drivers.failpoints import Failpoints
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(60)]
@@ -92,3 +93,32 @@ def test_holds_message_matches_only_an_entrys_own_uuid_key_in_any_spacing() -> N
     escaped = json.dumps({"type": "user", "uuid": "x", "text": f'"uuid":"{m}"'}).encode()
     assert not holds_message(escaped, m)
     assert not holds_message(f'{{"parentUuid":"{m}"}}'.encode(), m)
+
+
+def test_child_lines_are_parsed_by_orjson_and_the_standard_library_only_as_a_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real_loads = json.loads
+
+    def counted(line: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(line)
+        return real_loads(line, *args, **kwargs)
+
+    monkeypatch.setattr(transcript.json, "loads", counted)
+    clean = "\n".join(
+        json.dumps(_entry(u, t, "x")) for u, t in (("u1", "user"), ("a1", "assistant"))
+    )
+    assert [e.uuid for e in parse_entries(clean)] == ["u1", "a1"]
+    assert calls == []
+    # orjson refuses NaN and a lone surrogate; the standard library reads both, as before.
+    odd = "\n".join(
+        [
+            '{"type":"user","uuid":"u1","n":NaN,"message":{"role":"user","content":"x"}}',
+            '{"type":"assistant","uuid":"a1","message":{"content":"\\ud800"}}',
+            "{torn tail",
+        ]
+    )
+    turns = split_turns(parse_entries(odd))
+    assert [(t.root_uuid, t.checkpoint_uuid) for t in turns] == [("u1", "a1")]
+    assert len(calls) == 3
