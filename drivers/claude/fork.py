@@ -47,6 +47,9 @@ class _ForkPlan:
     source_path: Path
     checkpoint: str
     legacy: bool
+    child_dir: Path
+    """Where the child's transcript is filed in the target home: its cwd's project directory,
+    resolved once a fork (each resolution is a `realpath` of the cwd)."""
 
 
 class NotStarted(Exception):
@@ -85,7 +88,7 @@ class ClaudeFork:
             return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
         try:
             self._failpoints.hit("worker.fork.after_provider_call")
-            self.relocate_child(request, child_id)
+            self.relocate_child(request, plan, child_id)
             return self.verify_child(request, plan, child_id)
         except Exception as exc:
             return ForkResult.unknown(
@@ -132,7 +135,14 @@ class ClaudeFork:
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise NotStarted("boundary turn is not a root user message of the transcript")
-        return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
+        # Filed under the child's own directory (a worktree fork's tree), where its turns run.
+        child_cwd = tgt.cwd or src.cwd
+        child_dir = (
+            Path(tgt.home) / "projects" / source_path.parent.name
+            if child_cwd == src.cwd
+            else transcript_path(tgt.home, child_cwd, src.provider_session_id).parent
+        )
+        return _ForkPlan(source_path, checkpoint, legacy, child_dir)
 
     def call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
         from claude_agent_sdk import fork_session
@@ -151,7 +161,7 @@ class ClaudeFork:
             )
         return str(result.session_id)
 
-    def relocate_child(self, request: ForkRequest, child_id: str) -> None:
+    def relocate_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> None:
         """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
@@ -162,10 +172,8 @@ class ClaudeFork:
         source's. Across filesystems (EXDEV) it is copied — temp file, fsync, rename — and the
         source name unlinked after the target is durable.
         """
-        src, tgt = request.source, request.target
-        written = transcript_path(src.home, src.cwd, child_id)
-        # Filed under the child's own directory (a worktree fork's tree), where its turns run.
-        dest = transcript_path(tgt.home, tgt.cwd or src.cwd, child_id)
+        written = plan.source_path.with_name(f"{child_id}.jsonl")
+        dest = plan.child_dir / f"{child_id}.jsonl"
         changed = makedirs(dest.parent)
         if os.path.lexists(dest):
             raise FileExistsError(f"child transcript already in target home: {dest}")
@@ -212,7 +220,7 @@ class ClaudeFork:
             return ForkResult.unknown(
                 f"child {child_id} is not readable from its home", child=child
             )
-        text = transcript_path(tgt.home, child_cwd, child_id).read_text(encoding="utf-8")
+        text = (plan.child_dir / f"{child_id}.jsonl").read_text(encoding="utf-8")
         turns = split_turns(parse_entries(text))
         roots_from = tuple(t.root_forked_from for t in turns)
         if roots_from != request.provider_turn_ids:

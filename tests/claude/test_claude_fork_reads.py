@@ -122,3 +122,32 @@ def test_child_lines_are_parsed_by_orjson_and_the_standard_library_only_as_a_fal
     turns = split_turns(parse_entries(odd))
     assert [(t.root_uuid, t.checkpoint_uuid) for t in turns] == [("u1", "a1")]
     assert len(calls) == 3
+
+
+def test_a_fork_resolves_its_cwds_project_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import claude_agent_sdk
+
+    request, root, _ = _source(tmp_path)
+    resolved: list[str] = []
+    real_key = claude_agent_sdk.project_key_for_directory
+
+    def key(directory: Any = None) -> str:
+        resolved.append(str(directory))
+        return real_key(directory)
+
+    # The driver's own lookups only: the SDK's helpers resolve through their module's names.
+    monkeypatch.setattr(claude_agent_sdk, "project_key_for_directory", key)
+    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    assert result.disposition.value == "accepted", result.error
+    assert resolved == [request.source.cwd]
+    assert result.child is not None
+    child = transcript_path(
+        request.target.home, request.source.cwd, result.child.provider_session_id
+    )
+    assert child.is_file()
+    assert [t.root_forked_from for t in split_turns(parse_entries(child.read_text()))] == [
+        request.provider_turn_ids[0],
+        root,
+    ]
