@@ -22,7 +22,7 @@ from typing import Any
 
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
-from drivers.binder import fsync_dir, fsync_dirs, makedirs
+from drivers.binder import fsync_dir, makedirs
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,
@@ -195,10 +195,15 @@ class ClaudeFork:
             moved = False
         # The rename's commit makes both directories' entries durable on a journaling file
         # system; each is still fsynced, as POSIX asks, and the created ones' parents once —
-        # all together (one journal commit, not one per directory in a row). After
-        # a move the source's directory joins them: its entry is gone by the same rename.
+        # one after another on this thread: the first fsync commits the journal the others
+        # then find committed, where a `sync_together` round handed five of six to the sync
+        # threads (~120 `futex` calls a fork in hand-offs). After a move the source's
+        # directory joins them: its entry is gone by the same rename.
         durable: list[Path | str] = [dest.parent, *changed]
-        fsync_dirs([*durable, written.parent] if moved else durable)
+        for directory in dict.fromkeys(
+            os.fspath(d) for d in ([*durable, written.parent] if moved else durable)
+        ):
+            fsync_dir(directory)
         self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
         if not moved:
             written.unlink()

@@ -151,3 +151,39 @@ def test_a_fork_resolves_its_cwds_project_directory_once(
         request.provider_turn_ids[0],
         root,
     ]
+
+
+def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    request, _, _ = _source(tmp_path)
+    synced: list[tuple[int, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((threading.get_ident(), os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    assert result.disposition.value == "accepted", result.error
+    assert result.child is not None
+    child = transcript_path(
+        request.target.home, request.source.cwd, result.child.provider_session_id
+    )
+    home = Path(request.target.home)
+    written_dir = Path(request.source.home) / "projects" / child.parent.name
+    # The child file where the SDK wrote it, its new directory, each created directory's
+    # parent, the source's directory: each once, all on this thread (no sync-thread round).
+    expected = [
+        str(written_dir / child.name),
+        str(child.parent),
+        str(child.parent.parent),
+        str(home),
+        str(home.parent),
+        str(written_dir),
+    ]
+    assert sorted(path for _, path in synced) == sorted(expected)
+    assert {ident for ident, _ in synced} == {threading.get_ident()}
