@@ -94,7 +94,7 @@ def run(forks: int, turns: int) -> dict[str, Any]:
             req = request()
             plan = timed("plan", forks_.plan_fork, req)
             child = timed("fork_session", forks_.call_fork_session, req, plan)
-            timed("move, waited", forks_.relocate_child, req, child)
+            timed("move, waited", forks_.relocate_child, req, plan, child)
             result = timed("verify", forks_.verify_child, req, plan, child)
             return str(result.disposition.value)
 

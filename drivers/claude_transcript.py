@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 BINDING_SCHEMA_VERSION = 1
 
 # Entry types that fork_session copies (and cuts at); `progress` is UI-only and never a cut.
@@ -95,6 +97,15 @@ def is_root_user(entry: Mapping[str, Any]) -> bool:
     return not first.startswith(_SYNTHETIC_USER_PREFIXES)
 
 
+def _loads(line: str) -> Any:
+    """One JSON line: orjson first (a fork parses the whole child), the standard library for
+    what orjson refuses and it accepts (NaN, a lone surrogate), so no entry reads differently."""
+    try:
+        return orjson.loads(line)
+    except orjson.JSONDecodeError:
+        return json.loads(line)
+
+
 def parse_entries(text: str) -> list[TranscriptEntry]:
     """Main-chain entries in file order (the order fork_session cuts in); bad lines skipped."""
     out: list[TranscriptEntry] = []
@@ -103,7 +114,7 @@ def parse_entries(text: str) -> list[TranscriptEntry]:
         if not line:
             continue
         try:
-            raw = json.loads(line)
+            raw = _loads(line)
         except ValueError:
             continue  # a torn tail line is the CLI's problem, not a turn boundary
         if not isinstance(raw, dict) or raw.get("isSidechain"):

@@ -59,9 +59,14 @@ def observe_root(session: SessionState, turn: TurnState, root_uuid: str) -> None
     if turn.provider_turn_id is not None:
         return
     turn.provider_turn_id = root_uuid
-    turn.emit(session.agent_session_id, TurnStarted(turn.turn_id, root_uuid))
+    # The root is also the Turn's first checkpoint: the start carries that binding, one worker
+    # event (and one actor message on the host) where a start and a `turn.binding` were two.
+    turn.checkpoint = root_uuid
+    turn.emit(
+        session.agent_session_id,
+        TurnStarted(turn.turn_id, root_uuid, encode_binding(root_uuid)),
+    )
     turn.started.set_result(root_uuid)
-    set_checkpoint(session, turn, root_uuid)
 
 
 ROOT_POLL_S = 0.02

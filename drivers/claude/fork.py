@@ -22,7 +22,7 @@ from typing import Any
 
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
-from drivers.binder import fsync_dir, fsync_dirs, makedirs
+from drivers.binder import fsync_dir, makedirs
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,
@@ -47,6 +47,9 @@ class _ForkPlan:
     source_path: Path
     checkpoint: str
     legacy: bool
+    child_dir: Path
+    """Where the child's transcript is filed in the target home: its cwd's project directory,
+    resolved once a fork (each resolution is a `realpath` of the cwd)."""
 
 
 class NotStarted(Exception):
@@ -85,7 +88,7 @@ class ClaudeFork:
             return ForkResult.unknown(f"fork_session failed: {type(exc).__name__}: {exc}")
         try:
             self._failpoints.hit("worker.fork.after_provider_call")
-            self.relocate_child(request, child_id)
+            self.relocate_child(request, plan, child_id)
             return self.verify_child(request, plan, child_id)
         except Exception as exc:
             return ForkResult.unknown(
@@ -120,18 +123,26 @@ class ClaudeFork:
         boundary_binding = bindings[-1] if len(bindings) == len(request.provider_turn_ids) else None
         checkpoint = decode_binding(boundary_binding if isinstance(boundary_binding, str) else None)
         legacy = checkpoint is None
-        text = source_path.read_text(encoding="utf-8", errors="replace")
-        if checkpoint is not None and not holds_message(text, checkpoint):
+        data = source_path.read_bytes()
+        if checkpoint is not None and not holds_message(data, checkpoint):
             # Law 1: fork_session is called at most once per operation, so a checkpoint the
             # transcript does not hold is recomputed *before* that call, never after a refusal.
             checkpoint = None
         if checkpoint is None:
             # A Turn bound before bindings existed (or a stale binding): the transcript's own
             # checkpoint of the boundary Turn.
+            text = data.decode("utf-8", errors="replace")
             checkpoint = legacy_checkpoint(text, request.provider_turn_ids[-1])
             if checkpoint is None:
                 raise NotStarted("boundary turn is not a root user message of the transcript")
-        return _ForkPlan(source_path=source_path, checkpoint=checkpoint, legacy=legacy)
+        # Filed under the child's own directory (a worktree fork's tree), where its turns run.
+        child_cwd = tgt.cwd or src.cwd
+        child_dir = (
+            Path(tgt.home) / "projects" / source_path.parent.name
+            if child_cwd == src.cwd
+            else transcript_path(tgt.home, child_cwd, src.provider_session_id).parent
+        )
+        return _ForkPlan(source_path, checkpoint, legacy, child_dir)
 
     def call_fork_session(self, request: ForkRequest, plan: _ForkPlan) -> str:
         from claude_agent_sdk import fork_session
@@ -150,7 +161,7 @@ class ClaudeFork:
             )
         return str(result.session_id)
 
-    def relocate_child(self, request: ForkRequest, child_id: str) -> None:
+    def relocate_child(self, request: ForkRequest, plan: _ForkPlan, child_id: str) -> None:
         """Moves the child transcript from the source's config dir into the child's own home.
 
         fork_session writes next to the source; the child must resume from its own home alone.
@@ -161,10 +172,8 @@ class ClaudeFork:
         source's. Across filesystems (EXDEV) it is copied — temp file, fsync, rename — and the
         source name unlinked after the target is durable.
         """
-        src, tgt = request.source, request.target
-        written = transcript_path(src.home, src.cwd, child_id)
-        # Filed under the child's own directory (a worktree fork's tree), where its turns run.
-        dest = transcript_path(tgt.home, tgt.cwd or src.cwd, child_id)
+        written = plan.source_path.with_name(f"{child_id}.jsonl")
+        dest = plan.child_dir / f"{child_id}.jsonl"
         changed = makedirs(dest.parent)
         if os.path.lexists(dest):
             raise FileExistsError(f"child transcript already in target home: {dest}")
@@ -186,10 +195,15 @@ class ClaudeFork:
             moved = False
         # The rename's commit makes both directories' entries durable on a journaling file
         # system; each is still fsynced, as POSIX asks, and the created ones' parents once —
-        # all together (one journal commit, not one per directory in a row). After
-        # a move the source's directory joins them: its entry is gone by the same rename.
+        # one after another on this thread: the first fsync commits the journal the others
+        # then find committed, where a `sync_together` round handed five of six to the sync
+        # threads (~120 `futex` calls a fork in hand-offs). After a move the source's
+        # directory joins them: its entry is gone by the same rename.
         durable: list[Path | str] = [dest.parent, *changed]
-        fsync_dirs([*durable, written.parent] if moved else durable)
+        for directory in dict.fromkeys(
+            os.fspath(d) for d in ([*durable, written.parent] if moved else durable)
+        ):
+            fsync_dir(directory)
         self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
         if not moved:
             written.unlink()
@@ -211,7 +225,7 @@ class ClaudeFork:
             return ForkResult.unknown(
                 f"child {child_id} is not readable from its home", child=child
             )
-        text = transcript_path(tgt.home, child_cwd, child_id).read_text(encoding="utf-8")
+        text = (plan.child_dir / f"{child_id}.jsonl").read_text(encoding="utf-8")
         turns = split_turns(parse_entries(text))
         roots_from = tuple(t.root_forked_from for t in turns)
         if roots_from != request.provider_turn_ids:
@@ -270,7 +284,11 @@ def _copy_durably(source: Path, dest: Path) -> None:
     os.rename(tmp, dest)
 
 
-def holds_message(text: str, message_uuid: str) -> bool:
-    """Whether a transcript has an entry whose own `uuid` is `message_uuid` (a scan of the
-    text, no JSON parse: the fork's O(1)-ish pre-check of a bound checkpoint)."""
-    return re.search(r'"uuid"\s*:\s*"' + re.escape(message_uuid) + '"', text) is not None
+def holds_message(data: bytes, message_uuid: str) -> bool:
+    """Whether a transcript's bytes have an entry whose own `uuid` is `message_uuid` (a scan,
+    no decode and no JSON parse: the fork's pre-check of a bound checkpoint). The CLI writes
+    compact JSON, so the compact key is looked for first; any other spacing by the pattern."""
+    uuid = message_uuid.encode()
+    if b'"uuid":"' + uuid + b'"' in data:
+        return True
+    return re.search(rb'"uuid"\s*:\s*"' + re.escape(uuid) + rb'"', data) is not None

@@ -131,7 +131,7 @@ class ClaudeResolution:
                     raise DriverError(f"child {child} differs between source and target homes")
                 in_source[child].unlink()
             else:
-                self.fork.relocate_child(request, child)
+                self.fork.relocate_child(request, plan, child)
         result = self.fork.verify_child(request, plan, child)
         if result.disposition is not DeliveryDisposition.ACCEPTED:
             raise DriverError(f"adopted child does not verify: {result.error}")

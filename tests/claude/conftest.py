@@ -115,7 +115,7 @@ class Harness:
             self.recorder,
         )
         completed = self.recorder.wait_completed(turn_id)
-        bindings = [e for e in self.recorder.for_turn(turn_id) if e["type"] == "turn.binding"]
+        bindings = [e for e in self.recorder.for_turn(turn_id) if "bindingJson" in e]
         session.turns.append((result["providerTurnId"], bindings[-1]["bindingJson"]))
         return result["providerTurnId"], completed | {"turnId": turn_id}
 

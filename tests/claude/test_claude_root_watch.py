@@ -10,9 +10,10 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from domain.turn_events import TurnBindingMoved, TurnStarted
+from domain.turn_events import TurnStarted
 from drivers.claude.checkpoints import watch_root
 from drivers.claude.state import SessionState, TurnState
+from drivers.claude_transcript import decode_binding
 
 
 def _session(tmp_path: Path) -> SessionState:
@@ -76,8 +77,10 @@ def test_the_root_written_after_the_turn_began_is_observed_and_an_older_one_is_n
     asyncio.run(run())
     assert turn.provider_turn_id == root
     assert turn.started.result(timeout=0) == root
-    assert [type(e) for e in events] == [TurnStarted, TurnBindingMoved]
+    # One worker event: the start carrying the Turn's first binding (the root).
+    assert [type(e) for e in events] == [TurnStarted]
     assert events[0].provider_turn_id == root
+    assert decode_binding(events[0].binding_json) == root
 
 
 def test_the_watch_ends_when_the_echo_named_the_root_and_the_file_did_not_grow(

@@ -1,0 +1,189 @@
+"""What a Claude fork reads and parses of the transcripts, counted: the bound checkpoint is
+found in the source's bytes (no decode, no parse), and the child's lines are parsed by orjson
+with the standard library only for what orjson refuses. No CLI: synthetic transcripts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import drivers.claude_transcript as transcript
+from domain.worker_messages import ForkRequest
+from drivers.claude.env import sdk_version
+from drivers.claude.fork import ClaudeFork, holds_message
+from drivers.claude_transcript import encode_binding, parse_entries, split_turns, transcript_path
+from drivers.failpoints import Failpoints
+
+pytestmark = [pytest.mark.claude, pytest.mark.timeout(60)]
+
+
+def _entry(uuid_: str, type_: str, content: Any) -> dict[str, Any]:
+    return {"type": type_, "uuid": uuid_, "message": {"role": type_, "content": content}}
+
+
+def _source(tmp_path: Path) -> tuple[ForkRequest, str, str]:
+    """A two-Turn source transcript under its home and a fork request through Turn 2."""
+    sid, u1, a1, u2, a2 = (str(uuid.uuid4()) for _ in range(5))
+    home, cwd = tmp_path / "source-home", tmp_path / "work"
+    cwd.mkdir()
+    path = transcript_path(home, str(cwd), sid)
+    path.parent.mkdir(parents=True)
+    lines = [
+        _entry(u1, "user", "first"),
+        _entry(a1, "assistant", [{"type": "text", "text": f'quoted \\"uuid\\":\\"{a2}\\"'}]),
+        _entry(u2, "user", "second"),
+        _entry(a2, "assistant", [{"type": "text", "text": "two"}]),
+    ]
+    path.write_text("".join(json.dumps(e, separators=(",", ":")) + "\n" for e in lines))
+    request = ForkRequest.from_wire(
+        {
+            "source": {
+                "agentSessionId": "source",
+                "providerSessionId": sid,
+                "home": str(home),
+                "cwd": str(cwd),
+            },
+            "target": {"agentSessionId": "child", "home": str(tmp_path / "child-home")},
+            "providerTurnIds": [u1, u2],
+            "providerTurnBindings": [encode_binding(a1), encode_binding(a2)],
+            "driverKind": "claude-code",
+            "driverVersion": sdk_version(),
+        }
+    )
+    return request, u2, a2
+
+
+def test_bound_checkpoint_is_found_in_the_source_bytes_without_decoding_or_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request, _, checkpoint = _source(tmp_path)
+    decoded: list[Path] = []
+    parsed: list[str] = []
+    real_read_text = Path.read_text
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        decoded.append(self)
+        return real_read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(transcript, "parse_entries", lambda text: parsed.append(text) or [])
+    plan = ClaudeFork(Failpoints(), threading.Lock()).plan_fork(request)
+    assert plan.checkpoint == checkpoint and not plan.legacy
+    assert decoded == [] and parsed == []
+
+
+def test_stale_binding_still_falls_back_to_the_transcripts_own_checkpoint(tmp_path: Path) -> None:
+    request, root, checkpoint = _source(tmp_path)
+    wire = request.to_wire()
+    wire["providerTurnBindings"][-1] = encode_binding(str(uuid.uuid4()))
+    plan = ClaudeFork(Failpoints(), threading.Lock()).plan_fork(ForkRequest.from_wire(wire))
+    assert plan.checkpoint == checkpoint
+
+
+def test_holds_message_matches_only_an_entrys_own_uuid_key_in_any_spacing() -> None:
+    m = str(uuid.uuid4())
+    assert holds_message(f'{{"type":"user","uuid":"{m}"}}\n'.encode(), m)
+    assert holds_message(f'{{"type": "user", "uuid" : "{m}"}}\n'.encode(), m)
+    # The same text inside a string value is escaped, so it is never an entry's uuid.
+    escaped = json.dumps({"type": "user", "uuid": "x", "text": f'"uuid":"{m}"'}).encode()
+    assert not holds_message(escaped, m)
+    assert not holds_message(f'{{"parentUuid":"{m}"}}'.encode(), m)
+
+
+def test_child_lines_are_parsed_by_orjson_and_the_standard_library_only_as_a_fallback(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[str] = []
+    real_loads = json.loads
+
+    def counted(line: str, *args: Any, **kwargs: Any) -> Any:
+        calls.append(line)
+        return real_loads(line, *args, **kwargs)
+
+    monkeypatch.setattr(transcript.json, "loads", counted)
+    clean = "\n".join(
+        json.dumps(_entry(u, t, "x")) for u, t in (("u1", "user"), ("a1", "assistant"))
+    )
+    assert [e.uuid for e in parse_entries(clean)] == ["u1", "a1"]
+    assert calls == []
+    # orjson refuses NaN and a lone surrogate; the standard library reads both, as before.
+    odd = "\n".join(
+        [
+            '{"type":"user","uuid":"u1","n":NaN,"message":{"role":"user","content":"x"}}',
+            '{"type":"assistant","uuid":"a1","message":{"content":"\\ud800"}}',
+            "{torn tail",
+        ]
+    )
+    turns = split_turns(parse_entries(odd))
+    assert [(t.root_uuid, t.checkpoint_uuid) for t in turns] == [("u1", "a1")]
+    assert len(calls) == 3
+
+
+def test_a_fork_resolves_its_cwds_project_directory_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import claude_agent_sdk
+
+    request, root, _ = _source(tmp_path)
+    resolved: list[str] = []
+    real_key = claude_agent_sdk.project_key_for_directory
+
+    def key(directory: Any = None) -> str:
+        resolved.append(str(directory))
+        return real_key(directory)
+
+    # The driver's own lookups only: the SDK's helpers resolve through their module's names.
+    monkeypatch.setattr(claude_agent_sdk, "project_key_for_directory", key)
+    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    assert result.disposition.value == "accepted", result.error
+    assert resolved == [request.source.cwd]
+    assert result.child is not None
+    child = transcript_path(
+        request.target.home, request.source.cwd, result.child.provider_session_id
+    )
+    assert child.is_file()
+    assert [t.root_forked_from for t in split_turns(parse_entries(child.read_text()))] == [
+        request.provider_turn_ids[0],
+        root,
+    ]
+
+
+def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import os
+
+    request, _, _ = _source(tmp_path)
+    synced: list[tuple[int, str]] = []
+    real_fsync = os.fsync
+
+    def fsync(fd: int) -> None:
+        synced.append((threading.get_ident(), os.readlink(f"/proc/self/fd/{fd}")))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    assert result.disposition.value == "accepted", result.error
+    assert result.child is not None
+    child = transcript_path(
+        request.target.home, request.source.cwd, result.child.provider_session_id
+    )
+    home = Path(request.target.home)
+    written_dir = Path(request.source.home) / "projects" / child.parent.name
+    # The child file where the SDK wrote it, its new directory, each created directory's
+    # parent, the source's directory: each once, all on this thread (no sync-thread round).
+    expected = [
+        str(written_dir / child.name),
+        str(child.parent),
+        str(child.parent.parent),
+        str(home),
+        str(home.parent),
+        str(written_dir),
+    ]
+    assert sorted(path for _, path in synced) == sorted(expected)
+    assert {ident for ident, _ in synced} == {threading.get_ident()}
