@@ -27,7 +27,6 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -35,7 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import ProviderError
-from domain.wake_one import WakeOneQueue
+from domain.wake_one import WakeOneQueue, WakeOneThreads
 from drivers.failpoints import Failpoints
 from tutti_agent.rollout import REFUSED, fast_loads, lines_of
 
@@ -886,26 +885,32 @@ class NamesSyncing:
     def __init__(self, directories: Iterable[str], *, background: bool = True) -> None:
         global _names_pool
         self._unique = list(dict.fromkeys(directories))
-        self._future: Future[None] | None = None
+        self._round: _Round | None = None
         self._done = False
         if not background:
             return
         with _sync_pool_lock:
             if _names_pool is None:
                 # Not the fsync pool: the round submits its syncs there.
-                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+                _names_pool = WakeOneThreads(4, "names-sync")
             pool = _names_pool
-        self._future = pool.submit(fsync_dirs, self._unique)
+        # A `_Round` of one as the latch (no `Future`); the pool wakes ONE idle thread a job
+        # (`domain.wake_one`): an executor's idle threads all waited on its one queue's lock.
+        sync_round = self._round = _Round(1)
+        unique = self._unique
+        pool.submit(lambda: sync_round.run(partial(fsync_dirs, unique)))
 
     def wait(self) -> None:
-        if self._future is not None:
-            self._future.result()
+        if self._round is not None:
+            error = self._round.wait()
+            if error is not None:
+                raise error
         elif not self._done:
             fsync_dirs(self._unique)  # raises: not done, a later wait() tries again
             self._done = True
 
 
-_names_pool: ThreadPoolExecutor | None = None
+_names_pool: WakeOneThreads | None = None
 
 
 def begin_atomic_write_all(
