@@ -21,6 +21,7 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import re
 import stat
 import threading
@@ -913,6 +914,24 @@ class NamesSyncing:
 _names_pool: WakeOneThreads | None = None
 
 
+# A temp name's pid and random tag without a system call each (`getpid`, `getrandom`: two of
+# the worker's ~125 a warm fork): the pid kept, the tag from a generator of its own seeded
+# from the system's randomness — both again in a forked child. Only the tag's uniqueness
+# counts: `O_EXCL` refuses a clash, and the bind then fails closed.
+_pid = os.getpid()
+_temp_rng = random.Random()
+_temp_tag = _temp_rng.getrandbits
+
+
+def _repid() -> None:
+    global _pid
+    _pid = os.getpid()
+    _temp_rng.seed()
+
+
+os.register_at_fork(after_in_child=_repid)
+
+
 def begin_atomic_write_all(
     files: Sequence[tuple[Path | str, bytes]], *, present: Collection[str] = ()
 ) -> NamesSyncing:
@@ -952,7 +971,7 @@ def begin_atomic_write_all(
             parent, name = os.path.split(target)
             if parent not in present:
                 changed.extend(makedirs(parent))
-            tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+            tmp = os.path.join(parent, f".{name}.bind-{_pid}-{_temp_tag(32):08x}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((target, tmp, fd))
             view = memoryview(data)
