@@ -21,13 +21,13 @@ import contextlib
 import hashlib
 import json
 import os
+import random
 import re
 import stat
 import threading
 import time
 import weakref
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import partial
@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import ProviderError
-from domain.wake_one import WakeOneQueue
+from domain.wake_one import WakeOneQueue, WakeOneThreads
 from drivers.failpoints import Failpoints
 from tutti_agent.rollout import REFUSED, fast_loads, lines_of
 
@@ -886,26 +886,50 @@ class NamesSyncing:
     def __init__(self, directories: Iterable[str], *, background: bool = True) -> None:
         global _names_pool
         self._unique = list(dict.fromkeys(directories))
-        self._future: Future[None] | None = None
+        self._round: _Round | None = None
         self._done = False
         if not background:
             return
         with _sync_pool_lock:
             if _names_pool is None:
                 # Not the fsync pool: the round submits its syncs there.
-                _names_pool = ThreadPoolExecutor(4, thread_name_prefix="names-sync")
+                _names_pool = WakeOneThreads(4, "names-sync")
             pool = _names_pool
-        self._future = pool.submit(fsync_dirs, self._unique)
+        # A `_Round` of one as the latch (no `Future`); the pool wakes ONE idle thread a job
+        # (`domain.wake_one`): an executor's idle threads all waited on its one queue's lock.
+        sync_round = self._round = _Round(1)
+        unique = self._unique
+        pool.submit(lambda: sync_round.run(partial(fsync_dirs, unique)))
 
     def wait(self) -> None:
-        if self._future is not None:
-            self._future.result()
+        if self._round is not None:
+            error = self._round.wait()
+            if error is not None:
+                raise error
         elif not self._done:
             fsync_dirs(self._unique)  # raises: not done, a later wait() tries again
             self._done = True
 
 
-_names_pool: ThreadPoolExecutor | None = None
+_names_pool: WakeOneThreads | None = None
+
+
+# A temp name's pid and random tag without a system call each (`getpid`, `getrandom`: two of
+# the worker's ~125 a warm fork): the pid kept, the tag from a generator of its own seeded
+# from the system's randomness — both again in a forked child. Only the tag's uniqueness
+# counts: `O_EXCL` refuses a clash, and the bind then fails closed.
+_pid = os.getpid()
+_temp_rng = random.Random()
+_temp_tag = _temp_rng.getrandbits
+
+
+def _repid() -> None:
+    global _pid
+    _pid = os.getpid()
+    _temp_rng.seed()
+
+
+os.register_at_fork(after_in_child=_repid)
 
 
 def begin_atomic_write_all(
@@ -947,7 +971,7 @@ def begin_atomic_write_all(
             parent, name = os.path.split(target)
             if parent not in present:
                 changed.extend(makedirs(parent))
-            tmp = os.path.join(parent, f".{name}.bind-{os.getpid()}-{os.urandom(4).hex()}.tmp")
+            tmp = os.path.join(parent, f".{name}.bind-{_pid}-{_temp_tag(32):08x}.tmp")
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
             staged.append((target, tmp, fd))
             view = memoryview(data)

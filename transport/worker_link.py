@@ -385,25 +385,30 @@ class WorkerEnd:
         poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
+        wake_r = self._wake_r
         busy = True  # look at the socket before the first sleep
         try:
             while True:
-                if not busy:
-                    timeout_ms = max(0, int((next_hb - time.monotonic()) * 1000))
-                    poller.poll(timeout_ms)
-                self._drain_wakes()
+                # The wake-up pipe is read only when it woke the poll (or none was made): a wake
+                # by the socket's descriptor alone made a `read` that found nothing.
+                if busy or any(ready_fd == wake_r for ready_fd, _ in self._sleep(poller, next_hb)):
+                    self._drain_wakes()
                 stop = self._stop.is_set()
                 frames: list[bytes] = []
                 with self._lock:
-                    self._read_all(sock, frames)
-                    self._flush(sock)
+                    events = self._read_all(sock, frames)
+                    if self._backlog:
+                        self._flush(sock)
+                        events = None  # a send may have taken the descriptor's edge: look again
                     now = time.monotonic()
                     if now >= next_hb:
                         if not self._backlog:
                             with contextlib.suppress(zmq.Again):
                                 sock.send(encode(HB_MSG), zmq.NOBLOCK)
                         next_hb = now + HEARTBEAT_INTERVAL_S
-                    events = int(sock.getsockopt(zmq.EVENTS))
+                        events = None
+                    if events is None:
+                        events = int(_getsockopt(sock, _EVENTS))
                     busy = bool(events & zmq.POLLIN) or bool(self._backlog and events & zmq.POLLOUT)
                     if stop:
                         self._closed = True
@@ -449,13 +454,26 @@ class WorkerEnd:
                 sock.send(self._backlog.popleft())
                 self.sent_backlog += 1
 
-    def _read_all(self, sock: zmq.Socket[Any], frames: list[bytes]) -> None:
-        """Under `_lock`: every frame the host sent that is ready now."""
+    @staticmethod
+    def _sleep(poller: select.poll, next_hb: float) -> list[tuple[int, int]]:
+        """Until the socket's descriptor or the wake-up pipe turns readable, or the next
+        heartbeat is due: what woke it."""
+        return poller.poll(max(0, int((next_hb - time.monotonic()) * 1000)))
+
+    def _read_all(self, sock: zmq.Socket[Any], frames: list[bytes]) -> int | None:
+        """Under `_lock`: every frame the host sent that is ready now. Returns the socket's
+        `zmq.EVENTS` as looked at after the last frame read — the look that ends the reading,
+        no `recv` that fails with `zmq.Again` after it (each socket call is a look at the
+        socket's mailbox: a `getpid` and a `poll` in libzmq, and a raised `Again` is a Python
+        exception built) — or None when nothing was ready (the caller looks)."""
         while True:
             try:
-                frames.append(sock.recv(zmq.NOBLOCK))
+                frames.append(_recv(sock, _NOBLOCK))
             except zmq.Again:
-                return
+                return None
+            events: int = _getsockopt(sock, _EVENTS)
+            if not events & _POLLIN:
+                return events
 
     def _dispatch(self, frame: bytes) -> None:
         try:

@@ -36,17 +36,22 @@ _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def child_running(proc: subprocess.Popen[Any]) -> bool:
-    """Whether the child has not exited. `Popen.poll()` answers None ("running") while
-    another thread is inside `wait()` — the reader waits for the exit it saw coming (its
-    stdout closed) and may not run again for a while after the child has become a zombie —
-    so a None is checked with `waitid(WNOWAIT)`, which sees a zombie without reaping it."""
-    if proc.poll() is not None:
-        return False
+    """Whether the child has not exited. Asked by `waitid(WNOWAIT)`, which sees a zombie
+    without reaping it: `Popen.poll()` answers None ("running") while another thread is
+    inside `wait()` — the reader waits for the exit it saw coming (its stdout closed) and
+    may not run again for a while after the child has become a zombie. One system call for
+    a running child (a fork asks twice): `poll()` — its lock and its `wait4` — only once the
+    child has exited, to reap it (a no-op while that other thread waits)."""
+    if proc.returncode is not None:
+        return False  # reaped already
     try:
         exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return False  # reaped meanwhile (by the thread in `wait()`)
-    return exited is None
+    if exited is None:
+        return True
+    proc.poll()
+    return False
 
 
 def decode_line(raw: bytes) -> Any:

@@ -5,6 +5,7 @@ generation and the host would skip a fork's re-attestation."""
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -44,3 +45,38 @@ def test_a_reaped_child_is_not_running() -> None:
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
     assert not child_running(proc)
+
+
+def test_a_running_child_is_asked_by_one_waitid_without_poll(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A running app-server's check is one system call (`waitid`), not `Popen.poll`'s lock and
+    `wait4` before it (the worker asks twice a fork); an exited one is still reaped by it."""
+    proc = subprocess.Popen(
+        [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
+    )
+    polls: list[int] = []
+    real_poll = proc.poll
+    proc.poll = lambda: polls.append(1) or real_poll()  # type: ignore[method-assign]
+    waitids: list[int] = []
+    real_waitid = os.waitid
+
+    def counting_waitid(*args: int) -> object:
+        waitids.append(1)
+        return real_waitid(*args)
+
+    monkeypatch.setattr(os, "waitid", counting_waitid)
+    try:
+        for _ in range(5):
+            assert child_running(proc)
+        assert (len(polls), len(waitids)) == (0, 5)
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        deadline = time.monotonic() + 10
+        while _state(proc.pid) != b"Z":
+            assert time.monotonic() < deadline, "the child never exited"
+            time.sleep(0.005)
+    assert not child_running(proc)
+    assert polls == [1]  # the exited child reaped by the check
+    assert proc.returncode == 0
+    assert not child_running(proc)
+    assert polls == [1]  # then its return code answers, no system call

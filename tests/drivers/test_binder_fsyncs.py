@@ -638,3 +638,85 @@ def test_a_sync_handed_to_the_sync_threads_wakes_one_of_them() -> None:
     woken = woken_since(threads, before)
     assert len(ran) == 20 and len(set(ran)) == 1, ran
     assert all(n == 0 for name, n in woken.items() if name != ran[0]), woken
+
+
+def test_a_large_bind_s_names_round_wakes_one_names_thread(tmp_path: Path) -> None:
+    """The names' pool (a large bind's last round, in the background) idle with four threads:
+    each round wakes ONE of them, the one idle last, and the other three sleep through it. As
+    a `ThreadPoolExecutor` its idle threads all waited on its queue's one lock, and a job
+    woke a second thread for nothing."""
+    import threading
+
+    from drivers import binder
+    from drivers.binder import NamesSyncing
+    from tests.support.wakeups import asleep, woken_since
+
+    NamesSyncing([str(tmp_path)]).wait()  # makes the pool (once per process)
+    pool = binder._names_pool
+    assert pool is not None
+    gate, entered = threading.Event(), threading.Semaphore(0)
+
+    def held() -> None:
+        entered.release()
+        assert gate.wait(20)
+
+    for _ in range(4):  # four jobs at once: four threads
+        pool.submit(held)
+    for _ in range(4):
+        assert entered.acquire(timeout=20)
+    gate.set()
+    threads = [t for t in threading.enumerate() if t.name.startswith("names-sync")]
+    assert len(threads) == 4
+    ran: list[str] = []
+    real = binder.fsync_dirs
+    before = asleep(threads)
+    try:
+        binder.fsync_dirs = lambda paths: (ran.append(threading.current_thread().name), real(paths))  # type: ignore[assignment,func-returns-value]
+        for _ in range(20):
+            NamesSyncing([str(tmp_path)]).wait()
+    finally:
+        binder.fsync_dirs = real
+    woken = woken_since(threads, before)
+    assert len(ran) == 20 and len(set(ran)) == 1, ran  # the one idle last, every time
+    assert all(n == 0 for name, n in woken.items() if name != ran[0]), woken
+
+
+def test_a_temp_name_costs_no_getpid_or_getrandom_and_is_renewed_in_a_forked_child(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`begin_atomic_write_all`'s temp name asks the kernel for neither the pid nor random
+    bytes (two of the worker's system calls a warm fork); a forked child names its temp files
+    with its own pid and a tag its parent does not draw next."""
+    from drivers import binder
+    from drivers.binder import atomic_write_all
+
+    names: list[str] = []
+    real_open = os.open
+
+    def recording_open(path: str, *args: int) -> int:
+        names.append(os.path.basename(path))
+        return real_open(path, *args)
+
+    def forbidden(*args: object) -> object:
+        raise AssertionError("a system call the temp name does not need")
+
+    monkeypatch.setattr(os, "open", recording_open)
+    monkeypatch.setattr(os, "getpid", forbidden)
+    monkeypatch.setattr(os, "urandom", forbidden)
+    atomic_write_all([(tmp_path / "a.jsonl", b"x\n")])
+    monkeypatch.undo()
+    temp = [n for n in names if n.startswith(".a.jsonl.bind-")]
+    assert len(temp) == 1 and temp[0].split("-")[1] == str(os.getpid()), names
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: its pid and its next tag, to the parent
+        try:
+            os.write(write_fd, f"{binder._pid} {binder._temp_tag(32)}".encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    os.waitpid(pid, 0)
+    child_pid, child_tag = os.read(read_fd, 100).decode().split()
+    os.close(read_fd)
+    assert int(child_pid) == pid
+    assert int(child_tag) != binder._temp_tag(32)  # not the parent's sequence

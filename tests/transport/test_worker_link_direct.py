@@ -206,3 +206,57 @@ def test_a_streamed_delta_sends_by_the_sockets_own_calls(host: HostEnd) -> None:
         assert end.sent_direct == 2
     finally:
         end.close()
+
+
+def test_a_request_is_read_without_a_failed_recv_or_a_pipe_read(
+    host: HostEnd, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The link's thread woken by a request alone reads it with one `recv`, ends the reading
+    with a look at `zmq.EVENTS` — no `recv` that fails with `zmq.Again` (each socket call is a
+    libzmq mailbox look, `getpid` and `poll`, and an `Again` a Python exception built) — and
+    does not read the wake-up pipe that did not wake it."""
+    import os
+
+    import transport.worker_link as link
+
+    calls = {"recv": 0, "again": 0, "pipe_reads": 0}
+
+    def counting(real: Any) -> Any:
+        def recv(sock: Any, *args: Any, **kwargs: Any) -> Any:
+            if threading.current_thread().name != "worker-link":
+                return real(sock, *args, **kwargs)
+            calls["recv"] += 1
+            try:
+                return real(sock, *args, **kwargs)
+            except zmq.Again:
+                calls["again"] += 1
+                raise
+
+        return recv
+
+    monkeypatch.setattr(link, "HEARTBEAT_INTERVAL_S", 60.0)  # no heartbeat's timed wake-up
+    monkeypatch.setattr(link, "_recv", counting(link._recv))
+    monkeypatch.setattr(zmq.Socket, "recv", counting(zmq.Socket.recv))
+    got = threading.Semaphore(0)
+    worker = _worker(host, on_request=lambda msg: got.release())
+    real_read = os.read
+
+    def read(fd: int, n: int) -> bytes:
+        if threading.current_thread().name == "worker-link":
+            calls["pipe_reads"] += 1
+        return real_read(fd, n)
+
+    try:
+        time.sleep(0.2)  # the start's wake-up read
+        monkeypatch.setattr(os, "read", read)
+        for key in calls:
+            calls[key] = 0
+        for i in range(10):
+            host.send(req_msg(i, "worker.ping", {}))
+            assert got.acquire(timeout=10)
+            time.sleep(0.02)  # the thread back asleep: each request wakes it alone
+        monkeypatch.setattr(os, "read", real_read)
+        seen = dict(calls)  # before the close's own wake-up
+    finally:
+        worker.close()
+    assert seen == {"recv": 10, "again": 0, "pipe_reads": 0}, seen
