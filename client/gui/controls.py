@@ -59,6 +59,9 @@ class InteractionBar(Vertical):
             return  # the same question: keep what the user is typing
         self.interaction = dict(interaction)
         await self.remove_children()
+        # Shown before its children mount: the answer field is focusable (ctrl+t) as soon as
+        # it is there, not only once the whole bar has been mounted.
+        self.add_class("-shown")
         kind = str(interaction.get("kind") or "question")
         ask = Text(f"{kind}: ", style="bold")
         ask.append(describe_interaction(interaction))
@@ -80,7 +83,6 @@ class InteractionBar(Vertical):
                     Button("Send", "primary", id=ANSWER_SEND_ID, compact=True),
                 )
             )
-        self.add_class("-shown")
 
     def respond(self, response: dict[str, Any]) -> bool:
         if self.interaction is None:

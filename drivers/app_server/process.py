@@ -30,28 +30,39 @@ from typing import IO, Any
 
 import orjson
 
+from domain.procfs import alive_in_stat, read_proc_stat
+
 _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
 
 def child_running(proc: subprocess.Popen[Any]) -> bool:
-    """Whether the child has not exited. Asked by `waitid(WNOWAIT)`, which sees a zombie
-    without reaping it: `Popen.poll()` answers None ("running") while another thread is
-    inside `wait()` — the reader waits for the exit it saw coming (its stdout closed) and
-    may not run again for a while after the child has become a zombie. One system call for
-    a running child (a fork asks twice): `poll()` — its lock and its `wait4` — only once the
-    child has exited, to reap it (a no-op while that other thread waits)."""
+    """Whether the child has not exited: by `waitid(WNOWAIT)`, which sees a zombie without
+    reaping it (`Popen.poll()` answers None, "running", while another thread is inside
+    `wait()` — the reader waits for the exit it saw coming and may not run again for a while),
+    then by `/proc` as the host asks it (a child exiting but not yet waitable). `poll()` — its
+    lock and its `wait4` — only once the child has exited, to reap it."""
     if proc.returncode is not None:
         return False  # reaped already
     try:
         exited = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
     except ChildProcessError:
         return False  # reaped meanwhile (by the thread in `wait()`)
-    if exited is None:
-        return True
-    proc.poll()
-    return False
+    if exited is not None:
+        proc.poll()
+        return False
+    # Not waitable yet is not running yet: a killed multi-threaded child's leader is a zombie
+    # (and exiting) until its last thread has gone, and only then waitable. The host calls it
+    # dead from `/proc` at once (`actors.session_runtime.process_alive`); so does this, or a
+    # `session.start` in that window would stamp the dying runtime's generation and the fork
+    # after it be refused for nothing.
+    try:
+        return alive_in_stat(read_proc_stat(proc.pid))
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True  # unreadable is not evidence of an exit
 
 
 def decode_line(raw: bytes) -> Any:

@@ -111,7 +111,10 @@ def test_focus_returns_to_the_message_box_after_answering(
         await open_and_wait(app, pilot, sid, 0)
         submit(client, sid, "/ask which colour?", ws)
         await until(pilot, lambda: app.query("#answer-input"))
-        await pilot.press("ctrl+t", *"teal", "enter")
+        await pilot.press("ctrl+t")
+        # Typed once the field has the focus, as a person sees the cursor there first.
+        await until(pilot, lambda: getattr(app.focused, "id", None) == "answer-input")
+        await pilot.press(*"teal", "enter")
         turn = await settled(pilot, client, ws, sid)
         assert turn["messages"][-1]["text"] == "teal"
         assert turn["interactions"][0]["output"]["by"] == "gui"

@@ -6,11 +6,13 @@ generation and the host would skip a fork's re-attestation."""
 from __future__ import annotations
 
 import os
+import platform
 import signal
 import subprocess
 import sys
 import time
 
+from actors.session_runtime import process_alive
 from drivers.app_server.process import child_running
 
 
@@ -48,8 +50,8 @@ def test_a_reaped_child_is_not_running() -> None:
 
 
 def test_a_running_child_is_asked_by_one_waitid_without_poll(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    """A running app-server's check is one system call (`waitid`), not `Popen.poll`'s lock and
-    `wait4` before it (the worker asks twice a fork); an exited one is still reaped by it."""
+    """A running app-server's check is `waitid` and `/proc` (as the host's), not `Popen.poll`'s
+    lock and `wait4` before it (the worker asks twice a fork); an exited one is still reaped."""
     proc = subprocess.Popen(
         [sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE
     )
@@ -80,3 +82,32 @@ def test_a_running_child_is_asked_by_one_waitid_without_poll(monkeypatch) -> Non
     assert proc.returncode == 0
     assert not child_running(proc)
     assert polls == [1]  # then its return code answers, no system call
+
+
+_SYS_EXIT = {"x86_64": 60, "aarch64": 93}[platform.machine()]
+
+
+def test_a_child_whose_leader_exited_is_not_running_before_it_is_waitable() -> None:
+    """A killed multi-threaded app-server's leader is a zombie until its last thread has gone,
+    and only then waitable: the host's `/proc` check calls it dead at once, so the worker must
+    too (else a `session.start` in that window stamps the dying runtime's generation and the
+    next fork is refused by the worker). Made exact here: the child's leader thread exits
+    alone (`SYS_exit`, not `exit_group`) while another of its threads keeps running."""
+    code = (
+        "import ctypes, threading, time\n"
+        "threading.Thread(target=time.sleep, args=(60,)).start()\n"
+        f"ctypes.CDLL(None).syscall({_SYS_EXIT}, 0)\n"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code])
+    try:
+        deadline = time.monotonic() + 10
+        while _state(proc.pid) != b"Z":
+            assert time.monotonic() < deadline, "the leader never exited"
+            time.sleep(0.005)
+        # Not waitable: the trap `waitid` alone falls into.
+        assert os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is None
+        assert not process_alive(proc.pid)  # the host's view
+        assert not child_running(proc)
+    finally:
+        proc.kill()
+        proc.wait()

@@ -104,7 +104,6 @@ def test_session_row_decodes_without_the_standard_library(
         return real(text, *args, **kwargs)
 
     monkeypatch.setattr(json, "loads", counting)
-    monkeypatch.setattr(storage.rows, "loads", counting)
     first = store.sessions.get_session(ws, "s1")
     second = store.sessions.get_session(ws, "s1")
     assert calls == []
