@@ -26,6 +26,7 @@ only the parent's entry is new. What a spare is and is not:
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import shutil
 import threading
@@ -53,6 +54,12 @@ class SpareHomes:
         self._pending: dict[_Key, int] = {}
         self._pool: ThreadPoolExecutor | None = None
         self._closed = False
+        # Spare names: this process's random tag once, then a counter (no `getrandom` a
+        # spare; a clash with a name on disk fails that spare's `mkdir`, and it is not made).
+        self._tag = os.urandom(6).hex()
+        self._names = itertools.count()
+        # Parents whose components were each `lstat`ed once and none was a link.
+        self._checked: set[str] = set()
 
     @staticmethod
     def _first_missing(path: str) -> str | None:
@@ -122,11 +129,13 @@ class SpareHomes:
 
     def _make(self, key: _Key) -> None:
         parent, rest = key
-        root = os.path.join(parent, f"{PREFIX}{os.urandom(8).hex()}")
+        root = os.path.join(parent, f"{PREFIX}{self._tag}-{next(self._names)}")
         made = False
         try:
-            if assert_no_symlink(parent, must_exist=True) is not None:
-                return
+            if parent not in self._checked:
+                if assert_no_symlink(parent, must_exist=True) is not None:
+                    return
+                self._checked.add(parent)
             chain = [root] + [
                 root + rest[:i] for i in range(1, len(rest) + 1) if i == len(rest) or rest[i] == "/"
             ]

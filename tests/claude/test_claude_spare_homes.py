@@ -148,3 +148,31 @@ def test_the_daemon_start_sweep_removes_spares_and_keeps_every_session_home(
     assert sorted(p.name for p in (runtimes / "ws").iterdir()) == ["s1"]
     assert child.read_text() == "{}\n"
     assert list((runtimes / runtime_dirs.TRASH).iterdir()) == []
+
+
+def test_a_spare_costs_no_getrandom_and_its_parent_is_checked_for_links_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    spares = homes.SpareHomes()
+    base = tmp_path / "runtimes"
+    base.mkdir()
+    drawn: list[int] = []
+    checked: list[str] = []
+    real_urandom, real_check = os.urandom, homes.assert_no_symlink
+
+    def urandom(n: int) -> bytes:
+        drawn.append(n)
+        return real_urandom(n)
+
+    def check(path, **kwargs):  # type: ignore[no-untyped-def]
+        checked.append(os.fspath(path))
+        return real_check(path, **kwargs)
+
+    monkeypatch.setattr(os, "urandom", urandom)
+    monkeypatch.setattr(homes, "assert_no_symlink", check)
+    for n in range(3):
+        spares.replenish(str(base / f"s{n}"), str(base / f"s{n}" / "c" / "projects" / "p"))
+        spares.drain()
+    assert len(_spares(base)) == homes.PER_KEY
+    assert drawn == [] and checked == [str(base)]
+    spares.close()
