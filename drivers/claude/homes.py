@@ -5,7 +5,7 @@ the next fork like it — one `rename` and one fsync of its parent on that fork'
 of four `mkdir`s and four parents' fsyncs (docs/design/drivers.md, "A Claude child's home
 made ahead").
 
-A spare is `<parent>/.claude-spare-<hex>/<rest>`, where `<parent>/<first missing>/<rest>` is
+A spare is `<parent>/.claude-spare-<tag>-<n>/<rest>`, where `<parent>/<first missing>/<rest>` is
 the child's project directory of the fork that asked for it: the workspace's `runtimes/`
 directory, the Session's directory that was missing, `claude-config/projects/<cwd>` below
 it. Its every directory's entry is fsynced when it is made (`_make`), so after the rename
