@@ -13,6 +13,7 @@ not deletable at all (`session.delete` answers `agent_session_fork_unresolved`).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import shutil
@@ -26,6 +27,7 @@ log = logging.getLogger(__name__)
 
 TRASH = ".trash"
 EVIDENCE = ".evidence"
+SPARE_PREFIX = ".claude-spare-"  # drivers/claude/homes.py's PREFIX (actors import no driver)
 QUARANTINE = "quarantine"  # the drivers' quarantine folder name (drivers/app_server/resolution.py)
 
 
@@ -82,6 +84,13 @@ def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
     """Finish deletes a previous process was killed in; returns how many it finished."""
     trash = runtimes_dir / TRASH
     finished = 0
+    # The Claude worker's child homes made ahead (`drivers.claude.homes`) that a killed
+    # worker or daemon left unused: no Session's, never a child's. Renamed into the trash
+    # first (atomic: a rename racing a late worker's leaves the spare whole in one place).
+    for spare in runtimes_dir.glob(f"*/{SPARE_PREFIX}*"):
+        trash.mkdir(mode=0o700, exist_ok=True)
+        with contextlib.suppress(OSError):
+            os.rename(spare, trash / f"{spare.name}-{uuid.uuid4().hex[:8]}")
     if trash.is_dir():
         for entry in trash.iterdir():
             _purge(entry)

@@ -283,6 +283,7 @@ class ClaudeDriver:
             if session.active is not None:
                 self.turns.cancel(session.active)
         self.turns.close()
+        self.forks.spares.close()  # the child homes made ahead and never used
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
 

@@ -30,6 +30,7 @@ from drivers.claude.env import (
     claude_config_env,
     sdk_version,
 )
+from drivers.claude.homes import SpareHomes
 from drivers.claude.state import is_uuid
 from drivers.claude_transcript import (
     decode_binding,
@@ -50,6 +51,9 @@ class _ForkPlan:
     child_dir: Path
     """Where the child's transcript is filed in the target home: its cwd's project directory,
     resolved once a fork (each resolution is a `realpath` of the cwd)."""
+    first_missing: str | None = None
+    """The highest directory of `child_dir`'s chain the move found missing (and made, or put
+    a spare in its place): what a spare for the next fork like this one stands in for."""
 
 
 class NotStarted(Exception):
@@ -59,8 +63,12 @@ class NotStarted(Exception):
 class ClaudeFork:
     """`fork(request) -> ForkResult` through the SDK's `fork_session`."""
 
-    def __init__(self, failpoints: Failpoints, env_lock: threading.Lock) -> None:
+    def __init__(
+        self, failpoints: Failpoints, env_lock: threading.Lock, spares: SpareHomes | None = None
+    ) -> None:
         self._failpoints = failpoints
+        # The next child's home made ahead, off the fork's path (`drivers.claude.homes`).
+        self.spares = SpareHomes() if spares is None else spares
         # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
         # from it: every helper call that needs a particular config dir holds this lock.
         self._env_lock = env_lock
@@ -95,6 +103,11 @@ class ClaudeFork:
                 f"child {child_id} unverified: {type(exc).__name__}: {exc}",
                 child=ForkChild(child_id, request.source.provider_session_id, ()),
             )
+        finally:
+            if plan.first_missing is not None:
+                # The next fork's home like this one's, made on the spares' thread once this
+                # fork's work is done (its answer is what the caller sends next).
+                self.spares.replenish(plan.first_missing, os.fspath(plan.child_dir))
 
     def plan_fork(self, request: ForkRequest) -> _ForkPlan:
         src, tgt = request.source, request.target
@@ -170,11 +183,18 @@ class ClaudeFork:
         read or written, and after a crash the file is in exactly one of the two places), the
         target's directory and the parent of each directory created for it fsynced, then the
         source's. Across filesystems (EXDEV) it is copied — temp file, fsync, rename — and the
-        source name unlinked after the target is durable.
+        source name unlinked after the target is durable. The target's missing directories are
+        a spare home made ahead when one fits (`drivers.claude.homes`: one rename, only its
+        parent's entry new), else made here.
         """
         written = plan.source_path.with_name(f"{child_id}.jsonl")
         dest = plan.child_dir / f"{child_id}.jsonl"
-        changed = makedirs(dest.parent)
+        # A spare home made ahead renamed into place (only its parent's entry new), else the
+        # missing directories made here (each one's parent's entry new). Before the child's
+        # file is moved: no transcript is ever in a spare.
+        plan.first_missing, changed = self.spares.take(os.fspath(dest.parent))
+        if changed is None:
+            changed = makedirs(dest.parent)
         if os.path.lexists(dest):
             raise FileExistsError(f"child transcript already in target home: {dest}")
         # This move is Claude's provider-state binding: the same crash points as the host_copy

@@ -12,6 +12,7 @@ import pytest
 from domain.enums import DeliveryDisposition
 from domain.worker_messages import ForkRequest
 from drivers.claude.fork import receipt_hash
+from drivers.claude.homes import SpareHomes
 from drivers.claude_transcript import decode_binding, encode_binding, parse_entries
 from drivers.failpoints import Failpoints
 from model_fakes.messages import model_input_texts
@@ -282,8 +283,12 @@ def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durabl
         return child_id
 
     monkeypatch.setattr(driver.forks, "call_fork_session", recording)
+    # No home made ahead (`drivers.claude.homes`): the move makes every directory itself.
+    spares = SpareHomes()
+    monkeypatch.setattr(driver.forks, "spares", spares)
     with counting_fsyncs(monkeypatch) as log:
         result = fork(harness, harness.fork_params(three_turns, "child-move", 2))
+        spares.close()  # the spare made after it, on the spares' thread, removed
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert result.child is not None
     child_id = result.child.provider_session_id

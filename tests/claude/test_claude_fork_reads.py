@@ -167,12 +167,17 @@ def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
         real_fsync(fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
-    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    forks = ClaudeFork(Failpoints(), threading.Lock())
+    result = forks.fork(request)
+    forks.spares.drain()  # the next child's home, made after this fork on the spares' thread
     assert result.disposition.value == "accepted", result.error
     assert result.child is not None
     child = transcript_path(
         request.target.home, request.source.cwd, result.child.provider_session_id
     )
+    spares = [(i, p) for i, p in synced if "/.claude-spare-" in p]
+    assert spares and {i for i, _ in spares} != {threading.get_ident()}
+    synced = [(i, p) for i, p in synced if "/.claude-spare-" not in p]
     home = Path(request.target.home)
     written_dir = Path(request.source.home) / "projects" / child.parent.name
     # The child file where the SDK wrote it, its new directory, each created directory's
