@@ -815,3 +815,14 @@ def test_session_events_law_names_a_touch_built_on_the_wrong_row() -> None:
     assert [v.detail for v in check_session_events(late, {"s": end})] == [
         "s: last heard updatedAtUnixMs 6, ended 7"
     ]
+
+
+def test_a_file_in_a_claude_spare_home_is_reported(base: Base, tmp_path: Path) -> None:
+    """A spare home made ahead holds its empty directories only: no transcript ever moves into
+    one (it is renamed into the child's place first)."""
+    home = tampered(base, tmp_path)
+    projects = home / "runtimes" / WS / ".claude-spare-t-1" / "claude-config" / "projects" / "p"
+    projects.mkdir(parents=True)
+    assert Law.SPARE_HOME_EMPTY not in laws(home)  # an empty spare is lawful
+    (projects / f"{uuid.uuid4()}.jsonl").write_text("{}\n")
+    assert Law.SPARE_HOME_EMPTY in laws(home)

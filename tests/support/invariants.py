@@ -125,6 +125,11 @@ class Law(StrEnum):
     QUARANTINE = "quarantine"
     """A quarantined provider file belongs to no `abandoned`/`unknown` operation, or was
     emptied (abandon moves a child aside, never deletes or truncates it)."""
+    SPARE_HOME_EMPTY = "spare_home_empty"
+    """A Claude child's home made ahead (`runtimes/<ws>/.claude-spare-*`, drivers/claude/homes.py)
+    holds anything but its empty directories: a spare is renamed into a child's place before the
+    child's transcript moves in, so no provider state ever lands in one, and one left unused is
+    removed by the worker's close or the daemon's start-up sweep (docs/design/drivers.md)."""
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
     (a dropped driver event)."""
@@ -1062,6 +1067,26 @@ def _quarantined_lineage(path: Path) -> str | None:
     return None
 
 
+SPARE_HOME_PREFIX = ".claude-spare-"  # drivers/claude/homes.py's PREFIX
+
+
+def _check_spare_homes(ctx: _Ctx, home: Path) -> None:
+    """Every spare home made ahead holds directories only (law `SPARE_HOME_EMPTY`). An entry
+    gone by the time it is looked at (the spare renamed into a child's place meanwhile) is no
+    finding."""
+    for spare in _glob(home / "runtimes", f"*/{SPARE_HOME_PREFIX}*"):
+        if spare.is_symlink() or (spare.exists() and not spare.is_dir()):
+            ctx.fail(Law.SPARE_HOME_EMPTY, f"{spare} is no directory")
+            continue
+        for dirpath, dirnames, filenames in os.walk(spare):
+            for name in filenames:
+                if os.path.lexists(os.path.join(dirpath, name)):
+                    ctx.fail(Law.SPARE_HOME_EMPTY, f"{dirpath}/{name} in a spare home")
+            for name in dirnames:
+                if os.path.islink(os.path.join(dirpath, name)):
+                    ctx.fail(Law.SPARE_HOME_EMPTY, f"{dirpath}/{name} is a link in a spare home")
+
+
 def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
     by_id = {o["operation_id"]: o for o in ops}
     for op_id, path in quarantined_files(home):
@@ -1924,6 +1949,7 @@ def check_invariants(
                 if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
         _check_quarantine(ctx, home, ops)
+        _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
         _check_worktrees(ctx, ops, int(time.time() * 1000), sessions)
