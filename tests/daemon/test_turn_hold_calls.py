@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.storage.hold_calls import hold_calls
-from tests.support.daemon import create_session, run_turn
+from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
 
 pytestmark = pytest.mark.timeout(60)
@@ -38,6 +38,10 @@ def test_a_turns_writes_build_nothing_inside_the_baton_they_can_build_before(
         run_turn(client, sid, "warm-up", WS)
         with hold_calls(store.db) as got:
             turns = [run_turn(client, sid, f"/stream say {uuid.uuid4().hex}", WS) for _ in range(3)]
+            # A hold's calls are merged when its holder hands the baton on, which may come a
+            # moment after the settled Turn's event (durable first): wait for the third, so the
+            # block does not put the baton's methods back under it.
+            wait_for(lambda: got.of("turns.py:_settle") >= 3, 10)
     assert [t["outcome"] for t in turns] == ["completed"] * 3
     assert got.of("turns.py:_settle") == 3, got.calls  # not vacuous: the settlements ran there
     assert {name: got.of(name) for name in OFF_THE_BATON} == dict.fromkeys(OFF_THE_BATON, 0)
