@@ -46,6 +46,7 @@ _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
 _RCVMORE = int(zmq.RCVMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
+_SNDMORE_NOBLOCK = int(zmq.SNDMORE | zmq.NOBLOCK)
 
 
 class MsgType(StrEnum):
@@ -197,8 +198,13 @@ class HostEnd:
         if self.peer is None:
             return False
         self.unlooked = True
+        sock = self.socket
+        frame: bytes = _packers.packer.pack(msg if type(msg) is dict else dict(msg))
         try:
-            self.socket.send_multipart([self.peer, encode(msg)], zmq.NOBLOCK)
+            # The socket's own send per frame with int flags, not pyzmq's `send_multipart`
+            # (its Python per part: ~2–8 µs a request against ~0.6).
+            _send(sock, self.peer, _SNDMORE_NOBLOCK)
+            _send(sock, frame, _NOBLOCK)
         except zmq.ZMQError:
             return False
         return True

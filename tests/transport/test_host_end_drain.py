@@ -13,7 +13,7 @@ import msgpack
 import pytest
 import zmq
 
-from transport.worker_link import HostEnd, encode, evt_msg, hello_msg
+from transport.worker_link import HostEnd, encode, evt_msg, hello_msg, req_msg
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,3 +64,23 @@ def test_a_burst_is_read_in_one_drain_that_ends_with_nothing_left(
     assert [m["t"] for m in read] == ["hello", *["evt"] * 5]
     assert [m["event"]["delta"] for m in read[1:]] == [f"d{n}" for n in range(5)]
     assert not end.more()
+
+
+def test_a_request_leaves_by_the_sockets_own_send_not_send_multipart(
+    link: tuple[HostEnd, zmq.Socket[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The host's request goes out as the socket's own sends with int flags: pyzmq's
+    `send_multipart` (its Python per part) is not entered, and the worker reads the frame."""
+    end, dealer = link
+    dealer.send(encode(hello_msg("tutti-agent", 1, "1")))
+    assert end.socket.poll(10_000)
+    assert [m["t"] for m in _drain(end)] == ["hello"]
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise AssertionError("send_multipart entered")
+
+    monkeypatch.setattr(zmq.Socket, "send_multipart", refused)
+    request = req_msg(7, "turn.start", {"x": 1})
+    assert end.send(request)
+    assert dealer.poll(10_000)
+    assert msgpack.unpackb(dealer.recv(), raw=False) == request
