@@ -1,6 +1,7 @@
 """The host's end of a worker link is drained by `zmq.EVENTS` (`HostEnd.more`), not until a read
 fails: every frame that arrived is read in one drain, a refused frame among them too, and the
-drain ends with none left. Real ipc ROUTER (the host's) and DEALER (a worker's)."""
+drain ends with none left; a message is one frame, read by one socket call. Real ipc PAIRs (the
+host's and a worker's)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import msgpack
 import pytest
 import zmq
 
+from transport import worker_link
 from transport.worker_link import HostEnd, encode, evt_msg, hello_msg, req_msg
 
 pytestmark = pytest.mark.timeout(30)
@@ -23,7 +25,7 @@ def link() -> Iterator[tuple[HostEnd, zmq.Socket[bytes]]]:
     ctx: zmq.Context[Any] = zmq.Context()
     with tempfile.TemporaryDirectory(prefix="ah-he-") as tmp:
         end = HostEnd(ctx, f"ipc://{Path(tmp) / 'w.sock'}")
-        dealer: zmq.Socket[bytes] = ctx.socket(zmq.DEALER)
+        dealer: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
         dealer.setsockopt(zmq.LINGER, 0)
         dealer.connect(end.endpoint)
         try:
@@ -84,3 +86,36 @@ def test_a_request_leaves_by_the_sockets_own_send_not_send_multipart(
     assert end.send(request)
     assert dealer.poll(10_000)
     assert msgpack.unpackb(dealer.recv(), raw=False) == request
+
+
+def test_a_message_is_one_frame_read_by_one_socket_call(
+    link: tuple[HostEnd, zmq.Socket[bytes]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A drain of n messages makes n + 0 reads that succeed and n `zmq.EVENTS` looks, no other
+    socket call: no identity frame to read, no `RCVMORE` to look at (a ROUTER's message took
+    two `recv`s and a `RCVMORE` look)."""
+    end, dealer = link
+    dealer.send(encode(hello_msg("tutti-agent", 1, "1")))
+    deltas = [evt_msg("ws/s", {"type": "message.delta", "delta": f"d{n}"}) for n in range(5)]
+    for msg in deltas:
+        dealer.send(encode(msg))
+    calls: list[str] = []
+
+    def counted(name: str, fn: Any) -> Any:
+        def call(*args: Any) -> Any:
+            calls.append(name if name != "get" else f"get {args[1]}")
+            return fn(*args)
+
+        return call
+
+    monkeypatch.setattr(worker_link, "_recv", counted("recv", worker_link._recv))
+    monkeypatch.setattr(worker_link, "_getsockopt", counted("get", worker_link._getsockopt))
+    read: list[dict[str, Any]] = []
+    while len(read) < 6:
+        assert end.socket.poll(10_000)
+        calls.clear()
+        got = _drain(end)
+        read += got
+        # each read message: one recv, one EVENTS look (the last says none waits)
+        assert calls == ["recv", f"get {int(zmq.EVENTS)}"] * len(got)
+    assert [m["t"] for m in read] == ["hello", *["evt"] * 5]
