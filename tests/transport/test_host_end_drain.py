@@ -119,3 +119,30 @@ def test_a_message_is_one_frame_read_by_one_socket_call(
         # each read message: one recv, one EVENTS look (the last says none waits)
         assert calls == ["recv", f"get {int(zmq.EVENTS)}"] * len(got)
     assert [m["t"] for m in read] == ["hello", *["evt"] * 5]
+
+
+def test_a_second_peer_is_refused_by_the_link(link: tuple[HostEnd, zmq.Socket[bytes]]) -> None:
+    """The link's PAIR takes one peer: a second process connecting to the same endpoint (a
+    stale incarnation's, say) gets nothing of it taken — ZeroMQ refuses the connection, where
+    the ROUTER's identity check refused its frames."""
+    end, worker = link
+    worker.send(encode(hello_msg("tutti-agent", 1, "1")))
+    assert end.socket.poll(10_000)
+    assert [m["pid"] for m in _drain(end)] == [1]
+    ctx = zmq.Context.instance()
+    other: zmq.Socket[bytes] = ctx.socket(zmq.PAIR)
+    other.setsockopt(zmq.LINGER, 0)
+    try:
+        other.connect(end.endpoint)
+        other.send(encode(hello_msg("tutti-agent", 2, "1")), zmq.NOBLOCK)
+        other.send(encode(evt_msg("ws/s", {"type": "message.delta", "delta": "x"})), zmq.NOBLOCK)
+        worker.send(encode(evt_msg("ws/s", {"type": "message.delta", "delta": "mine"})))
+        read: list[dict[str, Any]] = []
+        deadline = 20
+        while deadline and end.socket.poll(100):
+            read += _drain(end)
+            deadline -= 1
+        assert [m["event"]["delta"] for m in read if m["t"] == "evt"] == ["mine"]
+        assert all(m["t"] != "hello" for m in read)
+    finally:
+        other.close(0)
