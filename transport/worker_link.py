@@ -1,5 +1,5 @@
-"""Both ends of the host↔worker link: msgpack maps over ZeroMQ ipc, a ROUTER on the host and a
-DEALER in the worker (hello, req/res, evt, heartbeats; docs/design/internals.md).
+"""Both ends of the host↔worker link: msgpack maps over ZeroMQ ipc, a PAIR at each end — one
+frame per message, no peer identity (hello, req/res, evt, heartbeats; docs/design/internals.md).
 
 This module owns the message shapes and the sockets; the supervisor and the worker main use
 these ends and never touch msgpack or zmq framing themselves.
@@ -23,7 +23,7 @@ import zmq
 
 from transport.zmq_options import install as _fast_options
 
-_fast_options()  # the link's option looks (a delta's RCVMORE and EVENTS) without an enum call
+_fast_options()  # the link's option looks (a delta's EVENTS) without an enum call
 
 HEARTBEAT_INTERVAL_S = 0.5
 """Both ends send `{"t": "hb"}` this often."""
@@ -44,7 +44,6 @@ _recv: Callable[..., Any] = zmq.backend.Socket.recv
 _send: Callable[..., Any] = zmq.backend.Socket.send
 _EVENTS = int(zmq.EVENTS)
 _POLLIN = int(zmq.POLLIN)
-_RCVMORE = int(zmq.RCVMORE)
 _NOBLOCK = int(zmq.NOBLOCK)
 
 
@@ -127,18 +126,19 @@ def ipc_path(endpoint: str) -> str | None:
 
 
 class HostEnd:
-    """The host's ROUTER for exactly one worker incarnation; used from one thread only.
+    """The host's PAIR for exactly one worker incarnation; used from one thread only.
 
     A fresh endpoint per incarnation means a stale process of an earlier incarnation can never
-    answer a request sent to its successor.
+    answer a request sent to its successor, and a PAIR takes one peer: ZeroMQ refuses any
+    further connection to it. So a message is one frame, with no identity frame to read,
+    check or send (a ROUTER's message was two frames, read as two `recv`s and a `RCVMORE`
+    look, and a request was sent as two).
     """
 
     def __init__(self, ctx: zmq.Context[Any], endpoint: str) -> None:
         self.endpoint = endpoint
-        self.socket: zmq.Socket[Any] = ctx.socket(zmq.ROUTER)
+        self.socket: zmq.Socket[Any] = ctx.socket(zmq.PAIR)
         self.socket.setsockopt(zmq.LINGER, 0)
-        # Fail loudly (EHOSTUNREACH) instead of silently dropping frames for an unknown peer.
-        self.socket.setsockopt(zmq.ROUTER_MANDATORY, 1)
         self.socket.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
         path = ipc_path(endpoint)
         if path is not None:
@@ -147,7 +147,8 @@ class HostEnd:
         self.socket.bind(endpoint)
         if path is not None:
             os.chmod(path, 0o600)
-        self.peer: bytes | None = None
+        self.said_hello = False
+        """The worker said hello: only then is a request sent, or another message taken."""
         self.fd: int = int(self.socket.getsockopt(zmq.FD))
         """ZeroMQ's notification descriptor: readable (edge-style) when the socket's state may
         have changed since the last operation on it; a reader polls it, then drains the socket
@@ -159,27 +160,21 @@ class HostEnd:
     def recv(self) -> dict[str, Any] | None:
         """One decoded message, or None when nothing is ready or the frame was dropped.
 
-        Read frame by frame with the socket's own calls (a ROUTER's message is the peer's
-        identity and at least one frame): no list built and no `zmq.RCVMORE` looked up through
-        pyzmq's option layer, per message of a Turn's stream."""
-        sock = self.socket
+        One socket call per message (the socket's own `recv`, int flags): a link message is
+        one frame. A frame of a multipart message (nothing of ours sends one) is not a link
+        map on its own, and is dropped like any other such frame."""
         try:
-            identity: bytes = _recv(sock, _NOBLOCK)
+            frame: bytes = _recv(self.socket, _NOBLOCK)
         except zmq.Again:
-            return None
-        frame: bytes = _recv(sock, _NOBLOCK)
-        if _getsockopt(sock, _RCVMORE):  # more than one frame: not a link message
-            while _getsockopt(sock, _RCVMORE):
-                _recv(sock, _NOBLOCK)
             return None
         try:
             msg = decode(frame)
         except LinkProtocolError:
             return None
         if msg["t"] == MsgType.HELLO:
-            self.peer = identity
-        elif identity != self.peer:
-            return None  # not the worker that said hello
+            self.said_hello = True
+        elif not self.said_hello:
+            return None  # nothing is taken before the worker's hello
         return msg
 
     def more(self) -> bool:
@@ -194,11 +189,15 @@ class HostEnd:
         """Send to the worker; False when it never said hello or is gone (nothing was sent).
         Marks the end `unlooked`: the send may have taken the descriptor's signal of a frame
         that arrived meanwhile."""
-        if self.peer is None:
+        if not self.said_hello:
             return False
         self.unlooked = True
+        frame: bytes = _packers.packer.pack(msg if type(msg) is dict else dict(msg))
         try:
-            self.socket.send_multipart([self.peer, encode(msg)], zmq.NOBLOCK)
+            # The socket's own send with int flags, one frame: not pyzmq's `send_multipart`
+            # (its Python per part: ~2–8 µs a request against ~0.6). A worker gone or
+            # behind its high-water mark: `zmq.Again`, nothing sent.
+            _send(self.socket, frame, _NOBLOCK)
         except zmq.ZMQError:
             return False
         return True
@@ -253,7 +252,7 @@ class Mailbox:
 
 
 class WorkerEnd:
-    """The worker's DEALER: says hello, heartbeats, hands requests to `on_request`, and sends
+    """The worker's PAIR: says hello, heartbeats, hands requests to `on_request`, and sends
     results and events from any thread, each on the calling thread itself.
 
     One lock guards the socket (a zmq socket may move between threads behind a full memory
@@ -303,7 +302,7 @@ class WorkerEnd:
         """Frames the link's thread sent from the backlog (tests read it)."""
 
     def start(self) -> None:
-        sock: zmq.Socket[Any] = self._ctx.socket(zmq.DEALER)
+        sock: zmq.Socket[Any] = self._ctx.socket(zmq.PAIR)
         sock.setsockopt(zmq.LINGER, 1000)  # let the last results reach the host on close
         sock.setsockopt(zmq.MAXMSGSIZE, MAX_LINK_FRAME)
         sock.connect(self._endpoint)

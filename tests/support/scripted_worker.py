@@ -1,5 +1,5 @@
 """A scripted stand-in for a driver worker, run as a program with the arguments a supervisor
-gives `python -m drivers.worker` (only `--connect ENDPOINT` is read): a real DEALER that says
+gives `python -m drivers.worker` (only `--connect ENDPOINT` is read): a real PAIR that says
 hello, then does exactly what each request asks and sends no heartbeat, so a frame the host
 leaves unread stays unread. The supervisor's loop tests and `bench.supervisor_deltas` run it in
 place of a worker, through a `python` shim (`shim`).
@@ -34,7 +34,7 @@ def shim(directory: Path) -> Path:
 
 class Scripted:
     def __init__(self, endpoint: str) -> None:
-        self.sock: zmq.Socket[bytes] = zmq.Context().socket(zmq.DEALER)
+        self.sock: zmq.Socket[bytes] = zmq.Context().socket(zmq.PAIR)
         self.sock.setsockopt(zmq.LINGER, 1000)
         self.sock.connect(endpoint)
         self.lock = threading.Lock()  # the socket is shared with a stream's thread
