@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import orjson
+from domain.json_text import loads_as_stdlib
 
 BINDING_SCHEMA_VERSION = 1
 
@@ -97,15 +97,6 @@ def is_root_user(entry: Mapping[str, Any]) -> bool:
     return not first.startswith(_SYNTHETIC_USER_PREFIXES)
 
 
-def _loads(line: str) -> Any:
-    """One JSON line: orjson first (a fork parses the whole child), the standard library for
-    what orjson refuses and it accepts (NaN, a lone surrogate), so no entry reads differently."""
-    try:
-        return orjson.loads(line)
-    except orjson.JSONDecodeError:
-        return json.loads(line)
-
-
 def parse_entries(text: str) -> list[TranscriptEntry]:
     """Main-chain entries in file order (the order fork_session cuts in); bad lines skipped."""
     out: list[TranscriptEntry] = []
@@ -114,7 +105,7 @@ def parse_entries(text: str) -> list[TranscriptEntry]:
         if not line:
             continue
         try:
-            raw = _loads(line)
+            raw = loads_as_stdlib(line)
         except ValueError:
             continue  # a torn tail line is the CLI's problem, not a turn boundary
         if not isinstance(raw, dict) or raw.get("isSidechain"):

@@ -11,17 +11,16 @@ rebuilt from the frozen snapshot alone (law 4), kept in the store's `ProjectionC
 
 from __future__ import annotations
 
-import json
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import apsw
-import orjson
 
 from domain.errors import ForkOperationNotFound, InvalidArgument, SessionNotFound, TurnNotFound
 from domain.fork_states import ACTIVE_SQL, BARRIER_SQL, ForkStatus
+from domain.json_text import loads_as_stdlib
 from storage.fork_child import project_child
 from storage.fork_snapshot import load_snapshot, read_frozen
 from storage.history_links import history_link, linked_rows
@@ -116,37 +115,10 @@ MESSAGE_COLUMNS = "message_id, turn_id, kind, text, payload_json, version, posit
 INTERACTION_COLUMNS = "interaction_id, request_id, turn_id, kind, status, input_json, output_json"
 
 
-# A JSON column decoded as the standard library's decoder reads it, by orjson where the two
-# agree: a timeline page decodes a payload or a workspace record per Turn, and the standard
-# library's decoder was the page's largest Python cost. For every text orjson accepts, the
-# standard library returns the same value, but for integers beyond 64 bits (orjson returns a
-# float): a text with a run of `LONG_DIGITS` digits anywhere goes to the standard library
-# alone. What orjson refuses (NaN, Infinity, `1e400`, a lone surrogate, nesting past 1,024)
-# goes to the standard library too, which accepts or refuses it as before, with its own error.
-# Nesting between the two limits (the standard library's is the interpreter's recursion limit,
-# ~1,000, less the caller's stack) orjson reads: the store's encoder, the standard library's,
-# refuses such nesting at the same limit, so no column the store wrote holds it.
-
-_DIGITS = bytes(48 if 48 <= byte <= 57 else 32 for byte in range(256))
-LONG_DIGITS = 19
-"""The shortest run of digits that may be an integer orjson reads as a float: `-(2**63) - 1`."""
-_LONG_RUN = b"0" * LONG_DIGITS
-
-
 def json_column(text: str | None) -> Any:
-    """`json.loads(text)` of a JSON column (None: SQL NULL), by orjson where it agrees."""
-    if text is None:
-        return None
-    try:
-        data = text.encode()
-    except UnicodeEncodeError:  # a lone surrogate: orjson refuses it, the standard library not
-        return json.loads(text)
-    if data.translate(_DIGITS).find(_LONG_RUN) < 0:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(text)
+    """`json.loads(text)` of a JSON column (None: SQL NULL), by orjson where it agrees
+    (`domain.json_text`)."""
+    return None if text is None else loads_as_stdlib(text)
 
 
 def json_object(text: str) -> Any:
