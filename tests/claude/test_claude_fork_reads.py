@@ -192,4 +192,3 @@ def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
     ]
     assert sorted(path for _, path in synced) == sorted(expected)
     assert {ident for ident, _ in synced} == {threading.get_ident()}
-
