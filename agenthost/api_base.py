@@ -355,11 +355,10 @@ class RequestPlumbing:
             try:
                 try:
                     self.store.sessions.require_session_live(ws, sid)
-                except SessionNotFound:
-                    answer = gone() if gone is not None else None
-                    if answer is None:
+                except SessionNotFound as missing:
+                    if gone is None:
                         raise
-                    responder.result(*answer)
+                    answer_gone(missing)
                     return
                 route(self.routes, self.host, ws, sid, make(reply))
             except HostError as exc:
