@@ -35,10 +35,21 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from actors.pool import Timers
+from transport.worker_link import HostEnd
+
 SITE = Path(__file__).resolve().parent / "structure_site"
 REPO = Path(__file__).resolve().parent.parent
 
 Stats = dict[str, dict[Any, tuple[int, float, float]]]
+
+
+def _at(fn: Any) -> str:
+    """A pattern matching `fn`'s own code object (its name, file and first line as they are
+    now), where its name alone is shared by other functions of the same file."""
+    code = fn.__code__
+    return rf"^{re.escape(code.co_name)} {re.escape(code.co_filename)}:{code.co_firstlineno}$"
+
 
 # (label, pattern on "function file:line"): call counts per fork, by thread.
 ITEMS: tuple[tuple[str, str], ...] = (
@@ -48,14 +59,14 @@ ITEMS: tuple[tuple[str, str], ...] = (
     ("event batches handed to the transport loop", r"^publish_frames .*transport/server\.py"),
     ("events sent on the XPUB", r"^send .*transport/server\.py"),
     ("worker requests (daemon -> worker)", r"^request .*drivers/supervisor\.py"),
-    ("worker frames sent by the daemon", r"^send .*transport/worker_link\.py:17"),
-    ("worker frames read by the daemon", r"^recv .*transport/worker_link\.py:14"),
+    ("worker frames sent by the daemon", _at(HostEnd.send)),
+    ("worker frames read by the daemon", _at(HostEnd.recv)),
     ("worker requests handled (worker)", r"^_handle .*drivers/worker\.py"),
     ("worker frames sent by the worker", r"^_send_frame .*transport/worker_link\.py"),
     ("worker requests put on a lane (link -> lane)", r"^put .*drivers/worker\.py"),
     ("actor messages (inbox puts)", r"^put .*actors/pool\.py"),
     ("actor slices run", r"^_run_slice .*actors/pool\.py"),
-    ("timers armed", r"^call_later .*actors/pool\.py:1"),
+    ("timers armed", _at(Timers.call_later)),
     ("futures made", r"^__init__ .*concurrent/futures/_base\.py"),
     ("future callbacks run", r"^_invoke_callbacks .*concurrent/futures/_base\.py"),
     ("SimpleQueue puts (a hand-off each)", r"^<method 'put' of '_queue\.SimpleQueue"),
