@@ -163,6 +163,11 @@ def _split(
     offsets: dict[str, list[float]] = {}
     stretches: dict[str, list[float]] = {}
     host: list[float] = []
+    # The reply's leg (its encoding and hand-over, the loop's wake-up, its send), and whether
+    # the events thread began its batch before the loop sent the reply (the two race for
+    # the interpreter once the Session's thread lets it go).
+    reply_leg: list[float] = []
+    events_first = 0
     j = 0
     for t0, t1 in ops:
         while j < len(stamps) and stamps[j][1] < t0:
@@ -177,6 +182,10 @@ def _split(
                 first.setdefault(point, t)
             k += 1
         host.append(t1 - t0)
+        if "responder.result" in first and "loop.send_reply" in first:
+            reply_leg.append(first["loop.send_reply"] - first["responder.result"])
+            batch = first.get("events.batch")
+            events_first += batch is not None and batch < first["loop.send_reply"]
         for point, t in first.items():
             offsets.setdefault(point, []).append(t - t0)
         # In the order they happened (one clock for the daemon and the worker).
@@ -199,11 +208,22 @@ def _split(
         "offsetsP50Ms": dict(sorted(med_off.items(), key=lambda kv: kv[1])),
         "stretchesP50Ms": med_str,
         "stampCounts": dict(counts),
+        "replyLegP50Ms": statistics.median(reply_leg) if reply_leg else None,
+        "replyLegs": len(reply_leg),
+        "eventsBeforeReply": events_first,
+        # Every stamp of the run counts (the warm-up's forks and Turns too): for A/B only.
+        "loopDrainsPerFork": counts["loop.drain"] / len(ops) if ops else None,
     }
     print(
         f"{provider}: {len(ops)} forks, host p50 {out['hostP50Ms']:.2f} ms, bare p50"
         f" {out['bareP50Ms']:.2f} ms, CPU probe {probe:.1f} ms"
     )
+    if reply_leg:
+        print(
+            f"  reply leg p50 {out['replyLegP50Ms']:.3f} ms (responder.result → loop.send_reply,"
+            f" {len(reply_leg)} forks), events batch before the reply's send in {events_first};"
+            f" loop drains {out['loopDrainsPerFork']:.2f} a fork (the whole run's)"
+        )
     for point, ms in out["offsetsP50Ms"].items():
         print(f"  {point:18s} {ms:8.3f}")
     print("  stretches (p50 of each fork's own stretch):")

@@ -56,6 +56,12 @@ POINTS = (
     ("storage.fork_commit", "ForkCommit", "commit_fork", "commit.begin", "commit.end"),
     ("transport.server", "OneShotResponder", "result", "responder.result", ""),
     ("transport.server", "ApiServer", "_send_reply", "loop.send_reply", ""),
+    # The reply's leg by thread (`bench.fork_hops`' reply line): its hand-over to the loop
+    # (the Session's thread), the loop's drain of its outbox (one per wake-up that found
+    # something there), and the actor's slices.
+    ("transport.server", "ApiServer", "_post_reply", "post", "post.end"),
+    ("transport.server", "ApiServer", "_drain_pipe", "loop.drain", ""),
+    ("actors.pool", "PooledActor", "_run_slice", "slice", "slice.end"),
     # Counted per fork, not placed on its path (`bench.fork_daemon --serial`'s counts).
     ("agenthost.publisher", "EventPublisher", "_publish", "events.batch", ""),
     ("agenthost.publisher", "EventPublisher", "project", "events.project", ""),

@@ -84,6 +84,28 @@ def test_a_worker_stamp_before_the_forks_own_send_is_not_taken_for_the_forks() -
     ]
 
 
+def test_the_reply_leg_counts_an_events_batch_begun_before_the_reply_s_send() -> None:
+    """The reply's leg is the loop's send less the responder's answer, per fork; a fork whose
+    events thread began its batch before that send is counted, one that began after is not."""
+    sys.path.insert(0, str(REPO))
+    from bench.fork_hops import _split
+
+    stamps = [
+        ("responder.result", 1.0),
+        ("loop.drain", 1.1),
+        ("events.batch", 1.2),
+        ("loop.send_reply", 1.3),
+        ("responder.result", 11.0),
+        ("loop.drain", 11.05),
+        ("loop.send_reply", 11.1),
+        ("events.batch", 11.4),
+    ]
+    out = _split("tutti-agent", [(0.0, 5.0), (10.0, 15.0)], stamps, [1.0], 1.0)
+    assert out["replyLegs"] == 2 and out["eventsBeforeReply"] == 1
+    assert out["replyLegP50Ms"] == pytest.approx(0.2)
+    assert out["loopDrainsPerFork"] == 1.0
+
+
 @pytest.mark.claude
 @pytest.mark.timeout(300)
 def test_claude_fork_steps_times_both_sides() -> None:
