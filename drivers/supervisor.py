@@ -89,6 +89,10 @@ when its earliest deadline is due (`_next_due`); and how often a worker without 
 polled for its exit while messages keep the loop awake."""
 IDLE_POLL_S = 0.1
 """The loop's longest sleep while a worker without a pidfd (an old kernel) must be polled."""
+EARLY_S = 0.25
+"""A tick does the periodic work (a heartbeat, a CPU sample) due within this much (at most half
+its period), so the workers' periods fall in step: an idle loop wakes once a heartbeat period,
+not once per worker and per kind of work."""
 LONGEST_SLEEP_S = 5.0
 """The loop's longest sleep with nothing due (a bound, not a clock anything waits on)."""
 
@@ -254,7 +258,8 @@ def judge(worker: WorkerRecord, now: float) -> Verdict:
     silent = now - worker.last_seen
     pid = worker.proc.pid if worker.proc is not None else None
     if silent <= SILENCE_LIMIT_S:
-        if pid is not None and now - worker.cpu_sampled_at >= SAMPLE_EVERY_S:
+        early = min(EARLY_S, SAMPLE_EVERY_S / 2)
+        if pid is not None and now - worker.cpu_sampled_at >= SAMPLE_EVERY_S - early:
             worker.cpu_ticks, worker.cpu_sampled_at = cpu_ticks(pid), now
         return Verdict(None)
     if silent > BUSY_SILENCE_LIMIT_S:
@@ -707,6 +712,7 @@ class WorkerSupervisor:
     def _tick(self) -> None:
         self.ticks += 1
         now = time.monotonic()
+        beat_after = HEARTBEAT_INTERVAL_S - min(EARLY_S, HEARTBEAT_INTERVAL_S / 2)
         for worker in self._workers.values():
             proc = worker.proc
             if worker.state in (WorkerState.STARTING, WorkerState.READY):
@@ -722,10 +728,7 @@ class WorkerSupervisor:
                 ):
                     self._on_death(worker, "worker did not say hello in time")
                     continue
-                if (
-                    worker.state is WorkerState.READY
-                    and now - worker.last_hb >= HEARTBEAT_INTERVAL_S
-                ):
+                if worker.state is WorkerState.READY and now - worker.last_hb >= beat_after:
                     assert worker.end is not None
                     worker.end.send(HB_MSG)
                     worker.last_hb = now
