@@ -5,11 +5,14 @@ with three workers (as the daemon starts ahead), each the scripted worker of the
 `--deltas` deltas, a millisecond's pause after each (so nearly every delta wakes the loop), to a
 sink that only counts them (on the loop thread, as the daemon's sink runs). The loop thread's
 CPU comes from `/proc/self/task/TID/stat` (10 ms ticks: 4,000 deltas resolve 2.5 µs), its
-wake-ups from its voluntary context switches.
+wake-ups from its voluntary context switches. Before the stream, `--idle` seconds with the three
+workers ready and nothing in flight give the idle loop's wake-ups per second (the scripted
+workers send no heartbeat: every wake-up is the supervisor's own housekeeping).
 
 Run it in two trees, alternating, to compare their loops on a shared machine:
 
-    PYTHONPATH=$TREE build/venv/bin/python -m bench.supervisor_deltas [--deltas 4000] [--json OUT]
+    PYTHONPATH=$TREE build/venv/bin/python -m bench.supervisor_deltas [--deltas 4000] \
+        [--idle 5] [--json OUT]
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ def thread_counters(tid: int) -> tuple[float, int]:
     return (int(fields[11]) + int(fields[12])) / TICK, switches
 
 
-def run(deltas: int) -> dict[str, float]:
+def run(deltas: int, idle: float) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as tmp:
         run_dir = Path(tmp) / "run"
         run_dir.mkdir(mode=0o700)
@@ -63,6 +66,9 @@ def run(deltas: int) -> dict[str, float]:
             time.sleep(0.5)
             tid = sup._loop_thread.native_id  # noqa: SLF001 - a probe of that one thread
             assert tid is not None
+            _, idle0 = thread_counters(tid)
+            time.sleep(idle)
+            _, idle1 = thread_counters(tid)
             cpu0, woke0 = thread_counters(tid)
             began = time.monotonic()
             sup.request("a", "stream", {"sid": "s", "n": deltas, "every": 1}, 120)
@@ -77,6 +83,7 @@ def run(deltas: int) -> dict[str, float]:
         return {
             "loopCpuUsPerDelta": (cpu1 - cpu0) / deltas * 1e6,
             "loopWakeupsPerDelta": (woke1 - woke0) / deltas,
+            "idleWakeupsPerS": (idle1 - idle0) / idle if idle > 0 else 0.0,
             "seconds": took,
         }
 
@@ -84,14 +91,16 @@ def run(deltas: int) -> dict[str, float]:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else "")
     parser.add_argument("--deltas", type=int, default=4000)
+    parser.add_argument("--idle", type=float, default=0.0, help="seconds idle, measured first")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     probe = cpu_probe_ms()
     load = os.getloadavg()[0]
-    figures = {**run(args.deltas), "cpu_probe_ms": probe, "load": load}
+    figures = {**run(args.deltas, args.idle), "cpu_probe_ms": probe, "load": load}
     print(
         f"loop CPU {figures['loopCpuUsPerDelta']:.1f} us/delta, "
-        f"{figures['loopWakeupsPerDelta']:.3f} wake-ups/delta "
+        f"{figures['loopWakeupsPerDelta']:.3f} wake-ups/delta, "
+        f"idle {figures['idleWakeupsPerS']:.1f} wake-ups/s "
         f"({args.deltas} deltas in {figures['seconds']:.1f} s; load {load:.2f}, probe {probe} ms)"
     )
     if args.json is not None:

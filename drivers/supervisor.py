@@ -6,6 +6,13 @@ One loop thread owns every socket and child process (so Linux's parent-death sig
 to a thread that lives until `close()`); a second thread delivers results and events in arrival
 order, so a slow callback can never starve heartbeats.
 
+The loop sleeps in `epoll` until a descriptor fires or its housekeeping (`_tick`) is due. A
+worker's exit is a descriptor too (its pidfd, readable once the process has exited), so a death
+is seen at once; the tick runs only when its earliest deadline comes (a heartbeat, a start
+timeout, a watchdog look, a restart, a request's expiry: `_next_due`), never on each message.
+Where the kernel gives no pidfd, that worker's exit is polled by the tick, as often as
+`TICK_EVERY_S` while messages keep the loop awake and every `IDLE_POLL_S` while idle.
+
 This module is the loop, its public API, its hung-worker judgement (`judge`: busy or hung) and
 its delivery thread (`Deliveries`, with its sinks). Beside it, one concern each:
 `worker_state` (the records the loop keeps), `worker_spawn` (a worker's socket, environment and
@@ -32,6 +39,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import queue
 import select
 import shutil
@@ -76,9 +84,17 @@ from transport.worker_link import (
 _EVT = MsgType.EVT.value  # a plain str: compared per message
 
 TICK_EVERY_S = 0.01
-"""The loop's housekeeping (deadlines, heartbeats, a dead or hung worker, a restart due) runs
-at most this often while messages keep it awake (a streaming Turn's ~20 deltas each woke it),
-and on every idle poll's timeout: each of those checks is late by at most this much."""
+"""The least gap between two runs of the loop's housekeeping (`_tick`), which otherwise runs
+when its earliest deadline is due (`_next_due`); and how often a worker without a pidfd is
+polled for its exit while messages keep the loop awake."""
+IDLE_POLL_S = 0.1
+"""The loop's longest sleep while a worker without a pidfd (an old kernel) must be polled."""
+EARLY_S = 0.25
+"""A tick does the periodic work (a heartbeat, a CPU sample) due within this much (at most half
+its period), so the workers' periods fall in step: an idle loop wakes once a heartbeat period,
+not once per worker and per kind of work."""
+LONGEST_SLEEP_S = 5.0
+"""The loop's longest sleep with nothing due (a bound, not a clock anything waits on)."""
 
 __all__ = [
     "BUSY_SILENCE_LIMIT_S",
@@ -216,6 +232,7 @@ BUSY_SILENCE_LIMIT_S = 60.0
 starved: 200 app-servers starting at once, a C call holding the GIL). It is killed only after
 this much silence, or sooner once its CPU time stops advancing."""
 CPU_WINDOW_S = 2.0  # no CPU progress for this long while silent: hung
+SAMPLE_EVERY_S = 1.0  # a talking worker's CPU time is sampled this often (a silence's baseline)
 
 
 def cpu_ticks(pid: int) -> int | None:
@@ -241,7 +258,8 @@ def judge(worker: WorkerRecord, now: float) -> Verdict:
     silent = now - worker.last_seen
     pid = worker.proc.pid if worker.proc is not None else None
     if silent <= SILENCE_LIMIT_S:
-        if pid is not None and now - worker.cpu_sampled_at >= 1.0:
+        early = min(EARLY_S, SAMPLE_EVERY_S / 2)
+        if pid is not None and now - worker.cpu_sampled_at >= SAMPLE_EVERY_S - early:
             worker.cpu_ticks, worker.cpu_sampled_at = cpu_ticks(pid), now
         return Verdict(None)
     if silent > BUSY_SILENCE_LIMIT_S:
@@ -255,6 +273,18 @@ def judge(worker: WorkerRecord, now: float) -> Verdict:
         worker.busy_silences += 1
         return Verdict(None, busy=True)
     return Verdict(f"worker silent for {silent:.0f} s and not running (hung)")
+
+
+def next_look(worker: WorkerRecord, now: float) -> float:
+    """When `judge` next has something to do for this ready worker: while it talks, its next
+    CPU sample or the moment its silence passes the link's limit; once silent, the end of the
+    sampling window or the busy limit."""
+    if now - worker.last_seen <= SILENCE_LIMIT_S:
+        silent_at = worker.last_seen + SILENCE_LIMIT_S
+        if worker.proc is None:
+            return silent_at
+        return min(worker.cpu_sampled_at + SAMPLE_EVERY_S, silent_at)
+    return min(worker.cpu_sampled_at + CPU_WINDOW_S, worker.last_seen + BUSY_SILENCE_LIMIT_S)
 
 
 log = logging.getLogger(__name__)
@@ -291,6 +321,7 @@ class WorkerSupervisor:
         # The loop's poll set: the mailbox's eventfd and each live link's `zmq.FD`, by number.
         self._epoll = select.epoll()
         self._by_fd: dict[int, WorkerRecord] = {}
+        self._by_pidfd: dict[int, WorkerRecord] = {}  # each live worker's pidfd, by number
         self._workers: dict[str, WorkerRecord] = {}
         self._ids = 0
         self._ids_lock = threading.Lock()
@@ -299,6 +330,10 @@ class WorkerSupervisor:
         self._closing = threading.Event()
         self._deliveries = Deliveries()
         self._ticked_at = 0.0  # the loop thread's last `_tick`
+        self._due_at = 0.0  # when `_tick` is next due (never later; it may come early)
+        self._polled = False  # a live worker has no pidfd: its exit is polled by the tick
+        self.ticks = 0  # `_tick` runs (tests read it)
+        self.wakeups = 0  # the loop's returns from its sleep in `epoll` (tests read it)
         self._loop_thread = threading.Thread(
             target=self._loop, name="worker-supervisor", daemon=True
         )
@@ -427,7 +462,9 @@ class WorkerSupervisor:
         before the next sleep (`_look_after_sends`): no frame is left unread without a signal
         still to come."""
         mailbox_fd = self._mailbox.fd
-        for fd, _ in self._epoll.poll(0.1):
+        sleep = self._due_at - time.monotonic()
+        sleep = max(0.0, min(sleep, IDLE_POLL_S if self._polled else LONGEST_SLEEP_S))
+        for fd, _ in self._epoll.poll(sleep):
             if fd == mailbox_fd:
                 if self._take_mail():
                     return True
@@ -435,12 +472,22 @@ class WorkerSupervisor:
                 worker = self._by_fd.get(fd)
                 if worker is not None:
                     self._read(worker)
+                else:
+                    exited = self._by_pidfd.get(fd)
+                    if exited is not None:
+                        self._exited(exited)
+        self.wakeups += 1
         now = time.monotonic()
-        if now - self._ticked_at >= TICK_EVERY_S:
+        if now >= self._due_at or (self._polled and now - self._ticked_at >= TICK_EVERY_S):
             self._ticked_at = now
             self._tick()
         self._look_after_sends()
         return False
+
+    def _due(self, at: float) -> None:
+        """Something is due at `at`: the loop's sleep ends by then."""
+        if at < self._due_at:
+            self._due_at = at
 
     def _take_mail(self) -> bool:
         """Everything the other threads put in the mailbox; True when told to close."""
@@ -488,6 +535,41 @@ class WorkerSupervisor:
         with contextlib.suppress(Exception):
             end.close()
 
+    def _watch(self, worker: WorkerRecord) -> None:
+        """Put the new incarnation's pidfd in the poll set: its exit wakes the loop. Without
+        one (no `os.pidfd_open`, or the kernel refuses it) the tick polls the process."""
+        assert worker.proc is not None
+        try:
+            pidfd = os.pidfd_open(worker.proc.pid)
+        except (AttributeError, OSError):
+            self._polled = True
+            return
+        worker.pidfd = pidfd
+        self._by_pidfd[pidfd] = worker
+        self._epoll.register(pidfd, select.EPOLLIN)
+
+    def _unwatch(self, worker: WorkerRecord) -> None:
+        """Close the incarnation's pidfd (it leaves the poll set first)."""
+        pidfd = worker.pidfd
+        if pidfd is None:
+            return
+        worker.pidfd = None
+        if self._by_pidfd.get(pidfd) is worker:
+            del self._by_pidfd[pidfd]
+            with contextlib.suppress(OSError, ValueError):
+                self._epoll.unregister(pidfd)
+        os.close(pidfd)
+
+    def _exited(self, worker: WorkerRecord) -> None:
+        """The worker's pidfd fired. What it sent before it exited is read first; then it is
+        dead (its requests in flight fail now, not at a tick)."""
+        proc = worker.proc
+        if proc is None or proc.poll() is None:
+            return  # not this incarnation's exit (a number reused within one poll's batch)
+        self._read(worker)
+        if worker.proc is proc:
+            self._on_death(worker, f"worker exited with status {proc.returncode}")
+
     def _worker_of(self, provider: str) -> WorkerRecord:
         """`provider`'s worker record, its first incarnation spawned if it had none."""
         worker = self._workers.get(provider)
@@ -503,6 +585,8 @@ class WorkerSupervisor:
             self._send(worker, pending)
         else:
             worker.queued.append(pending)
+        if pending.deadline is not None:
+            self._due(pending.deadline)
 
     def _send(self, worker: WorkerRecord, pending: Pending) -> None:
         if not pending.future.set_running_or_notify_cancel():
@@ -573,12 +657,14 @@ class WorkerSupervisor:
         now = time.monotonic()
         worker.proc = None
         worker.proc = start_worker(self._python, worker.provider, endpoint, env, log_path)
+        self._watch(worker)
         worker.state = WorkerState.STARTING
         worker.cpu_ticks, worker.cpu_sampled_at = None, now
         worker.spawned_at = now
         worker.last_seen = now
         worker.last_hb = now
         worker.restart_at = None
+        self._due(now + self._start_timeout)
         self._publish_status(worker)
 
     def _read(self, worker: WorkerRecord) -> None:
@@ -605,6 +691,7 @@ class WorkerSupervisor:
         elif kind == MsgType.HELLO:
             if worker.state is WorkerState.STARTING:
                 worker.state = WorkerState.READY
+                self._due(0.0)  # its heartbeats and the watchdog's looks begin
                 self._publish_status(worker)
                 pid = worker.proc.pid if worker.proc else None
                 self._lifecycle("worker.ready", worker, pid=pid)
@@ -623,11 +710,14 @@ class WorkerSupervisor:
                 self._fail(pending, WorkerError(error if isinstance(error, dict) else {}))
 
     def _tick(self) -> None:
+        self.ticks += 1
         now = time.monotonic()
+        beat_after = HEARTBEAT_INTERVAL_S - min(EARLY_S, HEARTBEAT_INTERVAL_S / 2)
         for worker in self._workers.values():
             proc = worker.proc
             if worker.state in (WorkerState.STARTING, WorkerState.READY):
-                if proc is not None and proc.poll() is not None:
+                # A worker with a pidfd is seen dead by it (`_exited`), not polled here.
+                if worker.pidfd is None and proc is not None and proc.poll() is not None:
                     self._on_death(worker, f"worker exited with status {proc.returncode}")
                     continue
                 if worker.state is WorkerState.READY and self._hung(worker, now):
@@ -638,10 +728,7 @@ class WorkerSupervisor:
                 ):
                     self._on_death(worker, "worker did not say hello in time")
                     continue
-                if (
-                    worker.state is WorkerState.READY
-                    and now - worker.last_hb >= HEARTBEAT_INTERVAL_S
-                ):
+                if worker.state is WorkerState.READY and now - worker.last_hb >= beat_after:
                     assert worker.end is not None
                     worker.end.send(HB_MSG)
                     worker.last_hb = now
@@ -653,6 +740,31 @@ class WorkerSupervisor:
                 worker.restarts += 1
                 self._spawn(worker)
             self._expire(worker, now)
+        self._due_at = max(self._next_due(now), now + TICK_EVERY_S)
+
+    def _next_due(self, now: float) -> float:
+        """When the tick next has something to do (inf: nothing): a start timeout, a
+        heartbeat, a watchdog look (`next_look`), a restart, a request's expiry. Also notes
+        whether a live worker's exit must be polled (it has no pidfd)."""
+        due = float("inf")
+        polled = False
+        for worker in self._workers.values():
+            state = worker.state
+            if state is WorkerState.STARTING:
+                due = min(due, worker.spawned_at + self._start_timeout)
+            elif state is WorkerState.READY:
+                due = min(due, worker.last_hb + HEARTBEAT_INTERVAL_S, next_look(worker, now))
+            elif state is WorkerState.BACKOFF and worker.restart_at is not None:
+                due = min(due, worker.restart_at)
+            polled = polled or (worker.proc is not None and worker.pidfd is None)
+            for pending in worker.inflight.values():
+                if pending.deadline is not None:
+                    due = min(due, pending.deadline)
+            for pending in worker.queued:
+                if pending.deadline is not None:
+                    due = min(due, pending.deadline)
+        self._polled = polled
+        return due
 
     def _hung(self, worker: WorkerRecord, now: float) -> bool:
         """The watchdog (`judge`, above): declares the worker dead (and returns True) when
@@ -694,6 +806,7 @@ class WorkerSupervisor:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(2.0)
         self._detach(worker)
+        self._unwatch(worker)
         worker.proc = None
         # Sent requests have unknown fate; queued ones provably never left the host.
         for pending in worker.inflight.values():
@@ -708,6 +821,7 @@ class WorkerSupervisor:
         worker.state = WorkerState.BACKOFF
         worker.last_error = reason
         worker.restart_at = now + worker.backoff
+        self._due(worker.restart_at)
         worker.backoff = min(worker.backoff * 2, BACKOFF_MAX_S)
         self._publish_status(worker)
         self._lifecycle("worker.lost", worker, pid=pid, reason=reason)
@@ -732,6 +846,7 @@ class WorkerSupervisor:
                 self._fail(pending, WorkerUnavailable(f"{pending.method}: supervisor closed"))
             worker.queued.clear()
             self._detach(worker)
+            self._unwatch(worker)
             worker.proc = None
             worker.state = WorkerState.STOPPED
             self._publish_status(worker)

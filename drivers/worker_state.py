@@ -50,6 +50,9 @@ class WorkerRecord:
     state: WorkerState = WorkerState.STARTING
     proc: subprocess.Popen[bytes] | None = None
     end: HostEnd | None = None
+    pidfd: int | None = None
+    """A descriptor of `proc` (`os.pidfd_open`) in the loop's poll set: readable once the
+    process has exited. None where the kernel has none: the loop's tick polls `proc`."""
     generation: int = 0
     restarts: int = 0
     spawned_at: float = 0.0
