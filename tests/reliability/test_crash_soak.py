@@ -12,13 +12,12 @@ same `requestId` and body get the same operation; a changed body under it is nev
 
 One Session in four (seeded; one in ten in the short profile) is a `claude-code` one (the real
 `claude` program against the fake Messages API), and so is the seed fork of the first two
-rounds and of as many rounds after:
-its turns, forks, resolves, deletes and replays take the same steps. The first round arms a
-`worker.fork.*` / `worker.bind.*` point on its Claude fork, a later armed point may land on one
-too, and a worker kill in a Claude round kills the Claude worker; the soak asserts that some
-check ran after a kill that met Claude work (its store showed an active Claude Turn or fork, or
-the Claude worker died at a point), that a Claude fork committed, and that `spare_home_empty`
-walked a home with spares.
+rounds and of as many rounds after: its turns, forks, resolves, deletes and replays take the
+same steps. The first round arms a `worker.fork.*` / `worker.bind.*` point on its Claude fork,
+a later Claude round's armed point lands on its fork too, and a worker kill in a Claude round
+kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
+(its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
+Claude fork committed, and that `spare_home_empty` walked a home with spares.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -62,11 +61,11 @@ from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 ROUNDS = 60 if SOAK else 5
 CLIENTS = 4
 LIVE_GRACE_S = 10
+"""The live laws' grace: no turn of this soak (at most `/slow 150`) writes nothing that long."""
 CLAUDE = "claude-code"
 CLAUDE_SHARE = 0.25 if SOAK else 0.1
 """The share of `session.create` and of the rounds' seed forks (past the first two) that is
 Claude's (less in the short profile: each Claude Session starts a `claude` program)."""
-"""The live laws' grace: no turn of this soak (at most `/slow 150`) writes nothing that long."""
 pytestmark = pytest.mark.timeout(1800 if SOAK else 180)
 
 POINTS = (
@@ -536,8 +535,11 @@ def fork_claude_once_more(w: World, c: Client) -> str | None:
     with w.lock:
         claude = [sid for sid in w.sessions if w.provider.get(sid) == CLAUDE]
     for sid in claude:
-        if not _idle(c, sid) or run_turn(c, sid, "once more")["outcome"] != "completed":
-            continue
+        try:
+            if not _idle(c, sid) or run_turn(c, sid, "once more")["outcome"] != "completed":
+                continue
+        except ApiError:
+            continue  # deleted meanwhile, or refused: another Claude Session then
         status, body = c.call_raw("fork.create", fork_latest_params(sid))
         if status >= 400:
             continue
