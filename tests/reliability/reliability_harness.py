@@ -57,21 +57,26 @@ def codex_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def provider_env(provider: str, home: Path) -> Iterator[Path]:
+def provider_env(provider: str, home: Path, *, config: str = "") -> Iterator[Path]:
     """Writes `home/agenthost.toml` for `provider` (pointing it at a local model server that
-    lives for the block) and yields a cwd for its sessions."""
+    lives for the block) after `config` (more of the file, e.g. a `[daemon]` table) and yields
+    a cwd for its sessions. Every provider's Sessions may run in the block: the soaks mix
+    `claude-code` Sessions among their `tutti-agent` ones this way."""
     home.mkdir(parents=True, exist_ok=True)
     cwd = home.parent / f"cwd-{provider}"
     cwd.mkdir(exist_ok=True)
+    toml = home / "agenthost.toml"
     if provider == "tutti-agent":
+        if config:
+            toml.write_text(config)
         yield cwd  # the built-in deterministic model: no server
         return
     if provider == "claude-code":
         from model_fakes.messages import MessagesServer
 
         with MessagesServer() as server:
-            (home / "agenthost.toml").write_text(
-                f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+            toml.write_text(
+                f'{config}[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
             )
             yield cwd
         return
@@ -79,8 +84,8 @@ def provider_env(provider: str, home: Path) -> Iterator[Path]:
         from model_fakes.responses import ResponsesServer
 
         with ResponsesServer() as server:
-            (home / "agenthost.toml").write_text(
-                f'[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
+            toml.write_text(
+                f'{config}[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
                 f'model_base_url = "{server.base_url}"\n'
             )
             yield cwd

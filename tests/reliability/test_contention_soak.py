@@ -42,6 +42,12 @@ turns and forks contend for them, forks within their share; in the short profile
 start costs too much of its few seconds). At the end, the daemon's timer heap holds no entry
 per Turn run.
 
+Claude Code among them: one Session in four (seeded, among those in the repository) is a
+`claude-code` Session (the real `claude` program against the fake Messages API); its
+turns, forks, resolves and deletes take the same steps, the burst forks one of them, and the
+soak asserts that a Claude fork committed and that the live check's `spare_home_empty` walked
+a home with spares in it.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -60,6 +66,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -74,6 +81,7 @@ from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
     fork_params,
+    provider_env,
     resolve_params,
     trials,
 )
@@ -112,6 +120,7 @@ RUN_DELETIONS = trials(2, 12)
 WARM_AT_ONCE = 4
 SLOTS = trials(64, 32)
 STOPPED_LIMIT_S = 2
+CLAUDE = "claude-code"
 
 BURST = trials(3, 8)
 """Boundaries forked at once in the held-events burst (each asked twice)."""
@@ -380,12 +389,18 @@ def _joined(c: Client, sub: EventSubscriber, sid: str) -> bool:
 
 
 def held_events_burst(
-    d: DaemonProcess, c: Client, sids: list[str], in_repo: set[str], rng: random.Random
+    d: DaemonProcess,
+    c: Client,
+    sids: list[str],
+    in_repo: set[str],
+    rng: random.Random,
+    claude: set[str],
 ) -> Burst:
-    """Forks at once on `BURST` fresh boundaries, each asked twice at once (`throughTurn` and
-    `latestSettled`, the barrier answers both with one operation), some into a worktree, heard
-    by a subscriber connected before the first: the checker's `fork_events_heard` law over what
-    it heard (the saga holds its dispatch step's events for the commit's burst)."""
+    """Forks at once on `BURST` fresh boundaries (a Claude Session's first, if one is
+    forkable), each asked twice at once (`throughTurn` and `latestSettled`, the barrier answers
+    both with one operation), some into a worktree, heard by a subscriber connected before the
+    first: the checker's `fork_events_heard` law over what it heard (the saga holds its dispatch
+    step's events for the commit's burst). The streamed Sessions are Tutti Agent's (`/stream`)."""
     out = Burst()
     live, forkable = [], []
     for sid in sids:
@@ -407,7 +422,10 @@ def held_events_burst(
         listener = threading.Thread(target=_listen, args=(sub, heard, stop), daemon=True)
         listener.start()
         fresh = []
-        chosen = rng.sample(forkable, min(BURST, len(forkable)))
+        claude_forkable = [s for s in forkable if s in claude]
+        chosen = rng.sample(claude_forkable, min(1, len(claude_forkable)))
+        others = [s for s in forkable if s not in chosen]
+        chosen += rng.sample(others, min(BURST - len(chosen), len(others)))
         rest = [sid for sid in live if sid not in chosen]
         chosen += rng.sample(rest, min(BURST - len(chosen), len(rest)))
         for sid in chosen:
@@ -457,7 +475,7 @@ def held_events_burst(
                 turns = [run_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
             return [t for t in turns if t["outcome"] == "completed"]
 
-        streamers = [sid for sid in live if sid not in chosen][:STREAMED]
+        streamers = [sid for sid in live if sid not in chosen and sid not in claude][:STREAMED]
         with ThreadPoolExecutor(len(asks) + RENAMERS + len(streamers)) as pool:
             renames = [pool.submit(rename, k) for k in range(RENAMERS)]
             streams = [pool.submit(stream, sid) for sid in streamers]
@@ -519,16 +537,22 @@ def held_events_burst(
     return out
 
 
-def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) -> None:
-    seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"contention soak seed: {seed}")
-    rng = random.Random(seed)
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "agenthost.toml").write_text(
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """The daemon's home: a short busy budget, its Claude Code pointed at a fake Messages API
+    that lives as long."""
+    config = (
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
     )
+    with provider_env(CLAUDE, tmp_path / "home", config=config):
+        yield tmp_path / "home"
+
+
+def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, home: Path) -> None:
+    seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
+    print(f"contention soak seed: {seed}")
+    rng = random.Random(seed)
     port = free_port()
     d = DaemonProcess(
         home, args=("--listen", f"tcp://127.0.0.1:{port}"), preexec_fn=_limit_fds
@@ -546,14 +570,17 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         c = d.client(timeout=60)
         repo = make_repo(tmp_path / "project")
         repositories = {repo: repository_state(repo)}
+        in_repo = range(1, SESSIONS, 2)
+        claude_at = set(rng.sample(in_repo, max(1, SESSIONS // 4)))
         sids = [
             c.call(
                 "session.create",
-                {"workspaceId": WS, "provider": "tutti-agent"}
+                {"workspaceId": WS, "provider": CLAUDE if i in claude_at else "tutti-agent"}
                 | ({"cwd": str(repo)} if i % 2 else {}),
             )["session"]["agentSessionId"]
             for i in range(SESSIONS)
         ]
+        claude = {sids[i] for i in claude_at}
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`
         # out, and a Turn that never reached the provider leaves its Session unforkable).
@@ -636,7 +663,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         cap = IPC_ENDPOINTS * (1 + OLD_LISTENERS_KEPT)
         wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
         listeners = listeners_in(d.proc.pid, home / "run")
-        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng)
+        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude)
         assert burst.streamed, "no Turn streamed during the burst: the delta law went unchecked"
         # Every stopped app-server was killed by its worker, none left stopped.
         wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
@@ -668,10 +695,12 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         wait_for(lambda: lock.exists() and lock.read_text().strip() == str(d.proc.pid), 10)
         with Client(d.api, timeout=30) as fresh:
             assert fresh.call("host.status", {})["protocol"] == 1
-        fork_outcomes = Counter(
-            c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]["status"]
-            for op_id in t.ops
-        )
+        ops = [
+            c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+            for op_id in t.ops | set(burst.ends)
+        ]
+        fork_outcomes = Counter(op["status"] for op in ops if op["operationId"] in t.ops)
+        claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
@@ -723,6 +752,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
         + f", {len(burst.streamed)} streamed Turns"
         + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
+        f"  claude: sessions={len(claude)} forks "
+        + " ".join(f"{k}={v}" for k, v in sorted(claude_forks.items()))
+        + f"; live check: spare homes walked={live.spare_homes}, readable children="
+        f"{live.readable_by_provider.get(CLAUDE, 0)}",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
@@ -758,3 +791,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path) 
     assert burst.ends and any(o["status"] == "committed" for o in burst.ends.values()), burst.ends
     # ... and renamed Sessions meanwhile, whose events the Session-event law judged.
     assert burst.sessions, burst
+    # ... and Claude Code's laws under it: a Claude fork committed, and the live check's
+    # `spare_home_empty` walked the spare homes its worker made ahead.
+    assert claude_forks["committed"] > 0, (seed, claude_forks)
+    assert live.spare_homes > 0, (seed, "spare_home_empty never walked a spare home")

@@ -9,6 +9,15 @@ first Session touched it (`repository_kept`, law 10: only the forks' worktrees a
 `agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
 (`force` or not). A fork request answered earlier is sent again, across restarts (law 6: the
 same `requestId` and body get the same operation; a changed body under it is never accepted).
+
+One Session in four (seeded; one in ten in the short profile) is a `claude-code` one (the real
+`claude` program against the fake Messages API), and so is the seed fork of the first two
+rounds and of as many rounds after: its turns, forks, resolves, deletes and replays take the
+same steps. The first round arms a `worker.fork.*` / `worker.bind.*` point on its Claude fork,
+a later Claude round's armed point lands on its fork too, and a worker kill in a Claude round
+kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
+(its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
+Claude fork committed, and that `spare_home_empty` walked a home with spares.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -22,6 +31,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +42,9 @@ from tests.reliability.reliability_harness import (
     SOAK,
     fork_latest_params,
     fork_params,
+    provider_env,
     resolve_params,
+    worker_fired,
     worker_of,
 )
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
@@ -42,6 +54,7 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     repository_state,
+    work_in_flight,
 )
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 
@@ -49,6 +62,10 @@ ROUNDS = 60 if SOAK else 5
 CLIENTS = 4
 LIVE_GRACE_S = 10
 """The live laws' grace: no turn of this soak (at most `/slow 150`) writes nothing that long."""
+CLAUDE = "claude-code"
+CLAUDE_SHARE = 0.25 if SOAK else 0.1
+"""The share of `session.create` and of the rounds' seed forks (past the first two) that is
+Claude's (less in the short profile: each Claude Session starts a `claude` program)."""
 pytestmark = pytest.mark.timeout(1800 if SOAK else 180)
 
 POINTS = (
@@ -70,6 +87,15 @@ POINTS = (
     "host.workspace.after_rename",
     "host.workspace.after_record",
 )
+CLAUDE_POINTS = (
+    "worker.fork.before_provider_call",
+    "worker.fork.after_provider_call",
+    "worker.bind.before_copy",
+    "worker.bind.after_copy",
+)
+"""The worker's points on a Claude fork: the first round arms one before its seed fork."""
+FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
+"""Points a `throughTurn` fork passes: what a Claude round arms before its seed fork."""
 
 
 class World:
@@ -90,10 +116,16 @@ class World:
         self.busy = 0
         self.idle = threading.Condition(self.lock)
         self.sessions: dict[str, list[str]] = {}  # live session → settled turn ids
+        self.provider: dict[str, str] = {}  # session (live or not) → its provider
+        self.made: Counter[str] = Counter()  # Sessions made by `session.create`, by provider
         self.ops: dict[str, str] = {}  # operation id → last seen status
         self.asked: dict[str, dict[str, Any]] = {}  # operation id → the request that made it
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
+        self.met_claude = False
+        """A kill since the last invariant check met Claude work (an active Claude Turn or fork
+        in the store as the daemon died or the Claude worker was killed, or the Claude worker
+        died at an armed point)."""
 
     def client(self, mine: tuple[int, Client] | None) -> tuple[int, Client]:
         with self.lock:
@@ -177,6 +209,7 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
     )[0]
     s = {"workspaceId": WS, "agentSessionId": sid}
     if action == "create" or sid is None:
+        provider = CLAUDE if rng.random() < CLAUDE_SHARE else "tutti-agent"
         body = call(
             w,
             c,
@@ -184,7 +217,7 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             "session.create",
             {
                 "workspaceId": WS,
-                "provider": "tutti-agent",
+                "provider": provider,
                 "title": f"s{rng.randrange(99)}",
                 "cwd": w.cwd,
             },
@@ -192,6 +225,8 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
         if body:
             with w.lock:
                 w.sessions[body["session"]["agentSessionId"]] = []
+                w.provider[body["session"]["agentSessionId"]] = provider
+                w.made[provider] += 1
     elif action == "submit":
         text = rng.choice(["hello", "hello", "/slow 150 slow one", "/tool grep x", "/fail no"])
         (Path(w.cwd) / f"file-{rng.randrange(8)}.txt").write_text(f"{rng.random()}\n")
@@ -240,10 +275,7 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
         body = call(w, c, tag, method, {"workspaceId": WS, "operationId": op_id})
         if body:
             op = body["operation"]
-            with w.lock:
-                w.ops[op_id] = op["status"]
-                if op["status"] == "committed":
-                    w.sessions.setdefault(op["targetAgentSessionId"], [])
+            note_operation(w, op)
     elif action == "settings":
         call(w, c, tag, "session.updateSettings", s | {"settings": {"r": rng.randrange(1000)}})
     elif action == "title":
@@ -301,21 +333,30 @@ def replay(
 def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None = None) -> None:
     with w.lock:
         w.ops[op["operationId"]] = op["status"]
+        w.provider[op["targetAgentSessionId"]] = w.provider.get(
+            op["sourceAgentSessionId"], "tutti-agent"
+        )
         if params is not None and op["requestId"] == params["requestId"]:
             w.asked[op["operationId"]] = params  # made by this request, not a barrier's answer
         if op["status"] == "committed":
             w.sessions.setdefault(op["targetAgentSessionId"], [])
 
 
-def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
-    tmp_path: Path,
-) -> None:
+@pytest.fixture
+def home(tmp_path: Path) -> Iterator[Path]:
+    """The daemon's home, its Claude Code pointed at a fake Messages API that lives as long."""
+    with provider_env(CLAUDE, tmp_path / "home"):
+        yield tmp_path / "home"
+
+
+def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home: Path) -> None:
     seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash soak seed: {seed} (AGENTHOST_SOAK_SEED={seed} replays it)")
     rng = random.Random(seed)
-    w = World(tmp_path / "home", seed)
+    w = World(home, seed)
     chaos: Counter[str] = Counter()
     checks = violations = 0
+    claude_checks = spares_seen = 0
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
@@ -327,35 +368,53 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             rounds += 1
             if revive(w):
                 chaos["failpoint_fired_late"] += 1
+            # A Claude round's seed fork is Claude's; the first round, and a Claude round that
+            # draws a failpoint, arm it before that fork is sent, so the kill lands on it.
+            claude = rounds <= 2 or rng.random() < CLAUDE_SHARE
+            plan = rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
+            early = None
+            if claude and (rounds == 1 or plan == "arm_failpoint"):
+                plan = "arm_failpoint"
+                early = rng.choice(CLAUDE_POINTS if rounds == 1 else FORK_POINTS)
+                chaos["armed_on_claude_fork"] += 1
             try:
-                seed_fork(w, rng)
+                claude_pid = seed_fork(w, rng, claude, early)
             except (ClientTimeout, ClientClosed):
                 # Only a daemon killed by a late armed point may leave the seed unanswered.
                 assert revive(w), "a live daemon did not answer the round's seed"
                 chaos["failpoint_fired_late"] += 1
-                seed_fork(w, rng)
+                claude_pid = seed_fork(w, rng, claude, early)
             w.running.set()
             deadline = time.monotonic() + rng.uniform(0.5, 2.5)
             while time.monotonic() < deadline and w.daemon.proc.poll() is None:
                 time.sleep(0.05)
-            action = (
-                "failpoint_fired"
-                if w.daemon.proc.poll() is not None
-                else rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
-            )
+            action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
             if action == "kill_worker":
-                worker = worker_of(w.daemon, "tutti-agent")
+                provider = CLAUDE if claude else rng.choice(["tutti-agent", CLAUDE])
+                worker = worker_of(w.daemon, provider)
                 if worker and worker.get("pid"):
+                    if provider == CLAUDE and work_in_flight(w.home)[CLAUDE]:
+                        w.met_claude = True
                     os.kill(int(worker["pid"]), signal.SIGKILL)
-            elif action == "arm_failpoint":
-                w.daemon.client(timeout=5).call(
-                    "debug.failpoints", {"points": {rng.choice(POINTS): "once:kill"}}
-                )
+                    chaos[f"kill_worker {provider}"] += 1
+            elif action == "arm_failpoint" and early is None:
+                try:
+                    w.daemon.client(timeout=5).call(
+                        "debug.failpoints", {"points": {rng.choice(POINTS): "once:kill"}}
+                    )
+                except ClientTimeout:
+                    # Only a daemon that an armed point killed meanwhile may not answer.
+                    assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
+                    action = "failpoint_fired"
             restarted = action in ("kill_daemon", "failpoint_fired")
             if restarted:
                 with w.lock:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
+                    if work_in_flight(w.home)[CLAUDE]:
+                        w.met_claude = True  # what the daemon held active as it died
             w.pause()
+            if early and early.startswith("worker.") and not restarted:
+                w.met_claude |= claude_worker_died_at(w, early, claude_pid)
             if restarted:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home).start()
@@ -364,6 +423,10 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             report = check_invariants(w.home, repositories=w.repositories)
             checks += 1
             violations += len(report.violations)
+            spares_seen = max(spares_seen, report.spare_homes)
+            if w.met_claude:
+                claude_checks += 1
+                w.met_claude = False
             assert report.ok, (seed, report.violations)
             # No process of a killed daemon (its workers, their app-servers) outlives it, and
             # the live one runs one worker per provider (the workers started ahead included).
@@ -378,21 +441,29 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         c = w.daemon.client(timeout=60)
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
-        resumed = 0
-        for op_id in committed[: None if SOAK else 3]:
+        resumed: Counter[str] = Counter()
+        claude_committed = 0
+        for op_id in committed:
             op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
             target = op["targetAgentSessionId"]
+            provider = w.provider.get(target, "tutti-agent")
+            claude_committed += provider == CLAUDE
+            if not SOAK and resumed[provider] >= (1 if provider == CLAUDE else 3):
+                continue  # a sample in the short profile: 3 Tutti Agent children, 1 Claude's
             status, _ = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": target})
             if status == 200:
                 wait_for(lambda t=target: _idle(c, t), timeout=60)
                 assert run_turn(c, target, "resume")["outcome"] == "completed"
-                resumed += 1
+                resumed[provider] += 1
+        spares_after_kills = spares_seen
+        last_claude_fork = fork_claude_once_more(w, c)
         # With the clients parked, the live laws too: no Turn stays active and no
         # operation keeps its fence with nothing working on it (`active_turn_worked`,
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         checks += 1
+        spares_seen = max(spares_seen, final.spare_homes)
     finally:
         w.stop.set()
         w.running.set()
@@ -403,9 +474,15 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
+    claude_children = sum(1 for p in w.provider.values() if p == CLAUDE) - w.made[CLAUDE]
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
-        f"violations={violations} resumed_children={resumed}",
+        f"violations={violations} resumed_children={dict(resumed)}",
+        f"claude: sessions_made={w.made[CLAUDE]} (of {w.made.total()}) fork_targets="
+        f"{claude_children} forks_committed={claude_committed} "
+        f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
+        f"(after kills: {spares_after_kills}) last_fork={last_claude_fork} "
+        f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
         final.summary(),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
@@ -429,6 +506,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         + chaos["failpoint_fired_late"]
     )
     assert sum(final.operations.values()) > 0 and killed > 0, dict(chaos)
+    # ... and Claude Code's laws under it: a Claude fork committed, a check ran after a kill
+    # that met Claude work, and `spare_home_empty` walked a home with spares in it.
+    assert claude_committed > 0, ("no Claude fork committed", seed)
+    assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
+    assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
 
 
 def revive(w: World) -> bool:
@@ -438,22 +520,72 @@ def revive(w: World) -> bool:
         if w.daemon.proc is None or w.daemon.proc.poll() is None:
             return False
         w.daemon.kill()
+        if work_in_flight(w.home)[CLAUDE]:
+            w.met_claude = True
         w.daemon = DaemonProcess(w.home).start()
         w.generation += 1
         return True
 
 
-def seed_fork(w: World, rng: random.Random) -> None:
-    """One fork per round on a fresh, settled source, left in flight while the clients and the
-    chaos run, so every round exercises the saga whatever the random clients picked."""
+def fork_claude_once_more(w: World, c: Client) -> str | None:
+    """With the chaos over, a live Claude Session runs a Turn and forks it (`latestSettled`):
+    the spare homes its answer leaves are what the final live check's `spare_home_empty`
+    walks, whatever the kills swept before. Returns the operation's status (None: no live
+    Claude Session took the Turn)."""
+    with w.lock:
+        claude = [sid for sid in w.sessions if w.provider.get(sid) == CLAUDE]
+    for sid in claude:
+        try:
+            if not _idle(c, sid) or run_turn(c, sid, "once more")["outcome"] != "completed":
+                continue
+        except ApiError:
+            continue  # deleted meanwhile, or refused: another Claude Session then
+        status, body = c.call_raw("fork.create", fork_latest_params(sid))
+        if status >= 400:
+            continue
+        op_id = body["operation"]["operationId"]
+
+        def ended(op_id: str = op_id) -> str | None:
+            op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+            return None if op["status"] == "accepted" else str(op["status"])
+
+        return str(wait_for(ended, 60))
+    return None
+
+
+def claude_worker_died_at(w: World, point: str, pid: int | None) -> bool:
+    """The point armed on the round's Claude fork fired, and in the Claude worker: it was
+    replaced (a Tutti Agent fork of a client may have reached the point first)."""
+    if pid is None or not worker_fired(w.daemon, point):
+        return False
+    try:
+        wait_for(lambda: (worker_of(w.daemon, CLAUDE) or {}).get("pid") != pid, 10)
+    except AssertionError:
+        return False
+    return True
+
+
+def seed_fork(w: World, rng: random.Random, claude: bool, arm: str | None) -> int | None:
+    """One fork per round on a fresh, settled source (a Claude one if `claude`), left in
+    flight while the clients and the chaos run, so every round exercises the saga whatever the
+    random clients picked; `arm` is armed `once:kill` just before it is sent. Returns the
+    Claude worker's pid then (None if there is none)."""
     c = w.daemon.client(timeout=30)
     worktree = rng.random() < 0.5
-    sid = c.call("session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": w.cwd})[
+    provider = CLAUDE if claude else "tutti-agent"
+    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
         "session"
     ]["agentSessionId"]
-    turn = run_turn(c, sid, f"/write seed.md seed {rng.randrange(1000)}" if worktree else "seed")
+    with w.lock:
+        w.provider[sid] = provider
+        w.made[provider] += 1
+    text = f"/write seed.md seed {rng.randrange(1000)}" if worktree and not claude else "seed"
+    turn = run_turn(c, sid, text)
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]
+    claude_worker = worker_of(w.daemon, CLAUDE)
+    if arm is not None:
+        c.call("debug.failpoints", {"points": {arm: "once:kill"}})
 
     def register(future: Any) -> None:
         try:
@@ -470,6 +602,7 @@ def seed_fork(w: World, rng: random.Random) -> None:
         params["workspace"] = "worktree"
         w.calls["fork.create asked worktree (seed)"] += 1
     c.submit("fork.create", params).add_done_callback(register)
+    return int(claude_worker["pid"]) if claude_worker and claude_worker.get("pid") else None
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:

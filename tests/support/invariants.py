@@ -258,6 +258,10 @@ class InvariantReport:
     """Distinct provider child sessions counted in the provider homes."""
     readable_children: int
     """Committed, live children whose provider state was read from their own home."""
+    readable_by_provider: Mapping[str, int] = field(default_factory=dict)
+    """`readable_children` by the child's provider (a soak proves its Claude children read)."""
+    spare_homes: int = 0
+    """Claude spare homes the `spare_home_empty` law walked (a soak proves it met some)."""
 
     @property
     def ok(self) -> bool:
@@ -1070,11 +1074,12 @@ def _quarantined_lineage(path: Path) -> str | None:
 SPARE_HOME_PREFIX = ".claude-spare-"  # drivers/claude/homes.py's PREFIX
 
 
-def _check_spare_homes(ctx: _Ctx, home: Path) -> None:
+def _check_spare_homes(ctx: _Ctx, home: Path) -> int:
     """Every spare home made ahead holds directories only (law `SPARE_HOME_EMPTY`). An entry
     gone by the time it is looked at (the spare renamed into a child's place meanwhile) is no
-    finding."""
-    for spare in _glob(home / "runtimes", f"*/{SPARE_HOME_PREFIX}*"):
+    finding. Returns how many spares it walked."""
+    spares = _glob(home / "runtimes", f"*/{SPARE_HOME_PREFIX}*")
+    for spare in spares:
         if spare.is_symlink() or (spare.exists() and not spare.is_dir()):
             ctx.fail(Law.SPARE_HOME_EMPTY, f"{spare} is no directory")
             continue
@@ -1085,6 +1090,7 @@ def _check_spare_homes(ctx: _Ctx, home: Path) -> None:
             for name in dirnames:
                 if os.path.islink(os.path.join(dirpath, name)):
                     ctx.fail(Law.SPARE_HOME_EMPTY, f"{dirpath}/{name} is a link in a spare home")
+    return len(spares)
 
 
 def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
@@ -1907,21 +1913,22 @@ def check_invariants(
             ctx, children, ops, alive, after_copy=provider_children(home)
         )
         provider_of = {(s["workspace_id"], s["session_id"]): s["provider"] for s in sessions}
-        readable = 0
+        readable: Counter[str] = Counter()
         for op in alive:
             ws, target = op["workspace_id"], op["target_session_id"]
+            provider = provider_of[(ws, target)]
             problem = child_readable_problem(
                 home,
                 ws,
                 target,
-                provider_of[(ws, target)],
+                provider,
                 str(op["target_provider_session_id"]),
                 json.loads(op["target_provider_turn_ids"] or "[]"),
             )
             if problem:
                 ctx.fail(Law.CHILD_READABLE, f"child {target}: {problem}")
             else:
-                readable += 1
+                readable[provider] += 1
         if checkpoint_misses:
             # A Session deleted since the copy had its refs dropped, and a Turn the size cap
             # recorded `unavailable` since then had its refs dropped: neither is a miss.
@@ -1949,7 +1956,7 @@ def check_invariants(
                 if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
         _check_quarantine(ctx, home, ops)
-        _check_spare_homes(ctx, home)
+        spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
         _check_worktrees(ctx, ops, int(time.time() * 1000), sessions)
@@ -1964,8 +1971,34 @@ def check_invariants(
         operations=dict(Counter(o["status"] for o in ops)),
         sessions=len(sessions),
         provider_children=n_children,
-        readable_children=readable,
+        readable_children=readable.total(),
+        readable_by_provider=dict(readable),
+        spare_homes=spares,
     )
+
+
+def work_in_flight(home: Path) -> Counter[str]:
+    """Active Turns and active fork operations (by their source) per provider, as the store of
+    `home` holds them now (one read transaction, opened read-only as `snapshot_store` opens it:
+    a live or killed daemon's store is never written to). A soak reads it as a kill lands, to
+    know which provider's work the kill met."""
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        conn.set_busy_timeout(10_000)
+        rows = _rows(
+            conn,
+            "SELECT s.provider, COUNT(*) AS n FROM turns t JOIN sessions s"
+            " USING (workspace_id, session_id) WHERE t.phase = 'active' GROUP BY s.provider"
+            " UNION ALL SELECT s.provider, COUNT(*) FROM fork_operations o JOIN sessions s"
+            " ON s.workspace_id = o.workspace_id AND s.session_id = o.source_session_id"
+            f" WHERE o.status IN {ACTIVE!r} GROUP BY s.provider",
+        )
+    finally:
+        conn.close()
+    out: Counter[str] = Counter()
+    for r in rows:
+        out[str(r["provider"])] += int(r["n"])
+    return out
 
 
 def assert_invariants(
