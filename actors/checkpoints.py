@@ -256,7 +256,7 @@ class TurnCheckpoints:
     ) -> tuple[Future[Capture], Future[Capture]]:
         """A Turn's `before`, begun beside its claim: (answered, kept). `answered` has the
         tree as soon as it is known (what the start waits for); the ref files are written
-        only once `keep_refs` is set (the Turn's `turn.start` answered; at most the bound later),
+        only once `keep_refs` is set (the Turn's `turn.start` sent; at most the bound later),
         the directory's lock held until then, and `kept` is that job's own answer (an
         `unavailable` one if the ref could not be kept). A ref's create and rename beside the
         claim's fsync, on the same filesystem, lengthen that fsync (ext4's journal), and just
@@ -376,7 +376,7 @@ class TurnCheckpoints:
                     return Capture(real, checkpoint)
                 if answered is not None and keep_refs is not None:
                     # The tree is what the start waits for; the ref, what the settlement's
-                    # record needs, is written once the start is answered, still under the lock.
+                    # record needs, is written once the start is sent, still under the lock.
                     _answer(answered, Capture(real, checkpoint))
                     keep_refs.wait(self.bound_s)
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that

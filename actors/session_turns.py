@@ -197,6 +197,7 @@ class TurnRunner:
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
+        _keep_before_refs(state)  # `turn.start` is on its way: the ref files, off its path
         again: Callable[[], None] | None = None
         if warm:
             again = partial(self._prepare, state, text, session, started)
@@ -242,9 +243,6 @@ class TurnRunner:
         provider, so the runtime is prepared (`session.start`) and the Turn started once more,
         without a generation (it cannot be refused that way twice)."""
         state.start_unanswered = False
-        # The provider has the Turn: the `before`'s ref files, off the start's path (beside
-        # the claim's fsync they lengthen it; beside `turn.start` they delay the worker).
-        _keep_before_refs(state)
         try:
             self._on_start_answer(state, fut, again)
         finally:
@@ -908,7 +906,7 @@ def _bound_of(taken: list[DurableWrite]) -> TurnBound:
 class EarlyBefore:
     """A `before` capture begun ahead of the claim (`TurnCheckpoints.capture_before_claim`):
     its folder, the Turn id it is kept under, its two answers, and the word its ref files
-    wait for (set once `turn.start` is answered, the runtime's preparation begins, the Turn
+    wait for (set once `turn.start` is sent, the runtime's preparation begins, the Turn
     settles, or the submit creates no Turn)."""
 
     cwd: str
