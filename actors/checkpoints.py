@@ -252,19 +252,19 @@ class TurnCheckpoints:
             return _shut_down(cwd)
 
     def capture_before_claim(
-        self, cwd: str, session_id: str, turn_id: str, keep_refs: threading.Event
+        self, cwd: str, session_id: str, turn_id: str, durable: threading.Event
     ) -> tuple[Future[Capture], Future[Capture]]:
         """A Turn's `before`, begun beside its claim: (answered, kept). `answered` has the
         tree as soon as it is known (what the start waits for); the ref files are written
-        only once `keep_refs` is set (the Turn's `turn.start` sent; at most the bound later),
+        only once `durable` is set (the claim's COMMIT returned; at most the bound later),
         the directory's lock held until then, and `kept` is that job's own answer (an
-        `unavailable` one if the ref could not be kept). A ref's create and rename beside the
-        claim's fsync, on the same filesystem, lengthen that fsync (ext4's journal), and just
-        after it they take the interpreter from the start's path. Neither future fails."""
+        `unavailable` one if the ref could not be kept). A ref's create and rename beside
+        the claim's fsync, on the same filesystem, lengthen that fsync (ext4's journal);
+        before or after it they do not. Neither future fails."""
         answered: Future[Capture] = Future()
         try:
             kept = self.pool.submit(
-                self._run, cwd, session_id, turn_id, "before", None, answered, keep_refs
+                self._run, cwd, session_id, turn_id, "before", None, answered, durable
             )
         except RuntimeError:  # the pool is shut down: the daemon is closing
             kept = _shut_down(cwd)
@@ -362,7 +362,7 @@ class TurnCheckpoints:
         which: str,
         before: str | None,
         answered: Future[Capture] | None = None,
-        keep_refs: threading.Event | None = None,
+        durable: threading.Event | None = None,
     ) -> Capture:
         real = os.path.realpath(cwd)
         try:
@@ -374,11 +374,11 @@ class TurnCheckpoints:
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
-                if answered is not None and keep_refs is not None:
+                if answered is not None and durable is not None:
                     # The tree is what the start waits for; the ref, what the settlement's
-                    # record needs, is written once the start is sent, still under the lock.
+                    # record needs, is written after the claim's fsync, still under the lock.
                     _answer(answered, Capture(real, checkpoint))
-                    keep_refs.wait(self.bound_s)
+                    durable.wait(self.bound_s)
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that
                 # `keep` then creates no file.
                 self.shadow.keep(

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -89,7 +88,6 @@ class TurnState:
     # The `before` job's own answer once its ref is kept (written after the claim's fsync):
     # an `unavailable` one there replaces `before` in the settlement's record.
     before_kept: Future[Capture] | None = None
-    before_keep: threading.Event | None = None
     after: Capture | None = None
     before_pending: bool = False
     after_before: list[Callable[[], None]] = field(default_factory=list)

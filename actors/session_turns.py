@@ -133,6 +133,9 @@ class TurnRunner:
         except BaseException:
             self._discard_before(early)
             raise
+        finally:
+            if early is not None:
+                early.durable.set()  # the capture's ref files may be written now
         msg.reply(turn)
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
@@ -144,7 +147,7 @@ class TurnRunner:
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
         if early is not None and early.cwd == session.cwd:
-            state.before_kept, state.before_keep = early.kept, early.keep_refs
+            state.before_kept = early.kept
             self._capture_before(state, session.cwd, early.answered)
         else:
             self._discard_before(early)
@@ -197,7 +200,6 @@ class TurnRunner:
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
-        _keep_before_refs(state)  # `turn.start` is on its way: the ref files, off its path
         again: Callable[[], None] | None = None
         if warm:
             again = partial(self._prepare, state, text, session, started)
@@ -205,7 +207,6 @@ class TurnRunner:
 
     def _prepare(self, state: TurnState, text: str, session: Session, started: float) -> None:
         """Prepare the Session's runtime (`session.start`), then start the Turn on it."""
-        _keep_before_refs(state)  # no capture thread held through a cold start
         self._runtime.prepare_runtime(
             session, partial(self._runtime_ready, state, text, session, started)
         )
@@ -335,7 +336,6 @@ class TurnRunner:
                 then(None if state.settled else StoreBusy("the turn's settlement is pending"))
             return
         state.settling = True
-        _keep_before_refs(state)  # the `after` capture and the record need the ref
         if state.watchdog is not None:
             state.watchdog.cancel()
 
@@ -382,14 +382,14 @@ class TurnRunner:
             return None
         cwd = session.cwd
         turn_id = str(uuid.uuid4())
-        keep_refs = threading.Event()
-        answered, kept = checkpoints.capture_before_claim(cwd, self._core.sid, turn_id, keep_refs)
-        return EarlyBefore(cwd, turn_id, answered, kept, keep_refs)
+        durable = threading.Event()
+        answered, kept = checkpoints.capture_before_claim(cwd, self._core.sid, turn_id, durable)
+        return EarlyBefore(cwd, turn_id, answered, kept, durable)
 
     def _discard_before(self, early: EarlyBefore | None) -> None:
         checkpoints = self._core.ctx.turn_checkpoints
         if early is not None and checkpoints is not None:
-            early.keep_refs.set()
+            early.durable.set()
             # Dropped once the ref is kept (the job's own answer), not once the tree is known.
             checkpoints.discard(early.kept, early.cwd, self._core.sid, early.turn_id, "before")
 
@@ -905,21 +905,14 @@ def _bound_of(taken: list[DurableWrite]) -> TurnBound:
 @dataclass(frozen=True, slots=True)
 class EarlyBefore:
     """A `before` capture begun ahead of the claim (`TurnCheckpoints.capture_before_claim`):
-    its folder, the Turn id it is kept under, its two answers, and the word its ref files
-    wait for (set once `turn.start` is sent, the runtime's preparation begins, the Turn
-    settles, or the submit creates no Turn)."""
+    its folder, the Turn id it is kept under, its two answers, and the claim's durability
+    its ref files wait for."""
 
     cwd: str
     turn_id: str
     answered: Future[Capture]
     kept: Future[Capture]
-    keep_refs: threading.Event
-
-
-def _keep_before_refs(state: TurnState) -> None:
-    """Let the Turn's `before` job write its ref files (`EarlyBefore.keep_refs`)."""
-    if state.before_keep is not None:
-        state.before_keep.set()
+    durable: threading.Event
 
 
 def _kept_before(state: TurnState) -> Capture | None:

@@ -46,15 +46,15 @@ def test_the_tree_is_answered_before_the_claim_is_durable_and_its_refs_written_a
 ) -> None:
     pooled = turns.capture(str(repo), "s1", "t0", "before").result(30)
     assert isinstance(pooled.checkpoint, Checkpoint)
-    keep_refs = threading.Event()
-    answered, kept = turns.capture_before_claim(str(repo), "s1", "t1", keep_refs)
+    durable = threading.Event()
+    answered, kept = turns.capture_before_claim(str(repo), "s1", "t1", durable)
     got = answered.result(30)
     assert isinstance(got.checkpoint, Checkpoint)
     assert got.checkpoint.tree == pooled.checkpoint.tree
     # The claim's COMMIT has not returned: not one file of this Turn's refs exists yet.
     assert not kept.done()
     assert [r for r in ref_files(turns, repo) if r.startswith("t1")] == []
-    keep_refs.set()
+    durable.set()
     assert kept.result(30) == got
     # Then the same refs as the pool's `before`: the ref, and its `after`'s lock reserved.
     assert [r for r in ref_files(turns, repo) if r.startswith("t1")] == [
@@ -69,12 +69,12 @@ def test_a_ref_that_cannot_be_kept_after_the_claim_is_said_by_the_jobs_own_answe
     turns: TurnCheckpoints, repo: Path
 ) -> None:
     turns.capture(str(repo), "s1", "t0", "before").result(30)
-    keep_refs = threading.Event()
-    answered, kept = turns.capture_before_claim(str(repo), "s1", "t1", keep_refs)
+    durable = threading.Event()
+    answered, kept = turns.capture_before_claim(str(repo), "s1", "t1", durable)
     assert isinstance(answered.result(30).checkpoint, Checkpoint)
     # Someone else holds the ref's lock (as a killed writer would leave it).
     (refs_dir(turns, repo) / "t1").mkdir(parents=True)
     (refs_dir(turns, repo) / "t1" / "before.lock").write_text("")
-    keep_refs.set()
+    durable.set()
     own = kept.result(30)
     assert isinstance(own.checkpoint, Unavailable)
