@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections.abc import Callable
-from concurrent.futures import Executor, Future, InvalidStateError
+from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ParamSpec, Protocol, TypeVar
@@ -249,28 +249,11 @@ class TurnCheckpoints:
         try:
             return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
         except RuntimeError:  # the pool is shut down: the daemon is closing
-            return _shut_down(cwd)
-
-    def capture_before_claim(
-        self, cwd: str, session_id: str, turn_id: str, durable: threading.Event
-    ) -> tuple[Future[Capture], Future[Capture]]:
-        """A Turn's `before`, begun beside its claim: (answered, kept). `answered` has the
-        tree as soon as it is known (what the start waits for); the ref files are written
-        only once `durable` is set (the claim's COMMIT returned; at most the bound later),
-        the directory's lock held until then, and `kept` is that job's own answer (an
-        `unavailable` one if the ref could not be kept). A ref's create and rename beside
-        the claim's fsync, on the same filesystem, lengthen that fsync (ext4's journal);
-        before or after it they do not. Neither future fails."""
-        answered: Future[Capture] = Future()
-        try:
-            kept = self.pool.submit(
-                self._run, cwd, session_id, turn_id, "before", None, answered, durable
+            done: Future[Capture] = Future()
+            done.set_result(
+                Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
             )
-        except RuntimeError:  # the pool is shut down: the daemon is closing
-            kept = _shut_down(cwd)
-        # The job answers `answered` itself once the tree is known; else with its own answer.
-        kept.add_done_callback(lambda f: _answer(answered, f.result()))
-        return answered, kept
+            return done
 
     def capture_after_here(
         self, cwd: str, session_id: str, turn_id: str, before: str | None
@@ -355,14 +338,7 @@ class TurnCheckpoints:
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
     def _run(
-        self,
-        cwd: str,
-        session_id: str,
-        turn_id: str,
-        which: str,
-        before: str | None,
-        answered: Future[Capture] | None = None,
-        durable: threading.Event | None = None,
+        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
     ) -> Capture:
         real = os.path.realpath(cwd)
         try:
@@ -374,11 +350,6 @@ class TurnCheckpoints:
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
-                if answered is not None and durable is not None:
-                    # The tree is what the start waits for; the ref, what the settlement's
-                    # record needs, is written after the claim's fsync, still under the lock.
-                    _answer(answered, Capture(real, checkpoint))
-                    durable.wait(self.bound_s)
                 # A `before` takes its `after` ref's lock now, off the Turn's end: that
                 # `keep` then creates no file.
                 self.shadow.keep(
@@ -412,18 +383,6 @@ DROPPED_MESSAGE = (
     "this checkpoint was dropped to keep the checkpoint store under max_store_bytes"
     " ([workspace] in agenthost.toml); older Turns' checkpoints go first"
 )
-
-
-def _shut_down(cwd: str) -> Future[Capture]:
-    done: Future[Capture] = Future()
-    done.set_result(Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint"))
-    return done
-
-
-def _answer(answered: Future[Capture], capture: Capture) -> None:
-    """Answer `answered` with `capture` unless it is answered already."""
-    with contextlib.suppress(InvalidStateError):
-        answered.set_result(capture)
 
 
 class DroppableCheckpoints(Protocol):

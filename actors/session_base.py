@@ -85,9 +85,6 @@ class TurnState:
     # the `after` capture) while it is taken.
     cwd: str | None = None
     before: Capture | None = None
-    # The `before` job's own answer once its ref is kept (written after the claim's fsync):
-    # an `unavailable` one there replaces `before` in the settlement's record.
-    before_kept: Future[Capture] | None = None
     after: Capture | None = None
     before_pending: bool = False
     after_before: list[Callable[[], None]] = field(default_factory=list)

@@ -10,12 +10,11 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from functools import partial
 from typing import Any
 
@@ -46,7 +45,6 @@ from domain.turn_events import (
 )
 from domain.worker_messages import TurnAccepted, TurnStart
 from storage.models import Message, NewMessage, Session, Turn, TurnBound
-from workspace.shadow import Unavailable
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -128,14 +126,11 @@ class TurnRunner:
                 self._core.sid,
                 msg.request_id,
                 msg.text,
-                turn_id=early.turn_id if early is not None else None,
+                turn_id=early[1] if early is not None else None,
             )
         except BaseException:
             self._discard_before(early)
             raise
-        finally:
-            if early is not None:
-                early.durable.set()  # the capture's ref files may be written now
         msg.reply(turn)
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
@@ -146,9 +141,8 @@ class TurnRunner:
         session, unbound = read if read is not None else (self._core.session(), None)
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
-        if early is not None and early.cwd == session.cwd:
-            state.before_kept = early.kept
-            self._capture_before(state, session.cwd, early.answered)
+        if early is not None and early[0] == session.cwd:
+            self._capture_before(state, session.cwd, early[2])
         else:
             self._discard_before(early)
             self._capture_before(state, session.cwd)
@@ -372,26 +366,23 @@ class TurnRunner:
             return None
         return session, self._runtime.settled_turn_unbound()
 
-    def _early_before(self, session: Session | None) -> EarlyBefore | None:
-        """The `before` capture of the Turn a submit may create, begun ahead of its claim.
-        None when checkpoints are off, the Session cannot be read (`session` None: the claim
-        answers why), or a Turn of this Session is still running here (the claim will refuse
-        it, and its files are still being written)."""
+    def _early_before(self, session: Session | None) -> tuple[str, str, Future[Capture]] | None:
+        """The `before` capture of the Turn a submit may create, begun ahead of its claim:
+        (cwd, the Turn's id, the capture). None when checkpoints are off, the Session cannot be
+        read (`session` None: the claim answers why), or a Turn of this Session is still
+        running here (the claim will refuse it, and its files are still being written)."""
         checkpoints = self._core.ctx.turn_checkpoints
         if checkpoints is None or session is None or self.unsettled():
             return None
         cwd = session.cwd
         turn_id = str(uuid.uuid4())
-        durable = threading.Event()
-        answered, kept = checkpoints.capture_before_claim(cwd, self._core.sid, turn_id, durable)
-        return EarlyBefore(cwd, turn_id, answered, kept, durable)
+        return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
 
-    def _discard_before(self, early: EarlyBefore | None) -> None:
+    def _discard_before(self, early: tuple[str, str, Future[Capture]] | None) -> None:
         checkpoints = self._core.ctx.turn_checkpoints
         if early is not None and checkpoints is not None:
-            early.durable.set()
-            # Dropped once the ref is kept (the job's own answer), not once the tree is known.
-            checkpoints.discard(early.kept, early.cwd, self._core.sid, early.turn_id, "before")
+            cwd, turn_id, fut = early
+            checkpoints.discard(fut, cwd, self._core.sid, turn_id, "before")
 
     def _capture_before(
         self, state: TurnState, cwd: str, begun: Future[Capture] | None = None
@@ -485,7 +476,7 @@ class TurnRunner:
         after = state.after or Capture.missing(
             state.cwd or "", "not_captured", "the turn settled before its files were captured"
         )
-        return json.dumps(turn_record(_kept_before(state), after))
+        return json.dumps(turn_record(state.before, after))
 
     def _settle_item(
         self,
@@ -900,37 +891,6 @@ def _bound_of(taken: list[DurableWrite]) -> TurnBound:
         if item.bound.binding_json is not None:
             binding = item.bound.binding_json
     return TurnBound(root_provider_turn_id=root, binding_json=binding)
-
-
-@dataclass(frozen=True, slots=True)
-class EarlyBefore:
-    """A `before` capture begun ahead of the claim (`TurnCheckpoints.capture_before_claim`):
-    its folder, the Turn id it is kept under, its two answers, and the claim's durability
-    its ref files wait for."""
-
-    cwd: str
-    turn_id: str
-    answered: Future[Capture]
-    kept: Future[Capture]
-    durable: threading.Event
-
-
-def _kept_before(state: TurnState) -> Capture | None:
-    """`state.before`, unless its ref could not be kept after the claim: then why. The ref is
-    written microseconds after the claim's COMMIT, long before a settlement; the wait is
-    bounded for the case it is not."""
-    kept = state.before_kept
-    if kept is None or state.before is None:
-        return state.before
-    try:
-        own = kept.result(timeout=KEPT_WAIT_S)
-    except TimeoutError:
-        return state.before
-    return own if isinstance(own.checkpoint, Unavailable) else state.before
-
-
-KEPT_WAIT_S = 1.0
-"""How long a settlement's record waits for its `before` ref's keep, at most."""
 
 
 def _timed_out(cwd: str, which: str, bound: float) -> Capture:

@@ -1,8 +1,7 @@
 """A Turn's start path through the real daemon on the Tutti Agent: its `before` checkpoint is
-taken while its claim commits (nothing orders the two; its ref files are written once the claim
-is durable), under the id the claim then gives the Turn, and the provider gets the Turn only
-once both are done; a capture begun for a submit that creates no Turn (a replay) leaves no ref
-behind."""
+taken while its claim commits (nothing orders the two), under the id the claim then gives the
+Turn, and the provider gets the Turn only once both are done; a capture begun for a submit that
+creates no Turn (a replay) leaves no ref behind."""
 
 from __future__ import annotations
 
@@ -44,8 +43,7 @@ def test_the_before_checkpoint_is_taken_while_the_claim_commits(
     thread = threading.Thread(target=lambda: answered.update(submit(submitter, sid, "hello")))
     thread.start()
     try:
-        # The `before` is captured while no Turn exists yet; its ref files wait for the
-        # claim's COMMIT, or (the claim held, as here) for the capture's bound to run out.
+        # The `before` is captured and kept while no Turn exists yet.
         (held,) = wait_for(lambda: _refs(daemon, repo, sid), 20)
         assert held.endswith("/before"), held
         assert not answered
