@@ -484,15 +484,26 @@ class AppServerDriver:
         """A new app-server serving `session`, its reader thread wired to the event translator,
         and the ancestors its home must have loaded (a Codex fork child's) loaded."""
         events = self.events
+        spawned: list[Runtime] = []
+
+        def exited(reason: str) -> None:
+            # A runtime the worker killed (`stopped_error`) had its Turns failed then; its
+            # exit may land much later (a frozen process dies once thawed), when the Session's
+            # Turns run on its successor: they are not this runtime's to fail.
+            if spawned and spawned[0].stopped_error is not None:
+                return
+            events.on_exit(session, reason)
+
         runtime = self.runtimes.spawn(
             session.home,
             session.cwd,
             # A partial, not a lambda: one Python frame fewer for each line the reader hands on.
             on_notification=functools.partial(events.on_notification, session),
             on_server_request=lambda request: events.on_server_request(session, request),
-            on_exit=lambda reason: events.on_exit(session, reason),
+            on_exit=exited,
             quiet=QuietLines(QUIET_PREFIXES, functools.partial(events.on_quiet_line, session)),
         )
+        spawned.append(runtime)
         ancestors = self.provider.session_ancestors(session.home)
         try:
             self.runtimes.project(runtime, ancestors)

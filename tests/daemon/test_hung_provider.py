@@ -21,6 +21,7 @@ from tests.support.daemon import (
     run_turn,
     settle,
     submit,
+    timeline,
     wait_for,
 )
 from tests.support.freezer import freezer_group
@@ -193,5 +194,38 @@ def test_a_frozen_app_server_fails_its_turn_provider_unresponsive(tmp_path: Path
             assert "thread/loaded/list" in done["error"], done
             (group / "freezer.state").write_text("THAWED")  # the worker's SIGKILL lands
             assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        d.stop()
+
+
+def test_a_killed_app_server_s_late_exit_does_not_fail_its_successor_s_turn(
+    tmp_path: Path,
+) -> None:
+    """The worker kills the frozen app-server, but its SIGKILL lands only once it is thawed:
+    here, while the Session's next Turn already runs on a new app-server. The old one's exit
+    is its own (its Turns were failed when it was killed); the new Turn completes."""
+    d = _daemon(tmp_path, "provider_stopped_seconds = 1\n")
+    try:
+        with freezer_group() as group:
+            c = d.client()
+            sid = create_session(c)["agentSessionId"]
+            run_turn(c, sid, "warm")
+            turn = submit(c, sid, "/slow 600000 never")
+            wait_for(lambda: timeline(c, sid)[-1]["rootProviderTurnId"])
+            old = wait_for(lambda: _app_servers(sid), 10)
+            for pid in old:
+                (group / "cgroup.procs").write_text(str(pid))
+            (group / "freezer.state").write_text("FROZEN")
+            wait_for(lambda: (group / "freezer.state").read_text().strip() == "FROZEN", 10)
+            done = settle(c, sid, turn["turnId"], timeout=60)
+            assert done["errorReason"] == "provider_unresponsive", done
+            # Killed, still frozen: the next Turn starts on a new app-server.
+            nxt = submit(c, sid, "/slow 3000 next")
+            wait_for(lambda: timeline(c, sid)[-1]["rootProviderTurnId"])
+            assert all(psutil.pid_exists(pid) for pid in old)
+            (group / "freezer.state").write_text("THAWED")  # the SIGKILL lands mid-Turn
+            wait_for(lambda: not any(psutil.pid_exists(pid) for pid in old), 10)
+            after = settle(c, sid, nxt["turnId"], timeout=60)
+            assert after["outcome"] == "completed", str(after.get("error"))
     finally:
         d.stop()
