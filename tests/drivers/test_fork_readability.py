@@ -260,3 +260,70 @@ def test_a_fork_is_accepted_only_once_the_bound_names_are_durable(
     assert result.error is not None and "names' sync" in result.error, result.error
     assert result.binding is None
     assert result.child is not None and result.child.provider_turn_ids == tuple(turns)
+
+
+def _names_round_during_proof(
+    driver: AppServerDriver,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    patience: float,
+) -> tuple[bool, list[str]]:
+    """One fork of a one-Turn source: whether the names' directory fsync had begun when the
+    proof started (the proof waits up to `patience` s for it), and the threads that fsynced
+    it."""
+    import os
+    import threading
+
+    import drivers.binder as binder_module
+    from drivers.app_server.fork import ForkThroughTurn
+
+    real_sync, real_prove = binder_module.fsync_dir, ForkThroughTurn._prove_readable
+    names_dir = os.fspath(tmp_path / "t" / "sessions")
+    began = threading.Event()
+    syncers: list[str] = []
+    during: list[bool] = []
+
+    def fsync_dir(path: Path | str) -> None:
+        if os.fspath(path) == names_dir:
+            syncers.append(threading.current_thread().name)
+            began.set()
+        real_sync(path)
+
+    def prove(self: ForkThroughTurn, *args: object, **kwargs: object) -> tuple[str | None, str]:
+        during.append(began.wait(patience))
+        return real_prove(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    monkeypatch.setattr(binder_module, "fsync_dir", fsync_dir)
+    monkeypatch.setattr(ForkThroughTurn, "_prove_readable", prove)
+    result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert len(during) == 1
+    return during[0], syncers
+
+
+@pytest.mark.timeout(60)
+def test_a_lone_fork_proves_its_child_while_the_names_are_synced(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no other fork in flight, a small child's names' round (its `sessions/` fsynced)
+    runs on the names' pool from the bind's end, so the proof's read-back runs meanwhile
+    instead of before it (no law orders the two; `accepted` waits for both), once."""
+    overlapped, syncers = _names_round_during_proof(make_driver(), tmp_path, monkeypatch, 5.0)
+    assert overlapped
+    assert len(syncers) == 1 and syncers[0].startswith("names-sync")
+
+
+@pytest.mark.timeout(60)
+def test_with_another_fork_in_flight_the_names_are_synced_on_the_fork_s_thread(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Another fork in flight (cores likely busy): a small child's names' round stays on the
+    fork's own thread, after the proof (no pool hand-off, forkproc's cut), once."""
+    import threading
+
+    driver = make_driver()
+    driver.forks._in_flight += 1  # another fork is running
+    overlapped, syncers = _names_round_during_proof(driver, tmp_path, monkeypatch, 0.5)
+    assert not overlapped
+    assert syncers == [threading.current_thread().name]
