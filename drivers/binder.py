@@ -807,14 +807,10 @@ class DirsAhead:
 
     On the caller's thread, not a pool's, and so are its fsyncs: the caller only waits for the
     provider's answer meanwhile, so a background thread bought no wall time and cost a
-    hand-off per fork, and so did a `sync_together` round's (docs/performance.md, forkw) —
-    except with `together`: the caller's fork is the only one in flight, a core is likely
-    idle, and the provider often answers before three fsyncs in a row end, so they are
-    issued at once (`sync_together`; docs/performance.md, bindpath)."""
+    hand-off per fork, and so did a `sync_together` round's (docs/performance.md, forkw)."""
 
-    def __init__(self, path: Path | str, *, together: bool = False) -> None:
+    def __init__(self, path: Path | str) -> None:
         self._path = os.path.abspath(path)
-        self._together = together
         self._parents: list[str] = []
         self._ran = False
         self._error: BaseException | None = None
@@ -851,10 +847,7 @@ class DirsAhead:
             self._parents.append(os.path.dirname(directory))
         # One after another on this thread (see `run`): each hand-off to a sync thread (its
         # queue, its wake-up, the latch and the interpreter lock handed back) cost the worker
-        # more CPU than the overlap of three fsyncs saved (unless `together`).
-        if self._together:
-            fsync_dirs(reversed(self._parents))
-            return
+        # more CPU than the overlap of three fsyncs saved.
         for parent in reversed(self._parents):
             fsync_dir(parent)
 

@@ -203,7 +203,7 @@ class ForkThroughTurn:
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
         ahead_dir = self.provider.child_rollout_dir(target_path)
-        dirs = None if ahead_dir is None else DirsAhead(ahead_dir, together=self._in_flight == 1)
+        dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
             params: dict[str, Any] = {"threadId": source_id, "lastTurnId": prefix[-1]}

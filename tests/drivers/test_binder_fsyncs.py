@@ -483,27 +483,6 @@ def test_dirs_ahead_fsyncs_every_created_parent_once_on_the_calling_thread(
     assert widths in ([], [0])
 
 
-def test_dirs_ahead_together_fsyncs_every_created_parent_once_in_one_round(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """`DirsAhead(together=True)` (a lone fork's: a core likely idle) issues the chain's five
-    parent syncs as one `sync_together` round — each parent once, the calling thread's one of
-    them, the others on the sync threads at the same time — instead of one after another."""
-    import threading
-
-    from drivers.binder import DirsAhead
-
-    widths = _rounds(monkeypatch)
-    path = tmp_path / "home" / "sessions" / "2026" / "12" / "02"
-    with counting_fsyncs(monkeypatch) as log:
-        threads = _fsync_threads(monkeypatch)
-        DirsAhead(path, together=True).ready()
-    assert widths == [5]
-    assert len(threads) == 5 and threads.count(threading.get_ident()) == 1
-    parents = [tmp_path, *(path.parents[k] for k in range(3, -1, -1))]
-    assert [log.count(d) for d in parents] == [1] * 5 and log.dirs == 5
-
-
 @pytest.mark.parametrize("failing", [0, 2])
 def test_a_rounds_error_is_raised_once_every_sync_of_it_has_ended(failing: int) -> None:
     """`sync_together` raises the first error only after every sync of the round ended, the

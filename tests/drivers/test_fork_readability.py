@@ -267,10 +267,10 @@ def _names_round_during_proof(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
     patience: float,
-) -> tuple[bool, list[str], set[str]]:
+) -> tuple[bool, list[str]]:
     """One fork of a one-Turn source: whether the names' directory fsync had begun when the
-    proof started (the proof waits up to `patience` s for it), the threads that fsynced it,
-    and those that fsynced the target's other directories (`DirsAhead`'s)."""
+    proof started (the proof waits up to `patience` s for it), and the threads that fsynced
+    it."""
     import os
     import threading
 
@@ -281,15 +281,12 @@ def _names_round_during_proof(
     names_dir = os.fspath(tmp_path / "t" / "sessions")
     began = threading.Event()
     syncers: list[str] = []
-    ahead: set[str] = set()
     during: list[bool] = []
 
     def fsync_dir(path: Path | str) -> None:
         if os.fspath(path) == names_dir:
             syncers.append(threading.current_thread().name)
             began.set()
-        else:
-            ahead.add(threading.current_thread().name)
         real_sync(path)
 
     def prove(self: ForkThroughTurn, *args: object, **kwargs: object) -> tuple[str | None, str]:
@@ -302,7 +299,7 @@ def _names_round_during_proof(
     result = driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert len(during) == 1
-    return during[0], syncers, ahead
+    return during[0], syncers
 
 
 @pytest.mark.timeout(60)
@@ -311,18 +308,10 @@ def test_a_lone_fork_proves_its_child_while_the_names_are_synced(
 ) -> None:
     """With no other fork in flight, a small child's names' round (its `sessions/` fsynced)
     runs on the names' pool from the bind's end, so the proof's read-back runs meanwhile
-    instead of before it (no law orders the two; `accepted` waits for both), once; and the
-    target's new directories are fsynced in one round (`DirsAhead(together=True)`: on the
-    fork's thread and a sync thread at once), not one after another."""
-    import threading
-
-    overlapped, syncers, ahead = _names_round_during_proof(
-        make_driver(), tmp_path, monkeypatch, 5.0
-    )
+    instead of before it (no law orders the two; `accepted` waits for both), once."""
+    overlapped, syncers = _names_round_during_proof(make_driver(), tmp_path, monkeypatch, 5.0)
     assert overlapped
     assert len(syncers) == 1 and syncers[0].startswith("names-sync")
-    assert threading.current_thread().name in ahead
-    assert any(name.startswith("fsync-") for name in ahead), ahead
 
 
 @pytest.mark.timeout(60)
@@ -330,13 +319,11 @@ def test_with_another_fork_in_flight_the_names_are_synced_on_the_fork_s_thread(
     make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Another fork in flight (cores likely busy): a small child's names' round stays on the
-    fork's own thread, after the proof (no pool hand-off, forkproc's cut), once, and so do
-    the target's new directories' syncs (forkw's)."""
+    fork's own thread, after the proof (no pool hand-off, forkproc's cut), once."""
     import threading
 
     driver = make_driver()
     driver.forks._in_flight += 1  # another fork is running
-    overlapped, syncers, ahead = _names_round_during_proof(driver, tmp_path, monkeypatch, 0.5)
+    overlapped, syncers = _names_round_during_proof(driver, tmp_path, monkeypatch, 0.5)
     assert not overlapped
     assert syncers == [threading.current_thread().name]
-    assert ahead == {threading.current_thread().name}
