@@ -122,7 +122,7 @@ def measure(
                         if strace_log is not None:
                             strace_log.mkdir(parents=True, exist_ok=True)
                             log = strace_log / f"{kind}-{pid}.log"
-                            cmd = [tool, "-f", "-y", "-tt", "-T", "-e", f"trace={SYSCALLS}"]
+                            cmd = [tool, "-f", "-y", "-T", "-e", f"trace={SYSCALLS}"]
                             cmd += ["-o", str(log)]
                         proc = subprocess.Popen([*cmd, "-p", str(pid)], stderr=subprocess.DEVNULL)
                         tracers.append((kind, proc, out))

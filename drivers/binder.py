@@ -933,10 +933,7 @@ os.register_at_fork(after_in_child=_repid)
 
 
 def begin_atomic_write_all(
-    files: Sequence[tuple[Path | str, bytes]],
-    *,
-    present: Collection[str] = (),
-    background: bool | None = None,
+    files: Sequence[tuple[Path | str, bytes]], *, present: Collection[str] = ()
 ) -> NamesSyncing:
     """Write each file crash-durably: when this returns every file and every directory whose
     entries changed (each file's, each created directory's parent) is durable, a crash leaves
@@ -960,8 +957,7 @@ def begin_atomic_write_all(
     `NAMES_BACKGROUND_MIN_BYTES` or more; a smaller one's round 2 runs in `wait()`, on the
     caller's thread (`NamesSyncing`): what needs only the names (the readability proof reads
     the files back) may run meanwhile; nothing may count the files durable before `wait()`
-    returned. `background` True or False decides it instead of the size (the caller knows
-    whether a core is idle to run the round while it reads the files back).
+    returned.
 
     `present`: directories (absolute, normalized) the caller has just found existing — the
     bind's symlink check right before the write `lstat`ed each target's parent — whose
@@ -1005,11 +1001,7 @@ def begin_atomic_write_all(
             raise
     return NamesSyncing(
         (os.path.dirname(target) for target, _, _ in staged),
-        background=(
-            sum(len(data) for _, data in files) >= NAMES_BACKGROUND_MIN_BYTES
-            if background is None
-            else background
-        ),
+        background=sum(len(data) for _, data in files) >= NAMES_BACKGROUND_MIN_BYTES,
     )
 
 
@@ -1294,17 +1286,13 @@ class RolloutBinder:
         target_home: Path | str,
         child_id: str,
         planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
-        *,
-        names_background: bool | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
         """The bind with its last round of syncs (the names' directories) still running:
         the files are in place, readable and their bytes durable; `wait()` on the second
         value before anything counts them durable (the fork answers `accepted` only after
         it, and meanwhile proves the child readable). `planned`: called with each target's
         parse (`BindReceipt.parsed`) once every rollout is validated and planned, before the
-        first write (a failed bind may have called it). `names_background`: whether the
-        names' round runs on the names' pool meanwhile (`begin_atomic_write_all`'s
-        `background`; None: by the write's size)."""
+        first write (a failed bind may have called it)."""
         # Strings, not `Path`s, from here on (each `Path` built was a parse of the whole path).
         source_home = os.path.abspath(source_home)
         target_home = os.path.abspath(target_home)
@@ -1351,9 +1339,7 @@ class RolloutBinder:
             # order) and their directories fsynced together, the latter in the background.
             syncing = (
                 begin_atomic_write_all(
-                    [(plan.target, plan.target_bytes) for plan in ordered],
-                    present=present,
-                    background=names_background,
+                    [(plan.target, plan.target_bytes) for plan in ordered], present=present
                 )
                 if ordered
                 else None

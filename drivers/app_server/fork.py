@@ -97,9 +97,6 @@ class ForkThroughTurn:
         self.fork_timeout = fork_timeout
         self.verify_bound_child = verify_bound_child
         self.readability_proof = readability_proof
-        self._in_flight = 0
-        """Forks this driver is running (`fork`'s), read by the bind: see `_names_background`."""
-        self._in_flight_lock = threading.Lock()
 
     def fork(self, request: ForkRequest) -> ForkResult:
         prefix = list(request.provider_turn_ids)
@@ -110,15 +107,6 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"driver kind {request.driver_kind!r} is not {self.provider.kind}"
             )
-        with self._in_flight_lock:
-            self._in_flight += 1
-        try:
-            return self._fork(request, source_id, prefix)
-        finally:
-            with self._in_flight_lock:
-                self._in_flight -= 1
-
-    def _fork(self, request: ForkRequest, source_id: str, prefix: list[str]) -> ForkResult:
         runtime, transient = self._fork_runtime(request)
         if runtime is None:
             return ForkResult.not_started("source runtime could not be prepared")
@@ -285,7 +273,6 @@ class ForkThroughTurn:
                 target_home,
                 child_id,
                 planned=derived.start if self.verify_bound_child else None,
-                names_background=self._names_background(),
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
@@ -328,17 +315,6 @@ class ForkThroughTurn:
             child=child,
             binding=ForkBinding(self.provider.binding_mode, wire),
         )
-
-    def _names_background(self) -> bool | None:
-        """True for a lone fork that proves its child: the names' directory fsync runs on the
-        names' pool while the proof reads the child back (no law orders the two; the answer
-        waits for both), so the proof's ~0.2 ms leaves the path. With another fork in flight
-        None (the binder decides by size: a small bind's round on this thread), because
-        under load a core is rarely idle and the hand-off's CPU is what the forks share
-        (docs/performance.md, forkproc and bindpath)."""
-        if not self.verify_bound_child:
-            return None
-        return True if self._in_flight == 1 else None
 
     def _validate_ahead(self, source_home: str, source_id: str) -> threading.Thread | None:
         """For a provider whose child copies the source's lines (`fork_copies_source`), the
