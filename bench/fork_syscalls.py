@@ -122,7 +122,7 @@ def measure(
                         if strace_log is not None:
                             strace_log.mkdir(parents=True, exist_ok=True)
                             log = strace_log / f"{kind}-{pid}.log"
-                            cmd = [tool, "-f", "-y", "-T", "-e", f"trace={SYSCALLS}"]
+                            cmd = [tool, "-f", "-y", "-tt", "-T", "-e", f"trace={SYSCALLS}"]
                             cmd += ["-o", str(log)]
                         proc = subprocess.Popen([*cmd, "-p", str(pid)], stderr=subprocess.DEVNULL)
                         tracers.append((kind, proc, out))
@@ -192,7 +192,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--strace", action="store_true")
     ap.add_argument("--py-spy", dest="pyspy", action="store_true")
     ap.add_argument(
-        "--strace-log", type=Path, default=None, help="also write full strace logs (-y -T) here"
+        "--strace-log", type=Path, default=None, help="also write full strace logs (-y -tt -T) here"
     )
     args = ap.parse_args(argv)
     report = measure(
