@@ -32,20 +32,27 @@ def loads_as_stdlib(text: str) -> Any:
         data = text.encode()
     except UnicodeEncodeError:  # a lone surrogate: orjson refuses it, the standard library not
         return json.loads(text)
-    if data.translate(_DIGITS).find(_LONG_RUN) < 0:
-        try:
-            return orjson.loads(data)
-        except orjson.JSONDecodeError:
-            pass
-    return json.loads(text)
+    value = _by_orjson(data)
+    return json.loads(text) if value is _REFUSED else value
 
 
 def loads_bytes_as_stdlib(data: bytes) -> Any:
     """`json.loads(data)` for UTF-8 bytes (a provider's stdout line), by orjson where it agrees
-    (see the module's docstring): the same guard as `loads_as_stdlib`, without the encode."""
+    (see the module's docstring). The standard library reads bytes a little more widely than
+    the text they encode (a leading byte-order mark): as `json.loads(data)` does."""
+    value = _by_orjson(data)
+    return json.loads(data) if value is _REFUSED else value
+
+
+_REFUSED = object()
+
+
+def _by_orjson(data: bytes) -> Any:
+    """orjson's reading of `data`, or `_REFUSED` where it may differ from the standard library's
+    (a run of `LONG_DIGITS` digits) or orjson refuses the text."""
     if data.translate(_DIGITS).find(_LONG_RUN) < 0:
         try:
             return orjson.loads(data)
         except orjson.JSONDecodeError:
             pass
-    return json.loads(data)
+    return _REFUSED
