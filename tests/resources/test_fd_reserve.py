@@ -25,6 +25,7 @@ import psutil
 import pytest
 
 from tests.support.daemon import DaemonProcess, create_session, run_turn
+from tests.support.invariants import check_descriptor_reserve
 from transport.connections import ConnectionLimits
 
 pytestmark = pytest.mark.timeout(180)
@@ -105,6 +106,7 @@ def test_a_flood_the_guard_cannot_refuse_in_time_leaves_the_reserve_free(
         c = d.client(timeout=60)
         assert c.call("host.status")["connections"]["acceptShim"]["loaded"] is True
         sid = create_session(c)["agentSessionId"]
+        run_dir = Path(d.api[len("ipc://") :]).parent
         held = len(os.listdir(f"/proc/{proc.pid}/fd"))
         lowered = held + HEADROOM
         reserve = ConnectionLimits.for_fd_limit(FD_LIMIT).accept_reserve
@@ -119,6 +121,7 @@ def test_a_flood_the_guard_cannot_refuse_in_time_leaves_the_reserve_free(
                 # Served while the flood is held: a request of a client connected before,
                 # and a Turn, whose worker and provider need descriptors of the reserve.
                 status = c.call("host.status")["connections"]
+                violations = check_descriptor_reserve(proc.pid, run_dir, reserve)
                 turn = run_turn(c, sid, "during the flood")
         finally:
             top = peak.stop()
@@ -129,6 +132,7 @@ def test_a_flood_the_guard_cannot_refuse_in_time_leaves_the_reserve_free(
         assert proc.is_running() and d.proc.poll() is None, d.tail_log()
         assert connected == FLOOD  # none turned away for good: the refused ones were closed
         assert top < lowered, (top, lowered)
+        assert violations == [], violations  # no accepted connection in the reserve
         # The connections stopped at the reserve: the daemon's own use is what is above it.
         assert during <= lowered - reserve + 40, (during, lowered, reserve)
         assert status["refusedAtAccept"] > 0, status
