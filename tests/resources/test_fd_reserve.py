@@ -123,6 +123,7 @@ def test_a_flood_the_guard_cannot_refuse_in_time_leaves_the_reserve_free(
                 status = c.call("host.status")["connections"]
                 violations = check_descriptor_reserve(proc.pid, run_dir, reserve)
                 turn = run_turn(c, sid, "during the flood")
+                after_turn = c.call("host.status")["connections"]["refusedAtAccept"]
         finally:
             top = peak.stop()
         print(
@@ -137,6 +138,8 @@ def test_a_flood_the_guard_cannot_refuse_in_time_leaves_the_reserve_free(
         assert during <= lowered - reserve + 40, (during, lowered, reserve)
         assert status["refusedAtAccept"] > 0, status
         assert turn["outcome"] == "completed", turn
+        # Its worker's link was accepted inside the reserve, never closed there.
+        assert after_turn == status["refusedAtAccept"], (after_turn, status)
         proc.rlimit(psutil.RLIMIT_NOFILE, (FD_LIMIT, FD_LIMIT))
         fresh = d.client(timeout=30)
         assert fresh.call("host.status")["protocol"] == 1
