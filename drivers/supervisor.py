@@ -71,6 +71,7 @@ from drivers.worker_state import (
     WorkerState,
 )
 from protocol.objects import WorkerStatus
+from transport import accept_shim
 from transport.worker_link import (
     HB_MSG,
     HEARTBEAT_INTERVAL_S,
@@ -315,6 +316,9 @@ class WorkerSupervisor:
         shutil.rmtree(self._fp_state, ignore_errors=True)
         self._fp_state.mkdir(mode=0o700)
         self._sock_dir, self._own_sock_dir = socket_dir(self._run_dir)
+        # The worker links (`_spawn_once`) may take the descriptor reserve the accept shim
+        # keeps free of connections: it is theirs.
+        accept_shim.keep_accepts_on(f"{self._sock_dir}/w-")
 
         self._ctx: zmq.Context[Any] = zmq.Context()
         self._mailbox = Mailbox()

@@ -24,6 +24,7 @@ import os
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 SOURCE = Path(__file__).with_name("native") / "accept_shim.c"
 MARKER = "AGENTHOST_ACCEPT_SHIM"
@@ -159,3 +160,52 @@ def log_status() -> None:
             "(docs/design/connections.md)",
             _state["unavailable"],
         )
+
+
+def _symbol(kind: Any, name: str) -> Any:
+    """The shim's exported variable `name` in this process, or None when it is not loaded."""
+    library = _state["library"]
+    if library is None:
+        return None
+    import ctypes
+
+    try:
+        lib = ctypes.CDLL(library, mode=os.RTLD_NOLOAD)
+        return kind.in_dll(lib, name)
+    except (OSError, ValueError):
+        return None
+
+
+def set_reserve(reserve: int) -> bool:
+    """Connections accepted as a descriptor numbered at or above `soft limit - reserve` are
+    closed at once (the accept reports ECONNABORTED; libzmq's monitor: `accept failed`), so no
+    flood can take the top `reserve` descriptors, however far behind the connection guard is
+    (docs/design/connections.md). False when the shim is not loaded."""
+    import ctypes
+
+    var = _symbol(ctypes.c_int, "agenthost_accept_reserve")
+    if var is None:
+        return False
+    var.value = max(0, reserve)
+    return True
+
+
+def keep_accepts_on(prefix: str) -> bool:
+    """Connections accepted on an ipc path starting with `prefix` are never closed for the
+    reserve (the worker links: the reserve is theirs). One prefix per process."""
+    import ctypes
+
+    encoded = prefix.encode()
+    var = _symbol(ctypes.c_char * 512, "agenthost_accept_keep")
+    if var is None or len(encoded) >= 512:
+        return False
+    var.value = encoded
+    return True
+
+
+def refused_at_accept() -> int:
+    """Connections the shim closed at accept for the reserve (0 without the shim)."""
+    import ctypes
+
+    var = _symbol(ctypes.c_ulong, "agenthost_accept_refused")
+    return 0 if var is None else int(var.value)

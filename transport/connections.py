@@ -38,6 +38,7 @@ from typing import Any
 
 import zmq
 
+from transport import accept_shim
 from transport.security import needs_curve
 
 log = logging.getLogger("transport.server")
@@ -119,6 +120,12 @@ class ConnectionLimits:
     max_unproven: int
     """Per network API endpoint: connections that have not yet delivered a message (an
     unfinished or refused CURVE handshake, or an authenticated client not yet talking)."""
+
+    @property
+    def accept_reserve(self) -> int:
+        """The top descriptor numbers no accepted connection ever holds: the accept shim closes
+        one accepted there at once, before libzmq owns it (half the reserve; 0: none)."""
+        return self.fd_reserve // 2
 
     @classmethod
     def for_fd_limit(cls, fd_limit: int) -> ConnectionLimits:
@@ -354,6 +361,8 @@ class ConnectionGuard:
             "shed": self.shed,
             "fdLimit": self.limits.fd_limit,
             "fdReserve": self.limits.fd_reserve,
+            "acceptReserve": self.limits.accept_reserve,
+            "refusedAtAccept": accept_shim.refused_at_accept(),
         }
 
     # -- the guard thread --------------------------------------------------------------------
@@ -401,7 +410,9 @@ class ConnectionGuard:
                 self._held[address] = self._held.get(address, 0) - 1
                 self._forget(fd)
             elif event == _ACCEPT_FAILED:
-                self.refused["accept failed"] += 1
+                # ECONNABORTED: the accept shim closed it, accepted into the reserve.
+                why = "descriptor reserve" if fd == errno.ECONNABORTED else "accept failed"
+                self.refused[why] += 1
 
     def _forget(self, fd: int) -> Connection | None:
         self._order.pop(fd, None)

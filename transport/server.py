@@ -61,6 +61,7 @@ import zmq
 from domain.errors import HostError, Unavailable, internal_error
 from protocol.envelope import Request, encode_event, encode_result, encode_result_packed, peek_id
 from protocol.events import Event
+from transport import accept_shim
 from transport.connections import ConnectionGuard, ConnectionLimits
 from transport.endpoints import Binder, EndpointInUse, rebind_missing
 from transport.security import ServerCurve, needs_curve, start_authenticator
@@ -851,6 +852,8 @@ class ApiServer:
         limits = self._connection_limits or ConnectionLimits.for_fd_limit(
             resource.getrlimit(resource.RLIMIT_NOFILE)[0]
         )
+        # Before the first bind: no connection is ever accepted into the reserve.
+        accept_shim.set_reserve(limits.accept_reserve)
         replies = self._replies
         self._guard = guard = ConnectionGuard(
             self._ctx,

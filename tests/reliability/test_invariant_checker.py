@@ -826,3 +826,67 @@ def test_a_file_in_a_claude_spare_home_is_reported(base: Base, tmp_path: Path) -
     assert Law.SPARE_HOME_EMPTY not in laws(home)  # an empty spare is lawful
     (projects / f"{uuid.uuid4()}.jsonl").write_text("{}\n")
     assert Law.SPARE_HOME_EMPTY in laws(home)
+
+
+_HOLDER = """
+import os, resource, socket, sys
+run, soft = sys.argv[1], int(sys.argv[2])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+held = []
+for name in ("api.sock", "w-codex-1.sock"):
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(os.path.join(run, name))
+    listener.listen()
+    held.append(listener)
+print("listening", flush=True)
+for listener, top in zip(held, (soft - 1, soft - 2)):
+    conn, _ = listener.accept()
+    os.dup2(conn.fileno(), top)  # the connection at the top of the table
+    conn.close()
+print("accepted", flush=True)
+sys.stdin.readline()
+os.close(soft - 1)  # the ipc endpoint's connection leaves the reserve; the link stays
+print("moved", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_a_connection_in_the_descriptor_reserve_is_reported(tmp_path: Path) -> None:
+    import socket
+    import sys
+
+    from tests.support.invariants import check_descriptor_reserve
+
+    run = tmp_path / "run"
+    run.mkdir()
+    soft = 256
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _HOLDER, str(run), str(soft)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    clients: list[socket.socket] = []
+    try:
+        assert holder.stdout is not None and holder.stdin is not None
+        assert holder.stdout.readline().strip() == "listening"
+        assert check_descriptor_reserve(holder.pid, run, 128, again_s=0) == []
+        for name in ("api.sock", "w-codex-1.sock"):
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            c.connect(str(run / name))
+            clients.append(c)
+        assert holder.stdout.readline().strip() == "accepted"
+        found = check_descriptor_reserve(holder.pid, run, 128)
+        assert [v.law for v in found] == [Law.DESCRIPTOR_RESERVE], found
+        assert f"descriptor {soft - 1} " in found[0].detail
+        assert str(run / "api.sock") in found[0].detail
+        holder.stdin.write("\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "moved"
+        # The worker link alone in the reserve is no violation: the reserve is theirs.
+        assert check_descriptor_reserve(holder.pid, run, 128) == []
+    finally:
+        for c in clients:
+            c.close()
+        holder.kill()
+        holder.wait(10)

@@ -8,6 +8,7 @@ files. `check_invariants(home)` returns a report; `assert_invariants(home)` fail
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -202,6 +203,13 @@ class Law(StrEnum):
     between its own `before` and `after` trees (git's `diff-tree` in the home's shadow
     store), e.g. another Turn's changes of the same folder (docs/design/workspace.md,
     "Laws")."""
+    DESCRIPTOR_RESERVE = "descriptor_reserve"
+    """The live daemon holds as many descriptors as its soft limit allows, or one of its top
+    `acceptReserve` descriptor numbers holds a connection accepted on one of its ipc endpoints
+    in `run/` (a worker link, `w-*`, excepted: the reserve is theirs) or on one of its TCP
+    ports, on two looks in a row: a flood took the reserve the accept shim keeps for the
+    store, the workers and the logs (docs/design/connections.md, *The descriptor reserve at
+    accept*). `check_descriptor_reserve`, on a live daemon, by the contention soak."""
 
 
 STORE_LAWS = frozenset(
@@ -1675,6 +1683,87 @@ def check_processes(
         if not problems or time.monotonic() >= deadline:
             return problems
         time.sleep(0.05)
+
+
+def _soft_fd_limit(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max open files"):
+            soft = line.split()[3]
+            return 1 << 62 if soft == "unlimited" else int(soft)
+    raise ValueError(f"no descriptor limit in /proc/{pid}/limits")
+
+
+def _accepted_sockets(run_dir: Path, tcp_ports: Iterable[int]) -> dict[int, str]:
+    """Inode → address of every connection (not a listener) accepted on an ipc path in
+    `run_dir` other than a worker link's, or on one of `tcp_ports` (this network namespace's
+    /proc/net tables; an accepted Unix socket shows its listener's path)."""
+    found: dict[int, str] = {}
+    prefix = str(run_dir) + "/"
+    for line in Path("/proc/net/unix").read_text().splitlines()[1:]:
+        cols = line.split()
+        if len(cols) < 8 or int(cols[3], 16) & 0x10000:  # no path, or listening
+            continue
+        path = cols[7]
+        if path.startswith(prefix) and not os.path.basename(path).startswith("w-"):
+            found[int(cols[6])] = path
+    ports = set(tcp_ports)
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                cols = line.split()
+                port = int(cols[1].rsplit(":", 1)[1], 16)
+                if port in ports and cols[3] != "0A":  # 0A: LISTEN
+                    found[int(cols[9])] = f"tcp port {port}"
+    return found
+
+
+def _reserve_problems(
+    pid: int, run_dir: Path, accept_reserve: int, tcp_ports: Iterable[int]
+) -> dict[tuple[int, int], str]:
+    soft = _soft_fd_limit(pid)
+    numbers = [int(n) for n in os.listdir(f"/proc/{pid}/fd")]
+    problems: dict[tuple[int, int], str] = {}
+    if len(numbers) >= soft:
+        problems[(-1, -1)] = f"the daemon holds {len(numbers)} descriptors, its limit {soft}"
+    floor = soft - accept_reserve
+    high: dict[int, int] = {}
+    for fd in numbers:
+        if fd < floor:
+            continue
+        with contextlib.suppress(OSError):
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+            if link.startswith("socket:["):
+                high[int(link[len("socket:[") : -1])] = fd
+    if high:
+        accepted = _accepted_sockets(run_dir, tcp_ports)
+        for inode, fd in high.items():
+            if inode in accepted:
+                problems[(fd, inode)] = (
+                    f"descriptor {fd} (limit {soft}, reserve {accept_reserve}) holds a"
+                    f" connection accepted on {accepted[inode]}"
+                )
+    return problems
+
+
+def check_descriptor_reserve(
+    pid: int,
+    run_dir: Path,
+    accept_reserve: int,
+    tcp_ports: Iterable[int] = (),
+    *,
+    again_s: float = 0.05,
+) -> list[Violation]:
+    """`Law.DESCRIPTOR_RESERVE` over the live daemon `pid` (Linux /proc): what is seen on two
+    looks `again_s` apart (the accept shim holds a connection it closes for an instant)."""
+    ports = tuple(tcp_ports)
+    first = _reserve_problems(pid, run_dir, accept_reserve, ports)
+    if not first:
+        return []
+    time.sleep(again_s)
+    second = _reserve_problems(pid, run_dir, accept_reserve, ports)
+    return [
+        Violation(Law.DESCRIPTOR_RESERVE, detail) for key, detail in second.items() if key in first
+    ]
 
 
 def check_session_events(

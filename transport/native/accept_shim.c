@@ -7,6 +7,16 @@
  * tcp listener tolerates both. With this, an ipc accept at the limit is tolerated like a tcp
  * one: the connection stays in the kernel's backlog until a descriptor frees.
  *
+ * The descriptor reserve (agenthost_accept_reserve, set by the daemon through ctypes): a
+ * connection accepted as a descriptor numbered at or above `soft limit - reserve` is closed at
+ * once and the accept reports ECONNABORTED (tolerated by both libzmq listeners: the monitor's
+ * `accept failed`). The kernel hands out the lowest free number, so such a number means every
+ * number below it was in use: accepted connections never hold a number in the top `reserve`,
+ * and the process's descriptors stay below its limit by what its own use (store, workers,
+ * logs) takes there — without waiting on the connection guard, which counts after the fact
+ * on a thread of its own. Connections accepted on an ipc path that starts with
+ * agenthost_accept_keep (the worker links) are kept: the reserve is theirs. 0: no reserve.
+ *
  * EINVAL means the descriptor is no listening socket (or a listener shut down). libzmq aborts
  * on it too, and the shim passes it on unchanged: a listener that is gone cannot be retried.
  * Before that abort, one line on stderr names the descriptor, whether it listens
@@ -14,9 +24,13 @@
  * not say (docs/design/connections.md). Every other errno and every success pass through. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <stddef.h>
 #include <errno.h>
 #include <stdio.h>
+#include <string.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -24,6 +38,38 @@ typedef int (*accept4_fn)(int, struct sockaddr *, socklen_t *, int);
 typedef int (*accept_fn)(int, struct sockaddr *, socklen_t *);
 
 int agenthost_accept_shim_loaded = 1;
+int agenthost_accept_reserve;
+char agenthost_accept_keep[512];
+unsigned long agenthost_accept_refused;
+
+/* Whether `fd`, accepted on a Unix socket, has a local path under agenthost_accept_keep. */
+static int kept(int fd)
+{
+    if (!agenthost_accept_keep[0])
+        return 0;
+    struct sockaddr_un un;
+    socklen_t len = sizeof un;
+    if (getsockname(fd, (struct sockaddr *)&un, &len) != 0 || un.sun_family != AF_UNIX)
+        return 0;
+    size_t n = strnlen(agenthost_accept_keep, sizeof agenthost_accept_keep);
+    return len > offsetof(struct sockaddr_un, sun_path) + n
+        && strncmp(un.sun_path, agenthost_accept_keep, n) == 0;
+}
+
+/* A connection accepted into the reserve: closed at once, the accept reported aborted. */
+static int into_reserve(int r)
+{
+    int reserve = __atomic_load_n(&agenthost_accept_reserve, __ATOMIC_RELAXED);
+    if (reserve <= 0)
+        return 0;
+    struct rlimit lim;
+    if (getrlimit(RLIMIT_NOFILE, &lim) != 0 || lim.rlim_cur == RLIM_INFINITY
+        || (rlim_t)r + (rlim_t)reserve < lim.rlim_cur || kept(r))
+        return 0;
+    close(r);
+    __atomic_add_fetch(&agenthost_accept_refused, 1, __ATOMIC_RELAXED);
+    return 1;
+}
 
 static void describe_einval(int fd)
 {
@@ -50,6 +96,10 @@ static void describe_einval(int fd)
 
 static int after_accept(int r, int fd)
 {
+    if (r >= 0 && into_reserve(r)) {
+        errno = ECONNABORTED;
+        return -1;
+    }
     if (r < 0 && errno == EMFILE)
         errno = ENFILE;
     else if (r < 0 && errno == EINVAL) {
