@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import orjson
+
 from domain.json_text import loads_as_stdlib
 
 BINDING_SCHEMA_VERSION = 1
@@ -108,22 +110,50 @@ def parse_entries(text: str) -> list[TranscriptEntry]:
             raw = loads_as_stdlib(line)
         except ValueError:
             continue  # a torn tail line is the CLI's problem, not a turn boundary
-        if not isinstance(raw, dict) or raw.get("isSidechain"):
-            continue
-        uuid = raw.get("uuid")
-        if raw.get("type") not in CHAIN_TYPES or not isinstance(uuid, str):
-            continue
-        forked = raw.get("forkedFrom")
-        forked_uuid = forked.get("messageUuid") if isinstance(forked, dict) else None
-        out.append(
-            TranscriptEntry(
-                uuid=uuid,
-                type=str(raw["type"]),
-                forked_from_uuid=forked_uuid if isinstance(forked_uuid, str) else None,
-                is_root_user=is_root_user(raw),
-            )
-        )
+        entry = _entry(raw)
+        if entry is not None:
+            out.append(entry)
     return out
+
+
+def parse_entry_bytes(data: bytes) -> list[TranscriptEntry]:
+    """`parse_entries` over a transcript's bytes, as the CLI writes them: one JSON object a
+    `\n`-ended line, each parsed from its bytes by orjson (no decode of the whole file, no
+    re-encode of each line, no digit-run guard: an entry's fields read here are strings,
+    booleans and objects, never a number), the standard library for what orjson refuses; a
+    line neither parses (torn, not UTF-8) is skipped."""
+    out: list[TranscriptEntry] = []
+    for line in data.split(b"\n"):
+        line = line.strip()
+        if not line:
+            continue
+        try:
+            raw = orjson.loads(line)
+        except orjson.JSONDecodeError:
+            try:
+                raw = json.loads(line)
+            except ValueError:
+                continue
+        entry = _entry(raw)
+        if entry is not None:
+            out.append(entry)
+    return out
+
+
+def _entry(raw: Any) -> TranscriptEntry | None:
+    if not isinstance(raw, dict) or raw.get("isSidechain"):
+        return None
+    uuid = raw.get("uuid")
+    if raw.get("type") not in CHAIN_TYPES or not isinstance(uuid, str):
+        return None
+    forked = raw.get("forkedFrom")
+    forked_uuid = forked.get("messageUuid") if isinstance(forked, dict) else None
+    return TranscriptEntry(
+        uuid=uuid,
+        type=str(raw["type"]),
+        forked_from_uuid=forked_uuid if isinstance(forked_uuid, str) else None,
+        is_root_user=is_root_user(raw),
+    )
 
 
 def split_turns(entries: Iterable[TranscriptEntry]) -> list[TranscriptTurn]:

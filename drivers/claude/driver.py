@@ -258,6 +258,10 @@ class ClaudeDriver:
     def fork(self, request: ForkRequest) -> ForkResult:
         return self.forks.fork(request)
 
+    def after_answer(self) -> None:
+        """Run by the worker on a request's thread once its answer has left."""
+        self.forks.after_answer()
+
     def _session(self, agent_session_id: str) -> SessionState:
         with self._sessions_lock:
             session = self._sessions.get(agent_session_id)

@@ -36,7 +36,7 @@ from drivers.claude_transcript import (
     decode_binding,
     encode_binding,
     legacy_checkpoint,
-    parse_entries,
+    parse_entry_bytes,
     split_turns,
     transcript_path,
 )
@@ -72,6 +72,8 @@ class ClaudeFork:
         # os.environ is process-wide and the SDK's session helpers read CLAUDE_CONFIG_DIR
         # from it: every helper call that needs a particular config dir holds this lock.
         self._env_lock = env_lock
+        # The spare a fork used up, asked for by `after_answer` on the fork's own thread.
+        self._after = threading.local()
 
     @contextlib.contextmanager
     def _config_env(self, config_dir: str, home: str) -> Iterator[None]:
@@ -106,8 +108,16 @@ class ClaudeFork:
         finally:
             if plan.first_missing is not None:
                 # The next fork's home like this one's, made on the spares' thread once this
-                # fork's work is done (its answer is what the caller sends next).
-                self.spares.replenish(plan.first_missing, os.fspath(plan.child_dir))
+                # fork's answer has left (`after_answer`): woken before, that thread took the
+                # interpreter from the answer's encoding and send.
+                self._after.pending = (plan.first_missing, os.fspath(plan.child_dir))
+
+    def after_answer(self) -> None:
+        """Asks for the spare home the fork just answered on this thread used up (if any)."""
+        pending: tuple[str, str] | None = getattr(self._after, "pending", None)
+        if pending is not None:
+            self._after.pending = None
+            self.spares.replenish(*pending)
 
     def plan_fork(self, request: ForkRequest) -> _ForkPlan:
         src, tgt = request.source, request.target
@@ -245,8 +255,8 @@ class ClaudeFork:
             return ForkResult.unknown(
                 f"child {child_id} is not readable from its home", child=child
             )
-        text = (plan.child_dir / f"{child_id}.jsonl").read_text(encoding="utf-8")
-        turns = split_turns(parse_entries(text))
+        data = (plan.child_dir / f"{child_id}.jsonl").read_bytes()
+        turns = split_turns(parse_entry_bytes(data))
         roots_from = tuple(t.root_forked_from for t in turns)
         if roots_from != request.provider_turn_ids:
             return ForkResult.unknown(

@@ -88,6 +88,8 @@ def test_claude_fork_commits_through_the_socket_and_child_turn_sees_turns_one_an
     finally:
         store.close()
     assert receipt["sourceCanonicalTurnId"] == turns[1]["turnId"]
+    # The worker asked for the next child's home once the answer had left (`after_answer`).
+    wait_for(lambda: len(list(d.home.glob("runtimes/*/.claude-spare-*"))) == 2)
     child_turns = timeline(c, child["agentSessionId"])
     assert len(child_turns) == 2
     assert all(t["providerForkBindingState"] == "bound" for t in child_turns)

@@ -5,6 +5,7 @@ with the standard library only for what orjson refuses. No CLI: synthetic transc
 from __future__ import annotations
 
 import json
+import sys
 import threading
 import uuid
 from pathlib import Path
@@ -169,6 +170,7 @@ def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
     monkeypatch.setattr(os, "fsync", fsync)
     forks = ClaudeFork(Failpoints(), threading.Lock())
     result = forks.fork(request)
+    forks.after_answer()  # as the worker does once the answer has left
     forks.spares.drain()  # the next child's home, made after this fork on the spares' thread
     assert result.disposition.value == "accepted", result.error
     assert result.child is not None
@@ -192,3 +194,69 @@ def test_the_moves_directory_fsyncs_run_on_the_forks_own_thread_once_each(
     ]
     assert sorted(path for _, path in synced) == sorted(expected)
     assert {ident for ident, _ in synced} == {threading.get_ident()}
+
+
+def test_the_verification_parses_the_childs_bytes_without_a_decode_or_a_line_re_encode(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    request, _, _ = _source(tmp_path)
+    decoded: list[Path] = []
+    guarded: list[str] = []
+    real_read_text, real_guarded = Path.read_text, transcript.loads_as_stdlib
+
+    def read_text(self: Path, *args: Any, **kwargs: Any) -> str:
+        if sys._getframe(1).f_globals.get("__name__", "").startswith("drivers."):
+            decoded.append(self)  # the driver's own reads (the SDK's are bare's too)
+        return real_read_text(self, *args, **kwargs)
+
+    def loads_as_stdlib(text: str) -> Any:
+        guarded.append(text)
+        return real_guarded(text)
+
+    monkeypatch.setattr(Path, "read_text", read_text)
+    monkeypatch.setattr(transcript, "loads_as_stdlib", loads_as_stdlib)
+    result = ClaudeFork(Failpoints(), threading.Lock()).fork(request)
+    assert result.disposition.value == "accepted", result.error
+    assert result.child is not None
+    assert result.binding is not None and len(result.binding.turn_bindings) == 2
+    # The driver's own read of the child: its bytes, each line parsed by orjson as it is.
+    assert decoded == []
+    assert guarded == []
+
+
+def test_parse_entry_bytes_reads_what_parse_entries_reads_and_a_line_separator_in_a_string(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    calls: list[Any] = []
+    real_loads = json.loads
+
+    def counted(line: Any, *args: Any, **kwargs: Any) -> Any:
+        calls.append(line)
+        return real_loads(line, *args, **kwargs)
+
+    monkeypatch.setattr(transcript.json, "loads", counted)
+    lines = [
+        '{"type":"user","uuid":"u1","n":NaN,"message":{"role":"user","content":"x"}}',
+        '{"type":"assistant","uuid":"a1","big":123456789012345678901234567890,'
+        '"message":{"content":"\\ud800"}}',
+        '  {"type":"user","uuid":"u2","forkedFrom":{"messageUuid":"s2"},'
+        '"message":{"role":"user","content":"two"}}  ',
+        "",
+        '{"type":"progress","uuid":"p1"}',
+        '{"type":"assistant","uuid":"a2","isSidechain":true}',
+        "{torn tail",
+    ]
+    text = "\n".join(lines)
+    entries = transcript.parse_entry_bytes(text.encode())
+    # The standard library only for the lines orjson refuses: NaN, the lone surrogate and
+    # the integer beyond 64 bits (one line), the torn tail.
+    assert len(calls) == 3
+    assert entries == parse_entries(text)
+    assert [(e.uuid, e.is_root_user, e.forked_from_uuid) for e in entries] == [
+        ("u1", True, None),
+        ("a1", False, None),
+        ("u2", True, "s2"),
+    ]
+    # A U+2028 inside a string is not a line end of the transcript's.
+    sep = '{"type":"user","uuid":"u3","message":{"role":"user","content":"a\u2028b"}}'
+    assert [e.uuid for e in transcript.parse_entry_bytes(sep.encode())] == ["u3"]

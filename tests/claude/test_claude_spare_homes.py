@@ -41,6 +41,7 @@ def test_a_fork_takes_the_home_made_after_the_one_before_and_fsyncs_only_what_it
     forks = ClaudeFork(Failpoints(), threading.Lock())
     first = forks.fork(_into(request, runtimes / "s1" / "claude-config"))
     assert first.disposition.value == "accepted", first.error
+    forks.after_answer()  # as the worker does once the answer has left
     forks.spares.drain()
     assert len(_spares(runtimes)) == homes.PER_KEY
     # Each spare's chain is the child directory's shape below the Session's, empty.
@@ -65,6 +66,7 @@ def test_a_fork_takes_the_home_made_after_the_one_before_and_fsyncs_only_what_it
     monkeypatch.setattr(os, "mkdir", mkdir)
     home = runtimes / "s2" / "claude-config"
     result = forks.fork(_into(request, home))
+    forks.after_answer()
     forks.spares.drain()
     assert result.disposition.value == "accepted", result.error
     assert result.child is not None
@@ -82,6 +84,34 @@ def test_a_fork_takes_the_home_made_after_the_one_before_and_fsyncs_only_what_it
     assert len(_spares(runtimes)) == homes.PER_KEY
 
 
+def test_the_spare_a_fork_used_up_is_asked_for_only_after_its_answer_left(
+    tmp_path: Path,
+) -> None:
+    """`fork()` returns with no spare asked for (its thread woken before the answer's send
+    took the interpreter from it); the worker's `after_answer` on the same thread asks."""
+    request, _, _ = _source(tmp_path)
+    runtimes = tmp_path / "runtimes"
+    runtimes.mkdir()
+    forks = ClaudeFork(Failpoints(), threading.Lock())
+    result = forks.fork(_into(request, runtimes / "s1" / "claude-config"))
+    assert result.disposition.value == "accepted", result.error
+    forks.spares.drain()
+    assert forks.spares.ready() == 0 and _spares(runtimes) == []
+    # Another thread's `after_answer` asks for nothing: the fork's answer is its thread's.
+    other = threading.Thread(target=forks.after_answer)
+    other.start()
+    other.join()
+    forks.spares.drain()
+    assert forks.spares.ready() == 0
+    forks.after_answer()
+    forks.spares.drain()
+    assert forks.spares.ready() == homes.PER_KEY
+    forks.after_answer()  # once
+    forks.spares.drain()
+    assert forks.spares.ready() == homes.PER_KEY
+    forks.spares.close()
+
+
 def test_a_spare_holds_no_transcript_is_never_taken_from_disk_and_close_removes_it(
     tmp_path: Path,
 ) -> None:
@@ -95,6 +125,7 @@ def test_a_spare_holds_no_transcript_is_never_taken_from_disk_and_close_removes_
     for n in range(3):
         result = forks.fork(_into(request, runtimes / f"s{n}" / "claude-config"))
         assert result.disposition.value == "accepted", result.error
+        forks.after_answer()
         forks.spares.drain()
     assert left.is_dir() and list(left.iterdir()) == []  # never taken
     assert sorted(p.name for p in runtimes.iterdir() if not p.name.startswith(".")) == [
