@@ -80,6 +80,12 @@ class ProviderDriver(Protocol):
         """`fork.quarantine`: move `request.child_ids` aside, never delete."""
         ...
 
+    def after_answer(self) -> None:
+        """Work the driver left for after a `fork`'s answer has left, run by the worker on the
+        fork's own thread right after the send (Claude: the next child's home made ahead);
+        nothing for most drivers."""
+        ...
+
     def close(self) -> None: ...
 
 

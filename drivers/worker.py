@@ -384,9 +384,7 @@ class WorkerServer:
             self.link.send_result(req_id, result)
         if method == "fork":
             # Work the driver left for after the answer (the next fork's home made ahead).
-            after = getattr(self.driver(), "after_answer", None)
-            if after is not None:
-                after()
+            self.driver().after_answer()
 
     def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The provider's own turn history, for drivers that can read it (app-servers)."""

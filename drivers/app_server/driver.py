@@ -431,6 +431,9 @@ class AppServerDriver:
     def quarantine_fork(self, request: ResolveRequest) -> ResolveQuarantined:
         return self.resolution.quarantine(request)
 
+    def after_answer(self) -> None:
+        """Nothing is left for after a fork's answer (`ProviderDriver.after_answer`)."""
+
     def close(self) -> None:
         self._closed.set()
         for session in self._sessions.clear():
