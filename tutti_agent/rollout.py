@@ -364,7 +364,11 @@ def read_rollout(path: Path) -> list[RolloutLine]:
     returns the same (`fast_loads`), else, in an all-ASCII file, through the decoder's text
     path, in any other through `json.loads` of the line's bytes. Same lines, same offsets,
     same errors either way."""
-    data = path.read_bytes()
+    return decode_rollout(path.read_bytes(), path)
+
+
+def decode_rollout(data: bytes, path: Path) -> list[RolloutLine]:
+    """`read_rollout` of `data`, the bytes just read from the file at `path` (named in errors)."""
     standard = _standard_ascii if data.isascii() else json.loads
     with gc_paused():
         # Past the last newline: nothing, or a torn tail from a crash mid-write (left out).
@@ -630,6 +634,10 @@ def encode_new_rollout(
     return NewRollout(chunks, lines, ordinal, offset)
 
 
+TAIL_BLOCK = 1 << 16
+"""`RolloutWriter` looks for a rollout's last newline this many bytes at a time from its end."""
+
+
 class RolloutWriter:
     """Appends lines to one rollout; each append is durable before it returns."""
 
@@ -695,10 +703,20 @@ class RolloutWriter:
         return writer, lines
 
     def _truncate_torn_tail(self) -> None:
-        # A torn last line would glue onto the next append and corrupt it: cut it first.
-        data = self._file.read()
-        keep = data.rfind(b"\n") + 1
-        if keep != len(data):
+        # A torn last line would glue onto the next append and corrupt it: cut it first. Only
+        # what follows the last newline is read, a block at a time from the end (a resumed
+        # 10,000-Turn rollout read whole was 14.7 MB, ~3,600 pages touched afresh).
+        fd = self._file.fileno()
+        size = end = os.fstat(fd).st_size
+        keep = 0
+        while end > 0:
+            start = max(0, end - TAIL_BLOCK)
+            newline = os.pread(fd, end - start, start).rfind(b"\n")
+            if newline >= 0:
+                keep = start + newline + 1
+                break
+            end = start
+        if keep != size:
             self._file.truncate(keep)
             self._file.flush()
             os.fsync(self._file.fileno())
