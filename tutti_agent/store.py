@@ -239,7 +239,8 @@ class ThreadStore:
         self._head_read: tuple[Path, tuple[int, int, int, int], bytes] | None = None
         """The bytes `head` read last, with the file's key unchanged across that read: the
         next parse of that file under that key takes them instead of reading the file again
-        (a resume's deferred load: 14.7 MB, ~3,600 pages touched afresh, not read twice)."""
+        (a resume's deferred load: 14.7 MB, ~3,600 pages touched afresh, not read twice);
+        dropped by the next `_read`, whichever file it reads."""
         self._reducing = threading.Lock()
 
     def _find(self, thread_id: str) -> Path | None:
@@ -261,11 +262,12 @@ class ThreadStore:
         file's `_file_key` the caller has just taken."""
         key = _file_key(path) if key is None else key
         with self._cache_lock:
+            # Taken by the next read whatever it finds: never held past it.
+            head_read, self._head_read = self._head_read, None
             hit = self._parsed.get(path)
             if hit is not None and hit[0] == key:
                 self._parsed.move_to_end(path)
                 return hit[1]
-            head_read, self._head_read = self._head_read, None
         if head_read is not None and head_read[:2] == (path, key):
             # The same file, unchanged since `head` read it whole (rollouts only grow, and
             # every write changes size or mtime): what a read would return now.

@@ -102,3 +102,15 @@ def test_a_rollout_without_a_newline_is_cut_to_nothing(tmp_path: Path) -> None:
     path.write_bytes(b"x" * (2 * TAIL_BLOCK + 3))
     RolloutWriter(path, 0, create=False).close()
     assert path.stat().st_size == 0
+
+
+def test_the_head_bytes_are_not_kept_past_the_next_read(tmp_path: Path) -> None:
+    """A read that finds its parse cached drops the head's bytes too (14.7 MB for a long
+    rollout are not held until some later load)."""
+    store = ThreadStore(tmp_path / "home")
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    store.load(tid)  # cached
+    assert store.head(tid) is not None
+    assert store._head_read is not None
+    store.load(tid)
+    assert store._head_read is None
