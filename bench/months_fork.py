@@ -201,7 +201,10 @@ def _app_server_answers(rollout: Path, thread_id: str) -> list[tuple[str, float]
     )
     with tempfile.TemporaryDirectory(prefix="months-fork-answers-") as tmp:
         home = Path(tmp)
-        copy = home / rollout.relative_to(rollout.parents[4])
+        # Below the rollout's home as it is filed there (`sessions/`, or an older
+        # `sessions/YYYY/MM/DD`).
+        filed = next(p for p in rollout.parents if p.name == "sessions").parent
+        copy = home / rollout.relative_to(filed)
         copy.parent.mkdir(parents=True)
         shutil.copyfile(rollout, copy)
 

@@ -34,6 +34,8 @@ from tutti_agent.rollout import (
     RolloutItem,
     RolloutLine,
     RolloutWriter,
+    SpanSource,
+    decode_rollout,
     encode_new_rollout,
     file_holds,
     find_rollout_path,
@@ -42,10 +44,11 @@ from tutti_agent.rollout import (
     lines_of_decoded,
     make_dirs,
     new_rollout_path,
+    open_span,
     read_file,
     read_rollout,
-    read_span,
     thread_id_of_path,
+    write_chunks,
 )
 
 _HEADER_EVENTS = frozenset({"thread_settings_applied"})
@@ -233,6 +236,11 @@ class ThreadStore:
             OrderedDict()
         )
         self._memo: dict[tuple[Path, str], tuple[list[RolloutLine], Any]] = {}
+        self._head_read: tuple[Path, tuple[int, int, int, int], bytes] | None = None
+        """The bytes `head` read last, with the file's key unchanged across that read: the
+        next parse of that file under that key takes them instead of reading the file again
+        (a resume's deferred load: 14.7 MB, ~3,600 pages touched afresh, not read twice);
+        dropped by the next `_read`, whichever file it reads."""
         self._reducing = threading.Lock()
 
     def _find(self, thread_id: str) -> Path | None:
@@ -254,11 +262,18 @@ class ThreadStore:
         file's `_file_key` the caller has just taken."""
         key = _file_key(path) if key is None else key
         with self._cache_lock:
+            # Taken by the next read whatever it finds: never held past it.
+            head_read, self._head_read = self._head_read, None
             hit = self._parsed.get(path)
             if hit is not None and hit[0] == key:
                 self._parsed.move_to_end(path)
                 return hit[1]
-        lines = read_rollout(path)
+        if head_read is not None and head_read[:2] == (path, key):
+            # The same file, unchanged since `head` read it whole (rollouts only grow, and
+            # every write changes size or mtime): what a read would return now.
+            lines = decode_rollout(head_read[2], path)
+        else:
+            lines = read_rollout(path)
         if _file_key(path) == key:  # not written while we read: the parse matches the key
             with self._cache_lock:
                 self._parsed[path] = (key, lines)
@@ -411,7 +426,11 @@ class ThreadStore:
             copied,
             copied_lines,
         )
-        _write_new_file(path, new_rollout.chunks)
+        try:
+            _write_new_file(path, new_rollout.chunks)
+        finally:
+            if copied is not None and isinstance(copied.data, SpanSource):
+                copied.data.close()
         with self._cache_lock:
             self._paths[thread_id] = path
         return path, new_rollout.lines
@@ -437,13 +456,32 @@ class ThreadStore:
         if hit is None or len(hit[1]) < end or hit[1][end - 1] is not history.lines[end - 1]:
             return None
         start, stop = history.lines[0].end_byte_offset, lines[-1].end_byte_offset
-        data = read_span(history.path, start, stop, hit[0][:2])
-        if data is None or not data.endswith(b"\n"):
+        # The span stays in the file, held open (the very inode the parse came from): the
+        # child's write copies it in the kernel. Only its last line is read here, with the
+        # newline before it.
+        source = open_span(history.path, start, stop, hit[0][:2])
+        if source is None:
             return None
-        last = data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
+        data: bytes | SpanSource = source
         try:
+            if len(source) < SPAN_COPY_MIN_BYTES:
+                # A short span read into this process: one `pread`, where the kernel's copy
+                # would cost its writes two system calls more (a warm small fork's child).
+                data = source.read()
+                source.close()
+                if not data.endswith(b"\n"):
+                    return None
+                last = data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
+            else:
+                last_start = history.lines[end - 2].end_byte_offset
+                raw = os.pread(source.fd, stop - last_start + 1, last_start - 1)
+                if not (raw[:1] == b"\n" and raw.endswith(b"\n") and raw.count(b"\n") == 2):
+                    source.close()
+                    return None
+                last = raw[1:-1]
             obj = json.loads(last)
-        except ValueError:
+        except (OSError, ValueError):
+            source.close()
             return None
         parsed = lines[-1]
         if not isinstance(obj, dict) or (
@@ -452,6 +490,7 @@ class ThreadStore:
             obj.get("type"),
             obj.get("payload"),
         ) != (parsed.ordinal, parsed.timestamp, parsed.item.type, parsed.item.payload):
+            source.close()
             return None
         return CopiedSpan(data, start, lines)
 
@@ -470,7 +509,11 @@ class ThreadStore:
         path = self._find(thread_id)
         if path is None:
             raise NoRolloutFound(thread_id)
+        key = _file_key(path)
         data = read_file(path)
+        if len(data) == key[2] and _file_key(path) == key:
+            with self._cache_lock:
+                self._head_read = (path, key, data)
         end = data.rfind(b"\n") + 1  # complete lines only
         first_end = data.find(b"\n", 0, end)
         if first_end < 0:
@@ -697,13 +740,14 @@ class ThreadStore:
             fsync_dir(path.parent)
 
 
-_IOV_MAX = 1024
-"""Buffers one `writev` takes at most (Linux's `IOV_MAX`)."""
+SPAN_COPY_MIN_BYTES = 1 << 20
+"""A copied span this long or longer goes to the child by `copy_file_range` (`SpanSource`);
+a shorter one is read (`copied_span`)."""
 _NEW_FILE = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 """`open(path, "xb")`'s flags."""
 
 
-def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
+def _write_new_file(path: Path, chunks: Sequence[bytes | SpanSource]) -> None:
     """Create `path` (it must not exist) holding `chunks`, durable on return: the file
     fsynced, then its directory and each parent created for it. A failure removes the file
     (its removal made durable) before it raises."""
@@ -715,14 +759,7 @@ def _write_new_file(path: Path, chunks: Sequence[bytes]) -> None:
         fd = os.open(path, _NEW_FILE, 0o666)
     try:
         try:
-            for at in range(0, len(chunks), _IOV_MAX):
-                batch = chunks[at : at + _IOV_MAX]
-                written = os.writev(fd, batch)
-                size = sum(map(len, batch))
-                if written < size:  # a short write: the rest one `write` at a time
-                    rest = memoryview(b"".join(batch))[written:]
-                    while rest:
-                        rest = rest[os.write(fd, rest) :]
+            write_chunks(fd, chunks)
             os.fsync(fd)
         finally:
             os.close(fd)
