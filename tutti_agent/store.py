@@ -420,13 +420,13 @@ class ThreadStore:
         changes fsynced) only when the create finds it missing. Returns the path and the lines
         written."""
         path = new_rollout_path(self.home, thread_id)
-        new_rollout = encode_new_rollout(
-            first_ordinal,
-            [RolloutItem(LineType.SESSION_META, dict(meta)), *items],
-            copied,
-            copied_lines,
-        )
-        try:
+        try:  # the copied span's descriptor is closed whatever the encode or the write raises
+            new_rollout = encode_new_rollout(
+                first_ordinal,
+                [RolloutItem(LineType.SESSION_META, dict(meta)), *items],
+                copied,
+                copied_lines,
+            )
             _write_new_file(path, new_rollout.chunks)
         finally:
             if copied is not None and isinstance(copied.data, SpanSource):
