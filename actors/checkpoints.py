@@ -71,8 +71,17 @@ def ref_segment(text: str) -> str:
 
 
 def checkpoint_ref(session_id: str, turn_id: str, which: str) -> str:
-    """The name under `refs/agenthost/` that keeps a Turn's `before` or `after` checkpoint."""
+    """The name under `refs/agenthost/` that kept a Turn's `before` or `after` checkpoint in
+    stores written before `commit_ref` (still honoured and dropped), and keeps a restore's
+    undo."""
     return f"{ref_segment(session_id)}/{ref_segment(turn_id)}/{which}"
+
+
+def commit_ref(session_id: str, commit: str) -> str:
+    """The name under `refs/agenthost/` that keeps a Session's checkpoint `commit`: every
+    Turn of the Session naming that tree shares it (`+` is in no `ref_segment`, so it never
+    meets a Turn's directory of `checkpoint_ref`)."""
+    return f"{ref_segment(session_id)}/+{commit}"
 
 
 def session_ref_prefix(session_id: str) -> str:
@@ -125,14 +134,79 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
     }
 
 
+_PinKey = tuple[str, str]
+"""(a resolved working directory, a `commit_ref` name)."""
+
+
+class RefPins:
+    """The `commit_ref`s Turns in flight name: a capture kept the ref, and the Turn's record
+    is not durable yet, so nothing in the store says that Turn needs it; the size cap leaves
+    a pinned ref. A pin is taken within the directory lock's hold that kept the ref, and
+    given up once the Turn's settlement landed (`settled`) or the Turn was never created
+    (`discardable`). Also which refs a capture wrote that no other Turn named since: the only
+    ones a discarded capture may drop."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._pins: dict[_PinKey, set[tuple[str, str]]] = {}
+        self._fresh: dict[_PinKey, tuple[str, str]] = {}
+        self._by_turn: dict[tuple[str, str], list[_PinKey]] = {}
+
+    def pin(self, real: str, name: str, session_id: str, turn_id: str, written: bool) -> None:
+        key, turn = (real, name), (session_id, turn_id)
+        with self._guard:
+            self._pins.setdefault(key, set()).add(turn)
+            self._by_turn.setdefault(turn, []).append(key)
+            if written:
+                self._fresh[key] = turn
+            elif self._fresh.get(key) != turn:
+                self._fresh.pop(key, None)  # another Turn names it too: never discarded
+
+    def _unpin(self, turn: tuple[str, str]) -> list[_PinKey]:
+        keys = self._by_turn.pop(turn, [])
+        for key in keys:
+            turns = self._pins.get(key)
+            if turns is not None:
+                turns.discard(turn)
+                if not turns:
+                    del self._pins[key]
+        return keys
+
+    def settled(self, session_id: str, turn_id: str) -> None:
+        """The Turn's record is durable (or will never be written): its pins go."""
+        turn = (session_id, turn_id)
+        with self._guard:
+            for key in self._unpin(turn):
+                if self._fresh.get(key) == turn:
+                    del self._fresh[key]
+
+    def discardable(self, session_id: str, turn_id: str) -> list[_PinKey]:
+        """A Turn that was never created: its pins go, and the refs its captures wrote that
+        no other Turn named since (nor names now) are returned, to be dropped."""
+        turn = (session_id, turn_id)
+        with self._guard:
+            keys = self._unpin(turn)
+            out = [k for k in keys if self._fresh.get(k) == turn and k not in self._pins]
+            for key in keys:
+                if self._fresh.get(key) == turn:
+                    del self._fresh[key]
+            return out
+
+    def pinned(self, real: str, names: list[str]) -> set[str]:
+        with self._guard:
+            return {n for n in names if (real, n) in self._pins}
+
+
 class DirectoryLocks:
     """One lock per working directory: its captures, drops and collections never overlap
-    (they share the directory's shadow repository and index)."""
+    (they share the directory's shadow repository and index); and the `RefPins` of the
+    checkpoint refs Turns in flight name."""
 
     def __init__(self) -> None:
         self._locks: dict[str, threading.Lock] = {}
         self._cleared: set[str] = set()
         self._guard = threading.Lock()
+        self.pins = RefPins()
 
     def __call__(self, cwd: str) -> threading.Lock:
         return self.resolved(os.path.realpath(cwd))
@@ -260,10 +334,10 @@ class TurnCheckpoints:
     ) -> Capture | None:
         """A Turn's `after` capture taken on the caller's thread when it is cheap and certain:
         the directory is free (no other job of it runs), its stat snapshot is small
-        (`HERE_MAX_ENTRIES`) and unchanged, so no process starts and the ref is one file
-        filled and renamed (its lock was taken with the `before`), and the tree is `before`'s
-        (no diff to run). None: take it on the pool (`capture`), as always when the
-        `host.checkpoint.after` failpoint is armed or the directory's last capture here was
+        (`HERE_MAX_ENTRIES`) and unchanged, so no process starts, the tree is `before`'s
+        (no diff to run) and its ref is there already (`commit_ref`: no file written).
+        None: take it on the pool (`capture`), as always when the `host.checkpoint.after`
+        failpoint is armed or the directory's last capture here was
         slow (`HERE_BUDGET_S`). The Session actor asks here first: on the pool the capture
         costs two thread hops on the settlement's path (actor → pool → actor). A `before` is
         not taken here: beside the claim's COMMIT on the pool it costs the Turn nothing,
@@ -284,13 +358,7 @@ class TurnCheckpoints:
             checkpoint = self.shadow.capture_unchanged(path, real, HERE_MAX_ENTRIES)
             if checkpoint is None or (before is not None and before != checkpoint.tree):
                 return None
-            self.shadow.keep(
-                path,
-                checkpoint_ref(session_id, turn_id, "after"),
-                checkpoint.commit,
-                real,
-                checked=True,
-            )
+            self._keep(path, real, session_id, turn_id, checkpoint)
             return Capture(real, checkpoint)
         except Exception as exc:  # noqa: BLE001 - the pool's capture answers instead
             log.info("checkpoint of %s (after) left to the pool: %s", real, exc)
@@ -307,33 +375,45 @@ class TurnCheckpoints:
         armed = getattr(self.failpoints, "armed", None)
         return armed is None or name in armed
 
+    def settled(self, session_id: str, turn_id: str) -> None:
+        """The Turn's settlement landed (its record names what it needs), or it never will:
+        the refs its captures kept are no longer pinned for it (`RefPins`)."""
+        self.locks.pins.settled(session_id, turn_id)
+
+    def _keep(
+        self, path: Path, real: str, session_id: str, turn_id: str, checkpoint: Checkpoint
+    ) -> None:
+        """Keep `checkpoint` by its Session's `commit_ref` (written only if not there yet)
+        and pin it for the Turn; within the directory lock's hold."""
+        name = commit_ref(session_id, checkpoint.commit)
+        written = self.shadow.keep_commit(path, name, checkpoint.commit, real, checked=True)
+        self.locks.pins.pin(real, name, session_id, turn_id, written)
+
     def discard(
         self, capture: Future[Capture], cwd: str, session_id: str, turn_id: str, which: str
     ) -> None:
         """`capture` was taken for a Turn that was never created (the claim it ran beside
-        answered an earlier Turn, or failed): drop the ref it kept, once it has kept it. Until
-        then the ref is one no record names, as a crash could leave (space, never a wrong
+        answered an earlier Turn, or failed): once it has kept its ref, drop that ref if this
+        capture wrote it and no other Turn named it since (`RefPins.discardable`). Until then
+        the ref is one no record names, as a crash could leave (space, never a wrong
         record)."""
 
         def _drop(_: Future[Capture]) -> None:
             # A pool shut down (the daemon is closing) leaves the ref, as space.
             with contextlib.suppress(RuntimeError):
-                self.pool.submit(
-                    self._drop_refs,
-                    cwd,
-                    [checkpoint_ref(session_id, turn_id, which)],
-                    checkpoint_ref(session_id, turn_id, "after") if which == "before" else None,
-                )
+                self.pool.submit(self._drop_refs, cwd, session_id, turn_id)
 
         capture.add_done_callback(_drop)
 
-    def _drop_refs(self, cwd: str, names: list[str], reserved: str | None = None) -> None:
+    def _drop_refs(self, cwd: str, session_id: str, turn_id: str) -> None:
         real = os.path.realpath(cwd)
+        names: list[str] = []
         try:
             with self.locks(real):
-                if reserved is not None:
-                    self.shadow.release(Path(real), reserved, real)
-                self.shadow.drop_refs(Path(real), names)
+                keys = self.locks.pins.discardable(session_id, turn_id)
+                names = [name for where, name in keys if where == real]
+                if names:
+                    self.shadow.drop_refs(Path(real), names)
         except Exception as exc:  # noqa: BLE001 - an unnamed ref costs space, nothing else
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
@@ -350,18 +430,8 @@ class TurnCheckpoints:
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
-                # A `before` takes its `after` ref's lock now, off the Turn's end: that
-                # `keep` then creates no file.
-                self.shadow.keep(
-                    path,
-                    checkpoint_ref(session_id, turn_id, which),
-                    checkpoint.commit,
-                    real,
-                    reserve=checkpoint_ref(session_id, turn_id, "after")
-                    if which == "before"
-                    else None,
-                    checked=True,
-                )
+                # One ref a tree per Session: an unchanged folder's is there already.
+                self._keep(path, real, session_id, turn_id, checkpoint)
                 changed: tuple[dict[str, str], ...] = ()
                 if before is not None and before != checkpoint.tree:  # equal: nothing changed
                     changed = tuple(
@@ -393,6 +463,8 @@ class DroppableCheckpoints(Protocol):
     def mark_checkpoint_dropped(
         self, ws: str, sid: str, turn_id: str, seen_json: str, message: str
     ) -> bool: ...
+
+    def session_checkpoint_trees(self, ws: str, sid: str) -> set[str]: ...
 
 
 class CheckpointStore(Protocol):
@@ -541,10 +613,23 @@ class CheckpointJanitor:
             return 0
         self.capped += 1  # sweeps run one at a time
         names = [checkpoint_ref(sid, turn_id, which) for which in ("before", "after")]
+        trees = {str(record[w]) for w in ("before", "after") if record.get(w)}
+        shared = [commit_ref(sid, tree) for tree in sorted(trees)]
         try:
             with self.locks(cwd):
                 self.locks.clear_stale_once(self.shadow, cwd)
                 kept = set(self.shadow.refs(Path(cwd)))
+                # A Session's tree ref goes only when no Turn of it needs it: pinned by a
+                # Turn in flight (read first: a pin goes only once its record is durable,
+                # so the read of the records after it sees that record), or named by a
+                # record not dropped.
+                pinned = self.locks.pins.pinned(cwd, shared)
+                needed = self.store.turns.session_checkpoint_trees(ws, sid)
+                names += [
+                    commit_ref(sid, tree)
+                    for tree in sorted(trees)
+                    if tree not in needed and commit_ref(sid, tree) not in pinned
+                ]
                 self.shadow.drop_refs(Path(cwd), [n for n in names if n in kept])
         except Exception as exc:  # noqa: BLE001 - an unnamed ref: only space, never wrong
             log.warning("dropping the checkpoint refs of turn %s failed: %s", turn_id, exc)

@@ -566,6 +566,10 @@ class TurnRunner:
 
     def _forget(self, state: TurnState) -> None:
         state.settled = True
+        checkpoints = self._core.ctx.turn_checkpoints
+        if checkpoints is not None:
+            # Its record is durable (or never will be): its checkpoint refs are unpinned.
+            checkpoints.settled(self._core.sid, state.turn_id)
         if state.watchdog is not None:
             state.watchdog.cancel()
         if state.stream_timer is not None:

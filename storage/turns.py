@@ -300,6 +300,18 @@ class TurnStore:
         )
         return [(str(r[0]), str(r[1]), str(r[2]), str(r[3])) for r in rows]
 
+    def session_checkpoint_trees(self, ws: str, sid: str) -> set[str]:
+        """Every checkpoint tree (`before`, `after`) a Turn record of the Session names and
+        has not had dropped: what its shared tree refs (actors/checkpoints.py `commit_ref`)
+        must keep."""
+        rows = self._all(
+            "SELECT json_extract(checkpoint_json, '$.before'),"
+            " json_extract(checkpoint_json, '$.after') FROM turns"
+            " WHERE workspace_id = ? AND session_id = ? AND checkpoint_json IS NOT NULL",
+            (ws, sid),
+        )
+        return {str(tree) for row in rows for tree in row if tree}
+
     def mark_checkpoint_dropped(
         self, ws: str, sid: str, turn_id: str, seen_json: str, message: str
     ) -> bool:

@@ -7,8 +7,11 @@ refs, config, hooks) is written or run (law 10).
 A checkpoint is the git tree of what git would see in that directory — the person's
 `.gitignore` files respected — minus a default exclude list (`DEFAULT_EXCLUDES`, configurable)
 and minus files over a size limit, which are listed instead. Checkpoints are kept by refs to
-their trees (`refs/agenthost/<session>/<turn>/<before|after>`); `drop` removes a Session's refs
-and `gc` collects what no ref (nor the shadow index's newest state) keeps.
+their trees: one a tree per Session (`refs/agenthost/<session>/+<commit>`, `keep_commit`: a
+Turn on an unchanged folder names a tree whose ref is already there, and writes nothing), or,
+as stores written before kept them and a restore's undo still is, one a Turn
+(`refs/agenthost/<session>/<turn>/<before|after>`); `drop` removes a Session's refs and `gc`
+collects what no ref (nor the shadow index's newest state) keeps.
 """
 
 from __future__ import annotations
@@ -386,6 +389,10 @@ class ShadowStore:
         # are loose files (`_loose_refs`).
         self._reserved: dict[str, int | None] = {}
         self._loose: dict[Path, bool] = {}
+        # Per shadow repository: the names under `refs/agenthost/` it holds, read from the
+        # disk at its first `keep_commit` and kept up to date by this store's own writes and
+        # drops (nothing else writes there: the daemon holds its home).
+        self._named: dict[Path, set[str]] = {}
         self.racy_margin_ns = RACY_MARGIN_NS
 
     # -- plumbing --------------------------------------------------------------------------
@@ -434,6 +441,7 @@ class ShadowStore:
             exclude.write_text(wanted)
         signature = _signature(exclude)
         self._loose.pop(repo, None)
+        self._named.pop(repo, None)
         if signature is not None:
             # The exclude file's path as a string, held: each later look `stat`s it and
             # builds no `Path` (two a Turn, each Turn's two looks: turnall).
@@ -802,7 +810,89 @@ class ShadowStore:
         git = self._git()
         known = self._repos.get(real) if checked and real is not None else None
         repo = known[0] if known is not None else self._repo(git, cwd, real)
-        ref = f"{REF_ROOT}/{name}"
+        return self._write_ref(git, repo, name, commit, reserve)
+
+    def keep_commit(
+        self, cwd: Path, name: str, commit: str, real: str | None = None, checked: bool = False
+    ) -> bool:
+        """Keep `commit` under `refs/agenthost/<name>`, a name the commit fixes (a Session's
+        `<session>/+<commit>`): when this store knows that ref is there, nothing is written
+        (no `mkdir`, no file created, none renamed: a Turn on an unchanged folder names the
+        tree its previous Turn kept). Returns whether the ref was written now. The names a
+        repository holds are read from the disk once (`git for-each-ref`) at its first use,
+        then kept by this store's own `keep`s and drops. `real`, `checked`: as for `keep`."""
+        git = self._git()
+        known = self._repos.get(real) if checked and real is not None else None
+        repo = known[0] if known is not None else self._repo(git, cwd, real)
+        if name in self._names(git, repo):
+            return False
+        self._write_ref(git, repo, name, commit, None, in_place=True)
+        return True
+
+    def _names(self, git: Git, repo: Path) -> set[str]:
+        """The names under `refs/agenthost/` `repo` holds (`_named`), read once: from its
+        loose ref files and `packed-refs` (what `git gc` packs them into), with no process;
+        asked of git for a repository whose refs are not files."""
+        named = self._named.get(repo)
+        if named is not None:
+            return named
+        if not self._loose_refs(repo):
+            out = git.out(
+                ["for-each-ref", "--format=%(refname)", f"{REF_ROOT}/"], env={"GIT_DIR": str(repo)}
+            )
+            named = {r[len(REF_ROOT) + 1 :] for r in out.split()}
+        else:
+            named = set()
+            prefix = f" {REF_ROOT}/"
+            try:
+                with open(repo / "packed-refs", encoding="utf-8", errors="surrogateescape") as pf:
+                    for line in pf:
+                        at = line.find(prefix)
+                        if at != -1 and not line.startswith(("#", "^")):
+                            named.add(line[at + len(prefix) :].rstrip("\n"))
+            except FileNotFoundError:
+                pass
+            top = os.path.join(repo, REF_ROOT)
+            for dirpath, _, files in os.walk(top):
+                rel = os.path.relpath(dirpath, top)
+                for file in files:
+                    if not file.endswith(".lock"):
+                        named.add(file if rel == "." else f"{rel}/{file}")
+        self._named[repo] = named
+        return named
+
+    def _named_gone(self, repo: Path, names: Sequence[str]) -> None:
+        named = self._named.get(repo)
+        if named is not None:
+            named.difference_update(names)
+
+    def _write_ref(
+        self,
+        git: Git,
+        repo: Path,
+        name: str,
+        commit: str,
+        reserve: str | None,
+        in_place: bool = False,
+    ) -> str:
+        """`in_place`: the ref's directory is most likely there (a Session's, for its tree
+        refs): its lock is created first, the directory made only if that fails for it."""
+        ref = self._write_ref_file(git, repo, name, f"{REF_ROOT}/{name}", commit, reserve, in_place)
+        named = self._named.get(repo)
+        if named is not None:
+            named.add(name)
+        return ref
+
+    def _write_ref_file(
+        self,
+        git: Git,
+        repo: Path,
+        name: str,
+        ref: str,
+        commit: str,
+        reserve: str | None,
+        in_place: bool,
+    ) -> str:
         if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
             git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
             if reserve is not None:
@@ -813,6 +903,9 @@ class ShadowStore:
         fd = self._take_reserved(lock)
         made = False
         try:
+            if fd is None and in_place:
+                with contextlib.suppress(FileNotFoundError):  # no directory: made below
+                    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             if fd is None:
                 _make_parent(path)
                 made = True
@@ -911,6 +1004,7 @@ class ShadowStore:
             ["for-each-ref", "--format=%(refname)", f"{REF_ROOT}/{prefix}/"], env=env
         ).split()
         if refs:
+            self._named.pop(repo, None)  # read again at the next `keep_commit`
             git.run(
                 ["update-ref", "--stdin"],
                 env=env,
@@ -932,7 +1026,8 @@ class ShadowStore:
         return out
 
     def refs(self, cwd: Path) -> list[str]:
-        """The names under `refs/agenthost/` kept for `cwd` (`<session>/<turn>/<which>`)."""
+        """The names under `refs/agenthost/` kept for `cwd` (`<session>/+<commit>`, and
+        `<session>/<turn>/<which>` of older stores and restores)."""
         repo = self.repo_dir(cwd)
         if not (repo / "HEAD").is_file():
             return []
@@ -946,6 +1041,7 @@ class ShadowStore:
         repo = self.repo_dir(cwd)
         if not names or not (repo / "HEAD").is_file():
             return 0
+        self._named_gone(repo, names)
         self._git().run(
             ["update-ref", "--stdin"],
             env={"GIT_DIR": str(repo)},

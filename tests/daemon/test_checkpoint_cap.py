@@ -12,8 +12,18 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, turn_of, wait_for
-from tests.support.git_repos import GIT_ENV, make_repo
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    respond,
+    run_turn,
+    settle,
+    submit,
+    turn_of,
+    wait_for,
+)
+from tests.support.git_repos import GIT_ENV, make_repo, pending_request
 from tests.support.invariants import assert_invariants
 from tests.support.worktree_forks import worktree_fork_params
 from transport.client import ApiError
@@ -107,7 +117,42 @@ def test_under_the_cap_no_checkpoint_is_dropped(tmp_path: Path) -> None:
         sweeps = client.call("host.status")["checkpoints"]["sweeps"]
         wait_for(lambda: client.call("host.status")["checkpoints"]["sweeps"] > sweeps + 1, 30)
         assert turn_of(client, sid, turn["turnId"])["workspace"] == turn["workspace"]
-        assert f"refs/agenthost/{sid}/{turn['turnId']}/after" in _refs(home, repo)
+        assert f"refs/agenthost/{sid}/+{turn['workspace']['after']}" in _refs(home, repo)
         assert client.call("host.status")["checkpoints"]["droppedForCap"] == 0
+    finally:
+        daemon.stop()
+
+
+def test_the_cap_leaves_the_tree_ref_a_running_turns_before_shares_with_a_dropped_turn(
+    tmp_path: Path,
+) -> None:
+    """A Session's Turns share one ref a tree: dropping a settled Turn's checkpoint leaves the
+    ref while a Turn still running names that tree (its record is not written yet: the ref is
+    pinned in memory), and once that Turn settles its record's trees are kept."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\nmax_store_bytes = 1\ngc_interval_s = 0.3\n")
+    repo = make_repo(tmp_path / "repo")
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client(timeout=60)
+        sid = create_session(client, cwd=str(repo))["agentSessionId"]
+        first = run_turn(client, sid, "hello")
+        tree = first["workspace"]["after"]
+        running = submit(client, sid, "/ask go on?")["turnId"]
+        request_id = pending_request(client, sid, running)
+
+        def dropped(turn_id: str) -> bool:
+            return turn_of(client, sid, turn_id)["workspace"].get("reason") == "dropped"
+
+        wait_for(lambda: dropped(first["turnId"]), 30)
+        sweeps = client.call("host.status")["checkpoints"]["sweeps"]
+        wait_for(lambda: client.call("host.status")["checkpoints"]["sweeps"] > sweeps + 1, 30)
+        assert f"refs/agenthost/{sid}/+{tree}" in _refs(home, repo)
+
+        respond(client, sid, running, request_id, {"text": "yes"})
+        ws = settle(client, sid, running)["workspace"]
+        assert ws.get("before") == tree or ws.get("reason") == "dropped", ws
+        assert_invariants(home)
     finally:
         daemon.stop()

@@ -62,7 +62,8 @@ def test_a_turn_that_changes_files_records_before_after_and_changed_files(
     assert ws["repoRoot"] == os.path.realpath(repo)
     assert ws["tooLarge"] == []
 
-    # The refs that keep both checkpoints are in the home's shadow store.
+    # The refs that keep both checkpoints (one a tree, the Session's) are in the home's
+    # shadow store.
     shadow = ShadowStore(daemon.home / "checkpoints")
     refs = subprocess.run(
         ["git", "for-each-ref", "--format=%(refname) %(objectname)"],
@@ -71,8 +72,8 @@ def test_a_turn_that_changes_files_records_before_after_and_changed_files(
         capture_output=True,
         text=True,
     ).stdout.split("\n")
-    assert f"refs/agenthost/{sid}/{turn_id}/before {ws['before']}" in refs
-    assert f"refs/agenthost/{sid}/{turn_id}/after {ws['after']}" in refs
+    assert f"refs/agenthost/{sid}/+{ws['before']} {ws['before']}" in refs
+    assert f"refs/agenthost/{sid}/+{ws['after']} {ws['after']}" in refs
     # The checkpoint is the Turn's files: the diff between them says what changed.
     text, _ = shadow.diff(repo, ws["before"], ws["after"])
     assert "+one, changed" in text and "+added" in text
@@ -234,7 +235,8 @@ def test_a_folder_older_than_the_racy_margin_is_recorded_exactly_whichever_threa
 ) -> None:
     """In a folder whose files are older than the captures' racy margin, an unchanged one's
     `after` is taken on the Session actor's thread (`capture_after_here`), a changed one's by
-    git on the pool: the records and refs are the same either way."""
+    git on the pool: the records and refs are the same either way (one ref a tree: the quiet
+    Turns share the first one's)."""
     repo = make_repo(tmp_path / "repo")
     time.sleep(2.5)  # past the 2 s racy margin: the captures keep a stat snapshot
     client = daemon.client()
@@ -255,8 +257,8 @@ def test_a_folder_older_than_the_racy_margin_is_recorded_exactly_whichever_threa
     assert len(trees) == 1 and None not in trees, [t["workspace"] for t in quiet]
     for t in quiet:
         assert t["workspace"]["changedFiles"] == []
-        for which in ("before", "after"):
-            assert f"refs/agenthost/{sid}/{t['turnId']}/{which} {trees.copy().pop()}" in refs()
+    tree = trees.copy().pop()
+    assert [r for r in refs() if r] == [f"refs/agenthost/{sid}/+{tree} {tree}"]
 
     turn_id = submit(client, sid, "/ask go on?")["turnId"]
     request_id = pending_request(client, sid, turn_id)
@@ -265,6 +267,6 @@ def test_a_folder_older_than_the_racy_margin_is_recorded_exactly_whichever_threa
     ws = settle(client, sid, turn_id)["workspace"]
     assert ws["before"] in trees and ws["after"] not in trees
     assert ws["changedFiles"] == [{"path": "a.txt", "kind": "modified"}]
-    assert f"refs/agenthost/{sid}/{turn_id}/after {ws['after']}" in refs()
+    assert f"refs/agenthost/{sid}/+{ws['after']} {ws['after']}" in refs()
     text, _ = shadow.diff(repo, ws["before"], ws["after"])
     assert "+one, changed again" in text

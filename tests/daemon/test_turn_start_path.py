@@ -45,16 +45,16 @@ def test_the_before_checkpoint_is_taken_while_the_claim_commits(
     try:
         # The `before` is captured and kept while no Turn exists yet.
         (held,) = wait_for(lambda: _refs(daemon, repo, sid), 20)
-        assert held.endswith("/before"), held
+        assert held.startswith(f"{sid}/+"), held
         assert not answered
     finally:
         c.call("debug.failpoints", {"points": {"host.turn.before_claim": "off"}})
         thread.join(30)
     turn = settle(c, sid, answered["turnId"])
     assert turn["outcome"] == "completed", turn
-    # The capture is the Turn's: kept under the id its claim gave it, named by its record.
-    assert held == f"{sid}/{turn['turnId']}/before"
-    assert _refs(daemon, repo, sid) == [f"{sid}/{turn['turnId']}/after", held]
+    # The capture is the Turn's: its tree's ref, named by its record (and its `after`'s:
+    # nothing changed the folder).
+    assert _refs(daemon, repo, sid) == [held]
     tree = (
         ShadowStore(daemon.home / "checkpoints")
         ._git()
@@ -73,18 +73,19 @@ def test_a_replayed_submit_leaves_no_checkpoint_of_a_turn_it_did_not_create(
     c = daemon.client()
     sid = create_session(c, cwd=str(repo))["agentSessionId"]
     first = submit(c, sid, "hello", request_id="the-same-request")
-    settle(c, sid, first["turnId"])
+    tree = settle(c, sid, first["turnId"])["workspace"]["after"]
     kept = _refs(daemon, repo, sid)
-    assert kept == [f"{sid}/{first['turnId']}/after", f"{sid}/{first['turnId']}/before"]
+    assert kept == [f"{sid}/+{tree}"]
+    # A change the replay's capture finds: it writes that tree's ref, which no Turn names.
+    (repo / "a.txt").write_text("changed before the replay\n")
     again = submit(c, sid, "hello", request_id="the-same-request")
     assert again["turnId"] == first["turnId"]
-    # The next Turn's checkpoints follow the replay's on the same directory: once they are
-    # kept, the replay's capture has been dropped (or never kept).
-    nxt = run_turn(c, sid, "next")
-    wait_for(lambda: len(_refs(daemon, repo, sid)) == 4, 20)
-    assert _refs(daemon, repo, sid) == sorted(
-        [*kept, f"{sid}/{nxt['turnId']}/after", f"{sid}/{nxt['turnId']}/before"]
-    )
+    # Dropped once kept (or never kept).
+    wait_for(lambda: _refs(daemon, repo, sid) == kept, 20)
+    nxt = run_turn(c, sid, "next")["workspace"]
+    assert nxt["before"] != tree
+    assert _refs(daemon, repo, sid) == sorted([*kept, f"{sid}/+{nxt['before']}"])
+    assert_invariants(daemon.home)
 
 
 def test_a_daemon_killed_before_the_claim_leaves_no_turn_and_every_law_kept(

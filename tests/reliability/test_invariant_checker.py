@@ -444,21 +444,49 @@ def _source_checkpoint(home: Path, source: str) -> dict:
 
 
 def test_a_checkpoint_its_ref_no_longer_keeps_is_reported(base: Base, tmp_path: Path) -> None:
+    """A Turn's tree is kept by its Session's ref of that tree (`<session>/+<commit>`), or by
+    the Turn's own ref as older stores wrote it: with neither, it is reported."""
     record = _source_checkpoint(base.home, base.source)
     assert record["after"] and record["before"]  # the base's Turns were checkpointed
     home = tampered(base, tmp_path)
     assert Law.CHECKPOINT_KEPT not in laws(home)
     repo = ShadowStore(home / "checkpoints").repo_dir(Path(record["cwd"]))
+    env = {"GIT_DIR": str(repo)}
     refs = subprocess.run(
         ["git", "for-each-ref", "--format=%(refname)", f"refs/agenthost/{base.source}/"],
-        env={"GIT_DIR": str(repo)},
+        env=env,
         capture_output=True,
         text=True,
         check=True,
     ).stdout.split()
-    assert refs
-    subprocess.run(["git", "update-ref", "-d", refs[0]], env={"GIT_DIR": str(repo)}, check=True)
+    shared = f"refs/agenthost/{base.source}/+{record['after']}"
+    assert shared in refs
+    subprocess.run(["git", "update-ref", "-d", shared], env=env, check=True)
     assert Law.CHECKPOINT_KEPT in laws(home)
+    # An older store's per-Turn refs keep it as well.
+    for turn_id, which, tree in _source_trees(home, base.source):
+        if tree == record["after"]:
+            own = f"refs/agenthost/{base.source}/{turn_id}/{which}"
+            subprocess.run(["git", "update-ref", own, tree], env=env, check=True)
+    assert Law.CHECKPOINT_KEPT not in laws(home)
+
+
+def _source_trees(home: Path, source: str) -> list[tuple[str, str, str]]:
+    """(turn, `before`|`after`, tree) of every tree the source's Turn records name."""
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        rows = conn.execute(
+            "SELECT turn_id, checkpoint_json FROM turns WHERE session_id = ?"
+            " AND checkpoint_json IS NOT NULL",
+            (source,),
+        ).fetchall()
+    finally:
+        conn.close()
+    out = []
+    for turn_id, text in rows:
+        rec = json.loads(text)
+        out += [(str(turn_id), w, str(rec[w])) for w in ("before", "after") if rec.get(w)]
+    return out
 
 
 def test_a_settled_turn_recorded_without_its_after_checkpoint_is_reported(

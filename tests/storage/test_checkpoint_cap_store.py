@@ -74,3 +74,17 @@ def test_a_drop_is_refused_while_a_fork_through_the_turn_is_not_finished(store: 
     # Said once: a second drop of the record it read before changes nothing.
     assert not store.turns.mark_checkpoint_dropped(WS, sid, turn_id, record, "again")
     assert turn_id not in [t for _w, _s, t, _r in store.turns.droppable_checkpoints(10)]
+
+
+def test_a_sessions_checkpoint_trees_are_those_its_records_name_until_dropped(
+    store: Store,
+) -> None:
+    """What a Session's shared tree refs must keep (the size cap asks before dropping one):
+    every tree a Turn record names, a dropped record's no more, another Session's never."""
+    sid = new_session(store)
+    t1, r1 = _checkpointed_turn(store, sid, "a1")
+    _checkpointed_turn(store, sid, "a2")
+    _checkpointed_turn(store, new_session(store), "b1")
+    assert store.turns.session_checkpoint_trees(WS, sid) == {"a1-0", "a1", "a2-0", "a2"}
+    assert store.turns.mark_checkpoint_dropped(WS, sid, t1, r1, "dropped for the cap")
+    assert store.turns.session_checkpoint_trees(WS, sid) == {"a2-0", "a2"}

@@ -25,7 +25,7 @@ from typing import Any
 
 import apsw
 
-from actors.checkpoints import checkpoint_ref
+from actors.checkpoints import checkpoint_ref, commit_ref
 from actors.context import _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
 from storage.fork_child import OrdinalPrefixes, ordinal_id
@@ -139,7 +139,8 @@ class Law(StrEnum):
     interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""
     CHECKPOINT_KEPT = "checkpoint_kept"
     """A settled Turn of a live Session names a workspace checkpoint (`before`/`after` tree)
-    that its ref in the home's shadow store does not keep, or its record is neither
+    that no ref in the home's shadow store keeps (its Session's ref of that tree, or the
+    Turn's own ref of an older store), or its record is neither
     `unavailable` nor has an `after` (a fork through it would find nothing)."""
     WORKTREE = "worktree"
     """A `worktree` fork's tree breaks its laws (docs/design/workspace.md): a tree on disk
@@ -1248,7 +1249,9 @@ def _shadow_refs(home: Path, cwd: str, cache: dict[str, dict[str, str]]) -> dict
 
 def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str, str]]:
     """Every settled Turn of a live Session with a checkpoint record: `after` named (or the
-    record `unavailable`), each named tree kept by its ref. The refs are read after the store
+    record `unavailable`), each named tree kept by a ref: its Session's ref of that tree
+    (`<session>/+<commit>`), or the Turn's own (`<session>/<turn>/<which>`, as stores
+    written before kept them). The refs are read after the store
     was copied (a capture keeps its ref before the settlement is written); returns the
     (workspace, session, turn, detail) of each miss, for the caller to recheck against
     deletes and size-cap drops (recorded before the refs go) that happened since the copy."""
@@ -1272,8 +1275,9 @@ def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
             tree = record.get(which)
             if not tree:
                 continue
-            ref = "refs/agenthost/" + checkpoint_ref(t["session_id"], t["turn_id"], which)
-            if refs.get(ref) != tree:
+            ref = "refs/agenthost/" + commit_ref(t["session_id"], str(tree))
+            own = "refs/agenthost/" + checkpoint_ref(t["session_id"], t["turn_id"], which)
+            if refs.get(ref) != tree and refs.get(own) != tree:
                 misses.append(
                     (
                         t["workspace_id"],

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 import workspace.shadow as shadow_module
-from actors.checkpoints import TurnCheckpoints, checkpoint_ref
+from actors.checkpoints import TurnCheckpoints, commit_ref
 from tests.support.worktree_repos import git
 from workspace.shadow import Checkpoint, ShadowStore
 
@@ -120,17 +120,16 @@ def test_the_next_turns_before_with_nothing_changed_starts_only_ls_files(
         turns.pool.shutdown()
     # The refs were written as git reads them.
     shadow = {"GIT_DIR": str(store.repo_dir(repo))}
-    for turn, which, tree in [
-        ("t1", "before", first.checkpoint.tree),
-        ("t1", "after", after.checkpoint.tree),
-        ("t2", "before", after.checkpoint.tree),
-    ]:
-        ref = f"refs/agenthost/{checkpoint_ref('s1', turn, which)}"
+    for tree in [first.checkpoint.tree, after.checkpoint.tree]:
+        ref = f"refs/agenthost/{commit_ref('s1', tree)}"
         got = subprocess.run(
             ["git", "rev-parse", ref], env={**os.environ, **shadow}, capture_output=True, text=True
         )
         assert got.stdout.strip() == tree
-    assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before", "s1/t2/before"]
+    # One ref a tree per Session: t2's `before` is t1's `after`, kept by the same ref.
+    assert sorted(store.refs(repo)) == sorted(
+        commit_ref("s1", t) for t in (first.checkpoint.tree, after.checkpoint.tree)
+    )
 
 
 def test_a_change_of_same_size_and_same_mtime_is_still_captured(
@@ -374,7 +373,7 @@ def test_a_directory_unchanged_since_a_clean_capture_starts_no_git(
 ) -> None:
     """Once a capture found the directory's entries older than the racy margin, the next
     capture with not one of them changed answers the same tree (and HEAD) without git; the
-    Turn's ref is written without git too."""
+    tree's ref is written without git too (the repository's refs read from its files)."""
     (repo / "sub").mkdir()
     (repo / "sub" / "c.txt").write_text("charlie\n")
     age()
@@ -394,7 +393,7 @@ def test_a_directory_unchanged_since_a_clean_capture_starts_no_git(
     assert isinstance(kept.checkpoint, Checkpoint) and kept.checkpoint.tree == first.tree
     assert kept.changed == ()
     assert git_log.commands() == []
-    assert store.refs(repo) == ["s1/t1/after"]
+    assert store.refs(repo) == [commit_ref("s1", first.tree)]
 
 
 @pytest.mark.parametrize(
@@ -655,43 +654,55 @@ def test_a_directory_changed_before_every_capture_is_walked_ever_more_rarely(
     assert len(walks) == 1, walks
 
 
-def test_a_turns_after_ref_is_written_into_the_lock_taken_with_its_before(
+def test_a_discarded_before_drops_the_tree_ref_it_wrote_and_no_other_turns(
     tmp_path: Path, repo: Path, git_log: GitLog
 ) -> None:
-    """The `before` capture also takes the `after` ref's lock (an empty file); the `after`
-    capture fills that very file and renames it into place (the ref is the lock's inode),
-    creating none; `git gc` meanwhile is not disturbed by it; a `before` discarded (its Turn
-    never created) gives it up."""
+    """A `before` discarded (its Turn never created) drops the tree ref its capture wrote,
+    and leaves one it found already there (an earlier Turn's tree), or one another Turn
+    named since; `git gc` packing the refs leaves them known to the next store."""
     age()
     store = aged_store(tmp_path)
     turns = TurnCheckpoints(store)
-    refs_dir = store.repo_dir(repo) / "refs" / "agenthost"
     try:
         before = turns.capture(str(repo), "s1", "t1", "before").result(30)
         assert isinstance(before.checkpoint, Checkpoint)
-        lock = refs_dir / "s1" / "t1" / "after.lock"
-        assert lock.is_file() and lock.stat().st_size == 0
-        reserved_inode = lock.stat().st_ino
-        store.gc(repo)
         (repo / "a.txt").write_text("alpha, changed\n")
         after = turns.capture(str(repo), "s1", "t1", "after", before.checkpoint.tree).result(30)
         assert isinstance(after.checkpoint, Checkpoint)
-        ref = refs_dir / "s1" / "t1" / "after"
-        assert ref.read_text() == after.checkpoint.commit + "\n"
-        assert ref.stat().st_ino == reserved_inode
-        assert not lock.exists()
-        assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]
+        turns.settled("s1", "t1")
+        kept = sorted(commit_ref("s1", c.tree) for c in (before.checkpoint, after.checkpoint))
+        assert sorted(store.refs(repo)) == kept
 
+        # The folder unchanged: the discarded `before` names t1's `after`, which stays.
         early = turns.capture(str(repo), "s1", "t2", "before")
         turns.discard(early, str(repo), "s1", "t2", "before")
         early.result(30)
+        # Changed: the discarded `before` wrote its tree's ref, and drops it.
+        (repo / "b.txt").write_text("bravo, changed\n")
+        late = turns.capture(str(repo), "s1", "t3", "before")
+        turns.discard(late, str(repo), "s1", "t3", "before")
+        new_tree = late.result(30).checkpoint.tree  # type: ignore[union-attr]
         deadline = time.monotonic() + 20
-        while (refs_dir / "s1" / "t2" / "before").exists() and time.monotonic() < deadline:
+        while commit_ref("s1", new_tree) in store.refs(repo) and time.monotonic() < deadline:
             time.sleep(0.02)
+        assert sorted(store.refs(repo)) == kept
+
+        # Written by a capture then named by another Turn: the discard leaves it.
+        (repo / "b.txt").write_text("bravo, again\n")
+        shared = turns.capture(str(repo), "s1", "t4", "before")
+        tree = shared.result(30).checkpoint.tree  # type: ignore[union-attr]
+        turns.capture(str(repo), "s1", "t5", "before").result(30)
+        turns.discard(shared, str(repo), "s1", "t4", "before")
     finally:
-        turns.pool.shutdown(wait=True)
-    assert not (refs_dir / "s1" / "t2" / "after.lock").exists()
-    assert sorted(store.refs(repo)) == ["s1/t1/after", "s1/t1/before"]
+        turns.pool.shutdown(wait=True)  # the discard's job runs first
+    assert commit_ref("s1", tree) in store.refs(repo)
+    store.gc(repo)
+    assert not any((store.repo_dir(repo) / "refs" / "agenthost").rglob("+*"))  # packed
+    again = aged_store(tmp_path)
+    again.capture(repo)
+    git_log.clear()
+    assert not again.keep_commit(repo, commit_ref("s1", tree), tree)
+    assert git_log.commands() == []
 
 
 def test_a_before_and_its_after_lock_take_one_directory_and_the_after_opens_no_file(

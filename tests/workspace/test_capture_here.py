@@ -1,8 +1,8 @@
 """A Turn's `after` capture taken on the asking thread (`TurnCheckpoints.capture_after_here`):
 only when it is certain and cheap — the directory's small stat snapshot unchanged and the tree
 its `before`'s, no other job of the directory running, no failpoint armed at the capture — and
-then the same answer and the same ref as the pool's capture, with no git process and no file
-created; otherwise None and nothing written."""
+then the same answer and the same ref as the pool's capture (its `before`'s tree ref), with
+no git process and no file written; otherwise None and nothing written."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 import actors.checkpoints as checkpoints_module
-from actors.checkpoints import Capture, TurnCheckpoints
+from actors.checkpoints import Capture, TurnCheckpoints, commit_ref
 from drivers.failpoints import Failpoints
 from tests.support.worktree_repos import git
 from tests.workspace.test_capture_cost import GitLog, age, aged_store, git_log, repo
@@ -39,7 +39,7 @@ def turns(tmp_path: Path, repo: Path) -> Iterator[TurnCheckpoints]:
 
 
 def before(turns: TurnCheckpoints, repo: Path, turn: str = "t1") -> str:
-    """The Turn's `before`, on the pool as a Turn takes it (its `after` lock reserved)."""
+    """The Turn's `before`, on the pool as a Turn takes it (its tree's ref kept)."""
     got = turns.capture(str(repo), "s1", turn, "before").result(30)
     assert isinstance(got.checkpoint, Checkpoint)
     return got.checkpoint.tree
@@ -53,8 +53,8 @@ def test_an_unchanged_folder_is_captured_here_without_git_as_the_pool_would(
     turns: TurnCheckpoints, repo: Path, git_log: GitLog
 ) -> None:
     tree = before(turns, repo)
-    lock = refs_dir(turns, repo) / "t1" / "after.lock"
-    reserved = lock.stat().st_ino
+    ref = refs_dir(turns, repo) / f"+{tree}"
+    kept = ref.stat()
     git_log.clear()
     here = turns.capture_after_here(str(repo), "s1", "t1", tree)
     assert isinstance(here, Capture) and isinstance(here.checkpoint, Checkpoint)
@@ -63,9 +63,9 @@ def test_an_unchanged_folder_is_captured_here_without_git_as_the_pool_would(
     assert here.checkpoint.head_commit == git(repo, "rev-parse", "HEAD")
     pooled = turns.capture(str(repo), "s1", "t2", "after", tree).result(30)
     assert here == pooled
-    ref = refs_dir(turns, repo) / "t1" / "after"
     assert ref.read_text() == tree + "\n"
-    assert ref.stat().st_ino == reserved and not lock.exists()  # the reserved lock, renamed
+    assert ref.stat().st_ino == kept.st_ino and ref.stat().st_mtime_ns == kept.st_mtime_ns
+    assert turns.shadow.refs(repo) == [commit_ref("s1", tree)]  # the `before`'s, untouched
 
 
 def test_a_changed_folder_is_left_to_the_pool_which_captures_the_change(
@@ -74,10 +74,11 @@ def test_a_changed_folder_is_left_to_the_pool_which_captures_the_change(
     tree = before(turns, repo)
     (repo / "sub" / "c.txt").write_text("charlie, changed\n")
     assert turns.capture_after_here(str(repo), "s1", "t1", tree) is None
-    assert not (refs_dir(turns, repo) / "t1" / "after").exists()
+    assert turns.shadow.refs(repo) == [commit_ref("s1", tree)]
     pooled = turns.capture(str(repo), "s1", "t1", "after", tree).result(30)
     assert pooled.changed == ({"path": "sub/c.txt", "kind": "modified"},)
-    assert (refs_dir(turns, repo) / "t1" / "after").is_file()
+    assert isinstance(pooled.checkpoint, Checkpoint)
+    assert (refs_dir(turns, repo) / f"+{pooled.checkpoint.tree}").is_file()
 
 
 def test_an_after_whose_tree_is_not_its_befores_is_left_to_the_pool(
@@ -85,9 +86,9 @@ def test_an_after_whose_tree_is_not_its_befores_is_left_to_the_pool(
 ) -> None:
     """Another Session's capture of the same folder moved the snapshot on: the changed files
     need git's diff, which the pool runs."""
-    before(turns, repo)
+    tree = before(turns, repo)
     assert turns.capture_after_here(str(repo), "s1", "t1", "0" * 40) is None
-    assert not (refs_dir(turns, repo) / "t1" / "after").exists()
+    assert turns.shadow.refs(repo) == [commit_ref("s1", tree)]
 
 
 def test_nothing_is_captured_here_while_a_job_of_the_folder_runs_or_a_failpoint_is_armed(

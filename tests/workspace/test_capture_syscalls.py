@@ -83,25 +83,53 @@ def test_an_unchanged_capture_reads_the_index_key_with_four_calls_and_no_file_ob
     assert len(calls.named("os.pread")) == 1
 
 
-def test_a_turns_refs_are_written_by_their_descriptors_with_no_file_object(
+def test_a_turn_on_an_unchanged_folder_writes_no_file_for_its_checkpoints(
     turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The `before` ref and the `after` ref (into the lock the `before` reserved) are each
-    one `write` to the lock's descriptor, then its rename: no `os.fdopen` (a file object's
-    `fstat`, `ioctl` and `lseek`)."""
+    """A Turn whose folder nobody changed names the tree its previous Turn kept, whose ref
+    is there: its `before` and its `after` (on the pool, or on the asking thread) open no
+    file under the checkpoint store to write, make no directory, rename nothing and write
+    nothing, and start no git (the refs a repository holds are known in memory)."""
+    home = str(turns.shadow.root)
     calls = Calls()
     calls.install(monkeypatch)
     got = turns.capture(str(repo), "s1", "t2", "before").result(30)
     assert isinstance(got.checkpoint, Checkpoint)
+    tree = got.checkpoint.tree
+    after = turns.capture(str(repo), "s1", "t2", "after", tree).result(30)
+    got = turns.capture(str(repo), "s1", "t3", "before").result(30)
+    here = turns.capture_after_here(str(repo), "s1", "t3", tree)
+    monkeypatch.undo()
+    assert isinstance(after.checkpoint, Checkpoint) and after.checkpoint.tree == tree
+    assert here is not None and here.checkpoint == after.checkpoint
+    opened = [p for p in calls.named("os.open") if str(p).startswith(home)]
+    index = str(turns.shadow.repo_dir(repo) / "index")
+    assert set(opened) == {index}  # the index's key, read only
+    assert calls.named("os.mkdir") == []
+    assert calls.named("os.replace") == []
+    assert calls.named("os.write") == []
+
+
+def test_a_changed_folders_ref_is_one_write_to_its_lock_and_a_rename_with_no_file_object(
+    turns: TurnCheckpoints, repo: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A changed folder's `after` writes its tree's one ref (no directory of the Turn's):
+    written to the lock's descriptor, then renamed, no `os.fdopen` (a file object's `fstat`,
+    `ioctl` and `lseek`)."""
+    got = turns.capture(str(repo), "s1", "t2", "before").result(30)
+    assert isinstance(got.checkpoint, Checkpoint)
+    (repo / "a.txt").write_text("alpha, changed by the turn\n")
+    calls = Calls()
+    calls.install(monkeypatch)
     after = turns.capture(str(repo), "s1", "t2", "after", got.checkpoint.tree).result(30)
     monkeypatch.undo()
     assert isinstance(after.checkpoint, Checkpoint)
     assert calls.named("os.fdopen") == []
-    assert len(calls.named("os.write")) == 2
-    refs = turns.shadow.repo_dir(repo) / "refs" / "agenthost" / "s1" / "t2"
-    assert calls.named("os.replace") == [str(refs / "before.lock"), str(refs / "after.lock")]
-    tree = got.checkpoint.commit
-    assert [(refs / n).read_text() for n in ("before", "after")] == [tree + "\n"] * 2
+    refs = turns.shadow.repo_dir(repo) / "refs" / "agenthost" / "s1"
+    tree = after.checkpoint.commit
+    assert calls.named("os.replace") == [str(refs / f"+{tree}.lock")]
+    assert calls.named("os.mkdir") == []  # the Session's directory is there
+    assert (refs / f"+{tree}").read_text() == tree + "\n"
 
 
 def test_a_capture_job_of_a_known_unchanged_folder_looks_at_the_folder_and_the_exclude_once(
@@ -139,7 +167,7 @@ def test_a_known_folder_removed_is_still_recorded_missing(
     assert got.checkpoint.reason == "cwd_missing"  # type: ignore[union-attr]
     assert "does not exist" in got.checkpoint.message  # type: ignore[union-attr]
     moved.rename(repo)
-    assert "s1/t2/before" not in turns.shadow.refs(repo)
+    assert turns.shadow.refs(repo) == [f"s1/+{turns.shadow.capture(repo).commit}"]  # type: ignore[union-attr]
 
 
 def test_a_paused_folders_after_is_refused_without_resolving_it(
