@@ -35,7 +35,7 @@ ages its Sessions' folder before its timed Turns): the COMMIT as `bench.sync_flo
 the stat check and a ref; one `git ls-files` run exactly as `workspace.shadow.ShadowStore`
 runs it (its isolated environment, its shadow index), and a ref; and the host's own `before`
 capture of the same folder as `actors.checkpoints.TurnCheckpoints` makes it
-(`ShadowStore.capture`, its ref kept and the `after` ref's lock reserved) — interleaved sample
+(`ShadowStore.capture`, its tree's ref kept: written once, then known) — interleaved sample
 by sample, so the distances between them are what git and the capture code add to the
 cheapest.
 
@@ -124,13 +124,12 @@ def capture_latency(
                 _write_ref(refs / f"git-{i}", commit)
                 listing.append(1000 * (time.perf_counter() - t0))
             else:
-                turn = f"floor-{i}"
                 done = shadow.capture(cwd, real)
                 kept = getattr(done, "commit", None)
                 if kept is None:
                     raise RuntimeError(f"{cwd} could not be captured: {done}")
-                shadow.keep(cwd, f"floor/{turn}/before", kept, real)
-                shadow.reserve(cwd, f"floor/{turn}/after", real)
+                # As a Turn keeps it: its Session's ref of the tree (there after the first).
+                shadow.keep_commit(cwd, f"floor/+{kept}", kept, real)
                 host.append(1000 * (time.perf_counter() - t0))
     git_ms = Latency.of(listing)
     cheapest = Latency.of(check) if kind == "stat check" else git_ms

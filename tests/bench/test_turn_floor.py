@@ -40,9 +40,10 @@ def test_the_cheapest_capture_of_an_aged_unchanged_folder_is_its_stat_check(
     assert caps.kind == "stat check"
     assert caps.cheapest.n == 3 and caps.git.n == 3 and caps.host.n == 3
     assert caps.cheapest.p50 > 0 and caps.git.p50 > 0 and caps.host.p50 > 0
-    # Each host sample kept its `before` ref and reserved its `after` lock, as a Turn's does.
+    # The host samples kept their tree by one ref, as a Session's Turns on an unchanged
+    # folder share theirs.
     refs = tmp_path / "checkpoints"
-    assert len(list(refs.rglob("before"))) == 3 and len(list(refs.rglob("after.lock"))) == 3
+    assert len(list(refs.rglob("+*"))) == 1 and not list(refs.rglob("*.lock"))
     # The cheapest keeps its tree too (the law writes the ref before the settlement): one
     # loose ref per sample, and one per listing.
     (kept,) = refs.rglob("floor-cheapest")
