@@ -25,6 +25,7 @@ import os
 import re
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -134,6 +135,10 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
     }
 
 
+SETTLED_KEPT = 4096
+"""Settled Turns `RefPins` remembers, so a capture landing after its Turn pins nothing (a
+capture outliving its bound by more Turns than this pins its ref until the daemon stops)."""
+
 _PinKey = tuple[str, str]
 """(a resolved working directory, a `commit_ref` name)."""
 
@@ -151,10 +156,16 @@ class RefPins:
         self._pins: dict[_PinKey, set[tuple[str, str]]] = {}
         self._fresh: dict[_PinKey, tuple[str, str]] = {}
         self._by_turn: dict[tuple[str, str], list[_PinKey]] = {}
+        # The Turns whose pins went (`settled`), newest last, `SETTLED_KEPT` at most: a
+        # capture that lands after its Turn settled (one the bound gave up on) pins nothing,
+        # so no pin outlives its Turn.
+        self._settled: OrderedDict[tuple[str, str], None] = OrderedDict()
 
     def pin(self, real: str, name: str, session_id: str, turn_id: str, written: bool) -> None:
         key, turn = (real, name), (session_id, turn_id)
         with self._guard:
+            if turn in self._settled:
+                return  # its record is written already, without this capture
             self._pins.setdefault(key, set()).add(turn)
             self._by_turn.setdefault(turn, []).append(key)
             if written:
@@ -179,6 +190,9 @@ class RefPins:
             for key in self._unpin(turn):
                 if self._fresh.get(key) == turn:
                     del self._fresh[key]
+            self._settled[turn] = None
+            if len(self._settled) > SETTLED_KEPT:
+                self._settled.popitem(last=False)
 
     def discardable(self, session_id: str, turn_id: str) -> list[_PinKey]:
         """A Turn that was never created: its pins go, and the refs its captures wrote that
