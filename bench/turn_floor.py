@@ -15,11 +15,13 @@ What the laws force onto a Turn's critical path:
   the folder has not changed since its last clean capture and is older than the racy margin
   (a person's project folder is): the stat check of its snapshot (`ShadowStore._unchanged`:
   one `lstat` per entry walked and the shadow index's checksum, no process; "What one capture
-  starts"), and its tree kept by a ref, which the law writes before the settlement that
-  records the tree ("Invariants"): one loose ref, its `.lock` created, written and renamed. A
-  folder without a snapshot (too big, or changed since) needs one `git ls-files --modified
-  --others` against the shadow index instead of the stat check: that is the cheapest capture
-  then, and is timed beside for comparison in every case. Nothing orders the capture against
+  starts"). Its tree is kept by a ref the law writes before the settlement that records the
+  tree ("Invariants"), one a tree per Session: an unchanged folder's tree is its previous
+  Turn's, whose ref is there already, so the cheapest capture writes none. A folder without a
+  snapshot (too big, or changed since) needs one `git ls-files --modified --others` against the
+  shadow index instead of the stat check (listing nothing: the tree and its ref are the last
+  capture's): that is the cheapest capture then, and is timed beside for comparison in every
+  case. Nothing orders the capture against
   the claim's COMMIT, so the floor counts the longer of the two;
 - **the `after` checkpoint**: a settled Turn is never seen, nor forked through, without its
   `after` record (same section), so the files as the Turn left them are captured before the
@@ -32,8 +34,8 @@ What the laws force onto a Turn's critical path:
 Each part is timed here, on the same filesystem and the same kind of directory as the bench's
 Sessions work in (an empty folder, aged past the racy margin first, as `bench.turn_overhead`
 ages its Sessions' folder before its timed Turns): the COMMIT as `bench.sync_floor` times it;
-the stat check and a ref; one `git ls-files` run exactly as `workspace.shadow.ShadowStore`
-runs it (its isolated environment, its shadow index), and a ref; and the host's own `before`
+the stat check; one `git ls-files` run exactly as `workspace.shadow.ShadowStore` runs it (its
+isolated environment, its shadow index); and the host's own `before`
 capture of the same folder as `actors.checkpoints.TurnCheckpoints` makes it
 (`ShadowStore.capture`, its tree's ref kept: written once, then known) — interleaved sample
 by sample, so the distances between them are what git and the capture code add to the
@@ -103,11 +105,8 @@ def capture_latency(
     host: list[float] = []
     changed = f"{cwd} changed while its floor was measured"
     tree = shadow.capture(cwd, real)
-    commit = getattr(tree, "commit", None)
-    if commit is None:
+    if getattr(tree, "commit", None) is None:
         raise RuntimeError(f"{cwd} could not be captured: {tree}")
-    refs = repo / "refs" / "agenthost" / "floor-cheapest"
-    refs.mkdir(parents=True, exist_ok=True)
     for i in range(samples):
         for part in (0, 1, 2) if i % 2 else (2, 1, 0):
             t0 = time.perf_counter()
@@ -115,13 +114,11 @@ def capture_latency(
                 if kind == "stat check" and shadow._unchanged(repo, index) is None:
                     raise RuntimeError(f"{changed}: its stat snapshot no longer holds")
                 if kind == "stat check":
-                    _write_ref(refs / f"{i}", commit)
                     check.append(1000 * (time.perf_counter() - t0))
             elif part == 1:
                 listed = git.run(args, env=env, cwd=cwd).stdout
                 if listed:
                     raise RuntimeError(f"{changed}: {listed!r}")
-                _write_ref(refs / f"git-{i}", commit)
                 listing.append(1000 * (time.perf_counter() - t0))
             else:
                 done = shadow.capture(cwd, real)
@@ -134,17 +131,6 @@ def capture_latency(
     git_ms = Latency.of(listing)
     cheapest = Latency.of(check) if kind == "stat check" else git_ms
     return Captures(cheapest, git_ms, Latency.of(host), kind)
-
-
-def _write_ref(path: Path, commit: str) -> None:
-    """The least a kept checkpoint costs (docs/design/workspace.md: the ref is written before
-    the settlement that records the tree): one loose ref in git's `files` format, its `.lock`
-    created exclusively, written and renamed into place, in a directory that exists."""
-    lock = path.with_name(path.name + ".lock")
-    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    with os.fdopen(fd, "wb") as f:
-        f.write(commit.encode() + b"\n")
-    os.replace(lock, path)
 
 
 def _age(cwd: Path, margin_ns: int) -> None:
