@@ -273,6 +273,9 @@ class ForkThroughTurn:
                 target_home,
                 child_id,
                 planned=derived.start if self.verify_bound_child else None,
+                # The homes' components `DirsAhead`'s walk found no link, or made, during the
+                # provider's fork: not `lstat`ed a second time by the same fork.
+                checked=None if dirs is None else dirs.checked(),
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)

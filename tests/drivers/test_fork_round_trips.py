@@ -307,3 +307,37 @@ def test_turn_columns_of_different_lengths_leave_the_source_unread(
     result = driver.fork(fork_request(home, thread_id, version, turns, target))
     assert result.disposition is DeliveryDisposition.NOT_STARTED
     assert "turnStatuses" in (result.error or "")
+
+
+def test_a_fork_lstats_each_component_of_the_target_homes_chain_once(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symlink check of the target home's chain is made once per fork: `DirsAhead`'s walk
+    while the provider forks (the ancestors it found no link, the directories it made), which
+    the bind's check of the homes takes instead of `lstat`ing them again; the path about to
+    be written is still `lstat`ed right before the write, and the source home's own
+    components at the bind."""
+    import os
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    lstats: list[str] = []
+    real_lstat = os.lstat
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        lstats.append(os.fspath(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    chain = [*(str(a) for a in reversed(target.parents[:-1])), str(target)]
+    for component in chain:
+        # Once each, by the walk, down to `child`, which it found missing and made, and the
+        # home below it: made by the walk, never `lstat`ed.
+        assert lstats.count(component) == (0 if component == str(target) else 1), component
+    # Below the home: the lookup's root and, right before the write, its directory.
+    assert lstats.count(str(target / "sessions")) == 2
+    # The source home's own components (not shared with the target's chain): at the bind.
+    assert lstats.count(str(Path(home))) == 1
