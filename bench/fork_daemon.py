@@ -91,6 +91,43 @@ def _worker_threads(daemon_pid: int) -> Counter[str]:
     return out
 
 
+PERF_EVENTS = (
+    "raw_syscalls:sys_enter",
+    "syscalls:sys_enter_futex",
+    "syscalls:sys_enter_newfstatat",
+    "syscalls:sys_enter_openat",
+    "context-switches",
+)
+"""What `--perf-stat` counts on the driver workers over a round (kernel tracepoints, counted
+in the kernel: no per-call cost to the worker, unlike `strace`, whose stops stretch each
+system call and so lengthen every interpreter-lock wait behind it)."""
+
+
+def _perf_start(daemon_pid: int, out: Path) -> subprocess.Popen[bytes] | None:
+    """`perf stat` of every driver worker under the daemon until `_perf_stop`."""
+    pids = [str(s.pid) for s in tree(daemon_pid) if s.kind == "worker"]
+    if not pids:
+        return None
+    argv = ["perf", "stat", "-x", ",", "-o", str(out), "-p", ",".join(pids)]
+    for event in PERF_EVENTS:
+        argv += ["-e", event]
+    return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def _perf_stop(proc: subprocess.Popen[bytes] | None, out: Path) -> dict[str, int]:
+    """Its counts by event (`-x ,`: value, unit, event, ...)."""
+    if proc is None:
+        return {}
+    proc.send_signal(signal.SIGINT)
+    proc.wait(10)
+    counts: dict[str, int] = {}
+    for line in out.read_text().splitlines():
+        fields = line.split(",")
+        if len(fields) > 2 and fields[0].strip().isdigit():
+            counts[fields[2]] = int(fields[0])
+    return counts
+
+
 def _kernel_by_kind(daemon_pid: int) -> dict[str, float]:
     """CPU seconds each process kind spent in the kernel (stime), keyed `sys:<kind>`."""
     out: dict[str, float] = {}
@@ -150,6 +187,7 @@ def clients(
     gil: bool = False,
     gc_share: bool = False,
     own_workspaces: bool = False,
+    perf_stat: bool = False,
 ) -> list[dict[str, Any]]:
     """`spy`: a py-spy recording of the daemon's whole tree (raw collapsed stacks) over the
     measured rounds, written there; `gil`: only the threads holding the GIL sampled; `gc_share`:
@@ -190,6 +228,8 @@ def clients(
                 stats0 = _write_stats(fifo)
                 before: dict[str, Counter[str]] = {}
                 kinds0: dict[str, float] = {}
+                perf_out = Path(tmp) / "perf.txt"
+                perf = _perf_start(daemon.pid, perf_out) if perf_stat else None
                 records = run_clients(
                     daemon.api,
                     specs,
@@ -199,6 +239,7 @@ def clients(
                 )
                 after = thread_counters(daemon.pid)
                 after_w = _worker_threads(daemon.pid)
+                perf_counts = _perf_stop(perf, perf_out)
                 both = cpu_delta(
                     kinds0, {**cpu_by_kind(tree(daemon.pid)), **_kernel_by_kind(daemon.pid)}
                 )
@@ -226,6 +267,13 @@ def clients(
                         k[4:]: v / tick * 1000 / n for k, v in wdelta.items() if k[:4] == "cpu:"
                     },
                     "wakeupsByThread": wakes,
+                    "workerWakeupsByThread": {
+                        k[3:]: v / n for k, v in wdelta.items() if k[:3] == "cs:" and v
+                    },
+                    "workerPerfPerFork": {k: v / n for k, v in perf_counts.items()},
+                    "workerPreemptionsByThread": {
+                        k[4:]: v / n for k, v in wdelta.items() if k[:4] == "ncs:" and v
+                    },
                     "writesPerFork": {
                         k: (stats1.get(k, 0) - stats0.get(k, 0)) / n for k in _STATS_KEYS
                     },
@@ -305,7 +353,18 @@ def _round_line(row: dict[str, Any]) -> str:
         f" [{top(row['cpuByThread'])}]; wake-ups {row['wakeupsPerFork']:.1f}/fork"
         f" [{top(row['wakeupsByThread'])}]; tree CPU {row['treeCpuMsPerFork']:.2f} ms/fork"
         f" [{top(row['treeCpuByKind'])}; kernel {top(row['kernelCpuByKind'])}]"
-        f"; worker CPU [{top(row['workerCpuByThread'])}]; per fork "
+        f"; worker CPU [{top(row['workerCpuByThread'])}]"
+        f"; worker wake-ups {sum(row['workerWakeupsByThread'].values()):.1f}/fork"
+        f" [{top(row['workerWakeupsByThread'])}]"
+        f", preempted [{top(row['workerPreemptionsByThread'])}]"
+        + (
+            "; worker perf per fork ["
+            + ", ".join(f"{k} {v:.1f}" for k, v in row["workerPerfPerFork"].items())
+            + "]"
+            if row["workerPerfPerFork"]
+            else ""
+        )
+        + "; per fork "
         + ", ".join(f"{k} {v:.2f}" for k, v in row["writesPerFork"].items())
     )
 
@@ -451,6 +510,11 @@ def main(argv: list[str] | None = None) -> int:
         help="each client's source in a workspace of its own, its SUB subscribed to that one"
         " (the events' fan-out: each is sent to one client, not to all)",
     )
+    ap.add_argument(
+        "--perf-stat",
+        action="store_true",
+        help="count the workers' system calls and context switches per fork (perf stat)",
+    )
     args = ap.parse_args(argv)
     if args.serial:
         result: Any = serial(args.serial)
@@ -463,6 +527,7 @@ def main(argv: list[str] | None = None) -> int:
             args.gil,
             args.gc,
             own_workspaces=args.own_workspaces,
+            perf_stat=args.perf_stat,
         )
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))

@@ -594,11 +594,13 @@ def assert_no_symlink(
     return None
 
 
-def assert_homes_no_symlink(*homes: Path | str) -> None:
+def assert_homes_no_symlink(*homes: Path | str, checked: Mapping[str, bool] | None = None) -> None:
     """`assert_no_symlink(home, must_exist=False)` of each home, a component the homes share
     (their common ancestors: a source and a target home are siblings under the daemon's
-    runtimes) `lstat`ed once, not once per home."""
-    seen: dict[str, bool] = {}
+    runtimes) `lstat`ed once, not once per home. `checked`: components this fork already
+    found to be no link (`DirsAhead.checked`: its walk, and what it created), not `lstat`ed
+    again."""
+    seen: dict[str, bool] = dict(checked) if checked else {}
     for home in homes:
         assert_no_symlink(home, must_exist=False, seen=seen)
 
@@ -814,6 +816,7 @@ class DirsAhead:
         self._parents: list[str] = []
         self._ran = False
         self._error: BaseException | None = None
+        self._seen: dict[str, bool] = {}  # the symlink check's walk: component → exists
 
     def run(self) -> None:
         """Create the chain, then fsync every created directory's parent, one after another
@@ -832,7 +835,7 @@ class DirsAhead:
     def _make(self) -> None:
         # The symlink check's walk down the chain finds its first missing component: that one
         # and everything below it are what to create (no second walk of `stat`s up the chain).
-        first_missing = assert_no_symlink(self._path, must_exist=False)
+        first_missing = assert_no_symlink(self._path, must_exist=False, seen=self._seen)
         missing: list[str] = []
         probe = self._path
         while first_missing is not None:
@@ -841,15 +844,29 @@ class DirsAhead:
                 break
             probe = os.path.dirname(probe)
         for directory in reversed(missing):
-            with contextlib.suppress(FileExistsError):
-                # Created here or concurrently by another: its entry is fsynced here either way.
+            try:
                 os.mkdir(directory, 0o700)
+            except FileExistsError:
+                # Made concurrently by another: its entry is fsynced here all the same, and it
+                # is no directory of ours to vouch for (`checked`): `lstat`ed again at the bind.
+                self._seen.pop(directory, None)
+            else:
+                self._seen[directory] = True  # a directory this call made is no link
             self._parents.append(os.path.dirname(directory))
         # One after another on this thread (see `run`): each hand-off to a sync thread (its
         # queue, its wake-up, the latch and the interpreter lock handed back) cost the worker
         # more CPU than the overlap of three fsyncs saved.
         for parent in reversed(self._parents):
             fsync_dir(parent)
+
+    def checked(self) -> dict[str, bool]:
+        """The chain's components this run found to be no link (its symlink check's walk) or
+        made itself, for the bind's check of the homes (`RolloutBinder.begin(checked=…)`): the
+        same fork's check, not repeated a millisecond later. Empty unless the run ended
+        without an error."""
+        if not self._ran or self._error is not None:
+            return {}
+        return {path: True for path, exists in self._seen.items() if exists}
 
     def ready(self) -> None:
         """Wait until every directory this created is durable (see the class docstring)."""
@@ -1286,17 +1303,21 @@ class RolloutBinder:
         target_home: Path | str,
         child_id: str,
         planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
+        checked: Mapping[str, bool] | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
         """The bind with its last round of syncs (the names' directories) still running:
         the files are in place, readable and their bytes durable; `wait()` on the second
         value before anything counts them durable (the fork answers `accepted` only after
         it, and meanwhile proves the child readable). `planned`: called with each target's
         parse (`BindReceipt.parsed`) once every rollout is validated and planned, before the
-        first write (a failed bind may have called it)."""
+        first write (a failed bind may have called it). `checked`: components of the homes'
+        paths this fork's own symlink check found to be no link before (`DirsAhead.checked`:
+        the target home's chain, walked and made while the provider forked), not `lstat`ed
+        again; the path about to be written still is, right before the write."""
         # Strings, not `Path`s, from here on (each `Path` built was a parse of the whole path).
         source_home = os.path.abspath(source_home)
         target_home = os.path.abspath(target_home)
-        assert_homes_no_symlink(source_home, target_home)
+        assert_homes_no_symlink(source_home, target_home, checked=checked)
         plans: list[_Plan] = []
         seen: set[str] = set()
         thread_id: str | None = child_id

@@ -147,7 +147,9 @@ def _wrap_stamped(
         setattr(owner, attr, stamped)
 
 
-if _SERVE and os.environ.get("AGENTHOST_NAME_THREADS"):
+# A driver worker's threads are named too (`bench.fork_daemon`'s worker CPU by thread).
+_A_WORKER = "--connect" in sys.argv and "--provider" in sys.argv
+if (_SERVE or _A_WORKER) and os.environ.get("AGENTHOST_NAME_THREADS"):
     import contextlib
     import ctypes
     import threading
@@ -322,3 +324,42 @@ if _GC_TIMES and _GC_KIND:
                 f.write(f"{_gc_state[0]} {_gc_state[1]:.6f} {time.process_time():.6f}\n")
 
     threading.Thread(target=_gc_dump, name="gc-times", daemon=True).start()
+
+# `AGENTHOST_PROFILE_WORKER=<prefix>`: a driver worker profiles each fork (`AppServerDriver.fork`,
+# cProfile on the thread that runs it) and writes each thread's stats to `<prefix>.<pid>.<tid>`
+# every 50 forks (the worker leaves by `os._exit`: nothing is written at exit).
+_PROFILE = os.environ.get("AGENTHOST_PROFILE_WORKER")
+if _PROFILE and _A_WORKER:
+    import cProfile
+    import importlib
+    import threading
+    import time
+
+    _local = threading.local()
+
+    def _pinstall() -> None:
+        deadline = time.monotonic() + 60.0
+        while "drivers.app_server.driver" not in sys.modules and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.05)
+        owner = importlib.import_module("drivers.app_server.driver").AppServerDriver
+        inner = owner.fork
+
+        def fork(self: object, request: object) -> object:
+            prof = getattr(_local, "prof", None)
+            if prof is None:
+                prof = _local.prof = cProfile.Profile(time.thread_time_ns, 1e-9)
+                _local.n = 0
+            prof.enable()
+            try:
+                return inner(self, request)
+            finally:
+                prof.disable()
+                _local.n += 1
+                if _local.n % 50 == 0:
+                    prof.dump_stats(f"{_PROFILE}.{os.getpid()}.{threading.get_native_id()}")
+                    _local.nfile = _local.n
+
+        owner.fork = fork
+
+    threading.Thread(target=_pinstall, name="profile", daemon=True).start()

@@ -74,6 +74,18 @@ def prefix_problem(turns: Sequence[tuple[str | None, bool]], prefix: Sequence[st
     return None
 
 
+def _attested(request: ForkRequest, generation: int) -> bool:
+    """Whether the fork names `generation` as its source runtime's (`runtimeGeneration`,
+    `<worker incarnation>:<generation>`): the worker let it through only after finding that
+    runtime live, on this thread, a moment before (`WorkerServer._fork`); it is not asked
+    again (its `waitid` and `/proc` read). A runtime that died since fails the fork's own
+    call (`not_started` before the request is written, `unknown` after), as one dying just
+    after a second look would; it is never replaced by a transient runtime, which a fork
+    bound to that runtime's attestation must not run on."""
+    named = request.runtime_generation
+    return named is not None and named.rpartition(":")[2] == str(generation)
+
+
 class ForkThroughTurn:
     """`fork(request) -> ForkResult` over the driver's app-servers."""
 
@@ -131,14 +143,19 @@ class ForkThroughTurn:
         once it loaded them in that home, and a fork child that never ran was loaded by no
         app-server there (its readability is proven in the worker)."""
         session = self.sessions.get(request.source.agent_session_id)
-        home = Path(request.source.home)
+        # The home compared as a string first (the worker's generation check's way), a `Path`
+        # parsed only for a request that spells it otherwise.
         if (
             session is not None
-            and session.home == home
             and session.runtime is not None
-            and session.runtime.alive
+            and (
+                str(session.home) == request.source.home
+                or session.home == Path(request.source.home)  # spelled otherwise: parsed
+            )
+            and (_attested(request, session.runtime.generation) or session.runtime.alive)
         ):
             return session.runtime, False
+        home = Path(request.source.home)
         try:
             runtime = self.runtimes.spawn(home, request.source.cwd)
         except HostError:
@@ -273,6 +290,9 @@ class ForkThroughTurn:
                 target_home,
                 child_id,
                 planned=derived.start if self.verify_bound_child else None,
+                # The homes' components `DirsAhead`'s walk found no link, or made, during the
+                # provider's fork: not `lstat`ed a second time by the same fork.
+                checked=None if dirs is None else dirs.checked(),
             )
         except (BinderError, FailpointError, OSError) as exc:
             return ForkResult.unknown(f"provider-state binding failed: {exc}", child)

@@ -720,3 +720,64 @@ def test_a_temp_name_costs_no_getpid_or_getrandom_and_is_renewed_in_a_forked_chi
     os.close(read_fd)
     assert int(child_pid) == pid
     assert int(child_tag) != binder._temp_tag(32)  # not the parent's sequence
+
+
+def test_the_bind_takes_dirs_aheads_walk_and_lstats_only_what_it_did_not_check(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`begin(checked=DirsAhead.checked())`: the target home's chain, walked and made by the
+    same fork's `DirsAhead`, is not `lstat`ed again; the source home's own components are,
+    and so is the path about to be written, right before the write."""
+    from drivers.binder import DirsAhead
+
+    src = tmp_path / "runtimes" / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 5))
+    dst = tmp_path / "runtimes" / "dst" / "tutti-agent-home"
+    dirs = DirsAhead(dst / "sessions")
+    dirs.ready()
+    calls = _spy_stats(monkeypatch)
+    RolloutBinder().begin(src, dst, CHILD, checked=dirs.checked())[1].wait()
+    seen = [path for kind, path in calls if kind == "lstat"]
+    above = [p for p in seen if not p.startswith((str(src) + "/", str(dst) + "/"))]
+    assert above == [str(src.parent), str(src)], above  # the source's own, nothing shared
+    assert seen.count(str(dst / "sessions")) == 2  # the lookup's root, then before the write
+
+
+def test_a_directory_dirs_ahead_found_made_by_another_is_lstated_again_at_the_bind(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only what its walk found no link, or it made itself, is vouched for: a component
+    another made first (here a link planted in its place) is checked again by the bind,
+    and refused."""
+    from drivers.binder import BinderError, BindFailure, DirsAhead
+
+    src = tmp_path / "runtimes" / "src" / "tutti-agent-home"
+    put(src, CHILD, rollout_bytes(CHILD, 5))
+    elsewhere = tmp_path / "elsewhere"
+    (elsewhere / "tutti-agent-home" / "sessions").mkdir(parents=True)
+    dst = tmp_path / "runtimes" / "dst" / "tutti-agent-home"
+    real_mkdir = os.mkdir
+
+    def mkdir(path: object, mode: int = 0o777) -> None:
+        if os.fspath(path) == str(dst.parent):  # planted between the walk and the mkdir
+            os.symlink(elsewhere, dst.parent)  # type: ignore[arg-type]
+        real_mkdir(path, mode)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(os, "mkdir", mkdir)
+    dirs = DirsAhead(dst / "sessions")
+    dirs.ready()
+    checked = dirs.checked()
+    assert str(dst.parent) not in checked and str(tmp_path / "runtimes") in checked
+    with pytest.raises(BinderError) as refused:
+        RolloutBinder().begin(src, dst, CHILD, checked=checked)
+    assert refused.value.failure is BindFailure.SYMLINKED_PATH
+    assert not list((elsewhere / "tutti-agent-home" / "sessions").iterdir())  # nothing written
+
+
+def test_dirs_ahead_vouches_for_nothing_after_an_error(tmp_path: Path) -> None:
+    from drivers.binder import DirsAhead
+
+    (tmp_path / "file").write_bytes(b"")
+    dirs = DirsAhead(tmp_path / "file" / "home" / "sessions")
+    dirs.run()  # mkdir under a file fails (kept for `ready()`)
+    assert dirs.checked() == {}

@@ -307,3 +307,99 @@ def test_turn_columns_of_different_lengths_leave_the_source_unread(
     result = driver.fork(fork_request(home, thread_id, version, turns, target))
     assert result.disposition is DeliveryDisposition.NOT_STARTED
     assert "turnStatuses" in (result.error or "")
+
+
+def test_a_fork_lstats_each_component_of_the_target_homes_chain_once(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The symlink check of the target home's chain is made once per fork: `DirsAhead`'s walk
+    while the provider forks (the ancestors it found no link, the directories it made), which
+    the bind's check of the homes takes instead of `lstat`ing them again; the path about to
+    be written is still `lstat`ed right before the write, and the source home's own
+    components at the bind."""
+    import os
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    lstats: list[str] = []
+    real_lstat = os.lstat
+
+    def lstat(path: Any, *args: Any, **kwargs: Any) -> os.stat_result:
+        lstats.append(os.fspath(path))
+        return real_lstat(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "lstat", lstat)
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    chain = [*(str(a) for a in reversed(target.parents[:-1])), str(target)]
+    for component in chain:
+        # Once each, by the walk, down to `child`, which it found missing and made, and the
+        # home below it: made by the walk, never `lstat`ed.
+        assert lstats.count(component) == (0 if component == str(target) else 1), component
+    # Below the home: the lookup's root and, right before the write, its directory.
+    assert lstats.count(str(target / "sessions")) == 2
+    # The source home's own components (not shared with the target's chain): at the bind.
+    assert lstats.count(str(Path(home))) == 1
+
+
+def _naming_its_runtime(driver: AppServerDriver, request: Any, sid: str = "src") -> Any:
+    """`request` with the `runtimeGeneration` the worker stamps (`<incarnation>:<generation>`)
+    of the Session's live runtime, as a fork the worker's generation check let through."""
+    from dataclasses import replace
+
+    generation = driver.runtime_generation(sid, request.source.home)
+    assert generation is not None
+    return replace(request, extra={**request.extra, "runtimeGeneration": f"w1:{generation}"})
+
+
+def test_a_fork_naming_its_live_runtime_does_not_ask_its_liveness_again(
+    make_driver: Make, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The worker let the fork through after finding the named runtime live (its generation
+    check, on the same thread); the fork takes that runtime without a second `waitid` and
+    `/proc` read. A fork naming no generation still asks."""
+    from drivers.app_server import process
+
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    asked: list[int] = []
+    real = process.child_running
+
+    def child_running(proc: Any) -> bool:
+        asked.append(proc.pid)
+        return real(proc)
+
+    monkeypatch.setattr(process, "child_running", child_running)
+    target = tmp_path / "runtimes" / "child-0" / "tutti-agent-home"
+    named = _naming_its_runtime(driver, fork_request(home, thread_id, version, turns, target))
+    asked.clear()  # the generation read above asked once, as the worker's check does
+    result = driver.fork(named)
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert asked == []
+    target = tmp_path / "runtimes" / "child-1" / "tutti-agent-home"
+    result = driver.fork(fork_request(home, thread_id, version, turns, target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert len(asked) == 1
+    assert driver.spawns == 1  # the Session's own: no transient runtime for either fork
+
+
+def test_a_fork_naming_a_runtime_that_died_since_is_not_run_on_a_transient_one(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """A runtime that dies after the worker's check: the fork bound to its attestation is
+    not forked on a transient app-server spawned for it; it fails its own call, before
+    anything is written (`not_started`)."""
+    driver = make_driver()
+    home, thread_id, version, turns = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    target = tmp_path / "runtimes" / "child" / "tutti-agent-home"
+    named = _naming_its_runtime(driver, fork_request(home, thread_id, version, turns, target))
+    runtime = driver._sessions.get("src").runtime  # type: ignore[union-attr]
+    assert runtime is not None
+    runtime.proc._proc.kill()  # type: ignore[union-attr]
+    runtime.proc._proc.wait()  # type: ignore[union-attr]
+    spawns = driver.spawns
+    result = driver.fork(named)
+    assert result.disposition is not DeliveryDisposition.ACCEPTED
+    assert driver.spawns == spawns
+    assert not target.exists() or not list(target.rglob("rollout-*"))
