@@ -11,7 +11,6 @@ import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from itertools import islice
 from operator import itemgetter
 from typing import Any, Protocol
 
@@ -34,11 +33,10 @@ from tutti_agent.history import (
     fork_history_from_snapshot,
     is_real_user_message,
     is_terminal_event,
-    message_text,
     snapshot_turn_state,
 )
 from tutti_agent.ids import uuid7
-from tutti_agent.rollout import LineType, RolloutItem, RolloutLine, gc_paused, now_iso
+from tutti_agent.rollout import LineType, RolloutItem, gc_paused, now_iso
 from tutti_agent.store import (
     HistoryPosition,
     Reservation,
@@ -366,13 +364,14 @@ class ForkService:
             child: ThreadHistory | None = None
             head: ThreadHead | None = None
             if unopened:
-                self.store.adopt_unopened(child_id, path, written[-1].end_byte_offset)
+                updated = self.store.adopt_unopened(child_id, path, written[-1].end_byte_offset)
                 head = ThreadHead(
                     child_id,
                     path,
                     written[0].item.payload,
                     dict(child_settings),
-                    _preview(prepared.source.lines, n),
+                    self.store.preview_before(prepared.source, n),
+                    updated,
                 )
             else:
                 child = self.store.adopt_created(
@@ -391,15 +390,6 @@ class ForkService:
             settings=child_settings,
             head=head,
         )
-
-
-def _preview(lines: Sequence[RolloutLine], end: int) -> str:
-    """`wire.preview` of a history whose lines after its first are `lines[1:end]` (and a
-    settings line): the first real user message among them, cut at 200 characters."""
-    for line in islice(lines, 1, end):
-        if is_real_user_message(line.item):
-            return message_text(line.item.payload)[:200]
-    return ""
 
 
 def drop_empty_turn_shell(items: list[RolloutItem]) -> list[RolloutItem]:

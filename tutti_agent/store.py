@@ -15,7 +15,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from operator import attrgetter, itemgetter
 from pathlib import Path
 from typing import Any, cast
@@ -187,6 +187,9 @@ class ThreadHead:
     """`effective_settings()` of the whole history."""
     preview: str
     """The first real user message's text, cut at 200 characters (`wire.preview`)."""
+    updated_at: int | None = field(default=None, compare=False)
+    """The file's mtime in whole seconds where the reader has just taken it (a child it wrote),
+    else None: the answer takes it then. Not the head's identity (not compared)."""
 
     @property
     def forked_from_id(self) -> str | None:
@@ -303,6 +306,14 @@ class ThreadStore:
         again (a pass over 60,000 lines each)."""
         return dict(self._per_parse(history, "settings", history.effective_settings))
 
+    def preview_before(self, history: ThreadHistory, end: int) -> str:
+        """`wire.preview` of a history whose lines after its first are `history.lines[1:end]`
+        (and a settings line): the first real user message among them, cut at 200 characters.
+        Where that message is (and its text) is found once per parse: a warm app-server forks
+        the same source again and again."""
+        index, text = self._per_parse(history, "first user message", lambda: _first_user(history))
+        return str(text) if index < end else ""
+
     def _holds_inner_meta(self, history: ThreadHistory) -> bool:
         """Whether any line but the first of a single-file history is a `session_meta` (made
         once per parse, as `turns`)."""
@@ -331,13 +342,18 @@ class ThreadStore:
             if hit is not None and hit[0] is parse:
                 return hit[1]  # made meanwhile by another thread
             value = make()
-            with self._cache_lock:
-                self._memo[key] = (parse, value)
-                if len(self._memo) > 4 * PARSED_ROLLOUTS_CACHED:
-                    # Only the parses still cached keep what was made of them.
-                    for stale in [k for k in self._memo if k[0] not in self._parsed]:
-                        del self._memo[stale]
+            self._keep(key, parse, value)
         return value
+
+    def _keep(self, key: tuple[Path, str], parse: list[RolloutLine], value: object) -> None:
+        """`value` kept under `key` with `parse`, the memo pruned of what the parses no longer
+        cached made."""
+        with self._cache_lock:
+            self._memo[key] = (parse, value)
+            if len(self._memo) > 4 * PARSED_ROLLOUTS_CACHED:
+                # Only the parses still cached keep what was made of them.
+                for stale in [k for k in self._memo if k[0] not in self._parsed]:
+                    del self._memo[stale]
 
     def _parse_of(self, history: ThreadHistory) -> list[RolloutLine] | None:
         """The cached parse `history`'s lines are (a single-file history assembled from it),
@@ -443,7 +459,10 @@ class ThreadStore:
 
         The parse is the file's (the cache keys it by device, inode, size and mtime) and a
         rollout only grows (a torn tail is cut past the last complete line), so the same inode
-        still holds those bytes; the last line is checked anyway, for the price of one line."""
+        still holds those bytes; the last line is checked anyway, for the price of one line.
+        A short span read (and checked) is kept with the parse, one per source: the next fork
+        of the same unchanged source through the same turn opens and reads nothing (a warm
+        app-server forks one source again and again)."""
         if len(history.segments) != 1 or not 1 < end <= len(history.lines):
             return None
         lines = history.lines[1:end]
@@ -456,10 +475,32 @@ class ThreadStore:
         if hit is None or len(hit[1]) < end or hit[1][end - 1] is not history.lines[end - 1]:
             return None
         start, stop = history.lines[0].end_byte_offset, lines[-1].end_byte_offset
+        kept_key = (history.path, "copied span")
+        with self._cache_lock:
+            kept = self._memo.get(kept_key)
+        if kept is not None and kept[0] is hit[1]:
+            held = cast(CopiedSpan, kept[1])
+            if held.start == start and len(held.lines) == len(lines):
+                return held
+        span = self._read_span(history, hit[0][:2], lines, start, stop)
+        if span is not None and isinstance(span.data, bytes):
+            self._keep(kept_key, hit[1], span)
+        return span
+
+    def _read_span(
+        self,
+        history: ThreadHistory,
+        identity: tuple[int, int],
+        lines: Sequence[RolloutLine],
+        start: int,
+        stop: int,
+    ) -> CopiedSpan | None:
+        """`copied_span`'s bytes `[start, stop)` of `history`'s file (the inode `identity`
+        names), whose last line must read back as `lines[-1]`."""
         # The span stays in the file, held open (the very inode the parse came from): the
         # child's write copies it in the kernel. Only its last line is read here, with the
         # newline before it.
-        source = open_span(history.path, start, stop, hit[0][:2])
+        source = open_span(history.path, start, stop, identity)
         if source is None:
             return None
         data: bytes | SpanSource = source
@@ -473,7 +514,7 @@ class ThreadStore:
                     return None
                 last = data[data.rfind(b"\n", 0, len(data) - 1) + 1 : -1]
             else:
-                last_start = history.lines[end - 2].end_byte_offset
+                last_start = history.lines[len(lines) - 1].end_byte_offset  # the line before
                 raw = os.pread(source.fd, stop - last_start + 1, last_start - 1)
                 if not (raw[:1] == b"\n" and raw.endswith(b"\n") and raw.count(b"\n") == 2):
                     source.close()
@@ -617,16 +658,20 @@ class ThreadStore:
                 self._parsed.popitem(last=False)
         return history
 
-    def adopt_unopened(self, thread_id: str, path: Path, size: int) -> None:
+    def adopt_unopened(self, thread_id: str, path: Path, size: int) -> int:
         """A rollout this store just created and will not open (a fork child forked
         `loaded: false` from a copied span): its file must hold the `size` bytes written, and
         only its path is remembered. Its lines are the copied span's — checked when the source
         was assembled — between its own `session_meta` and settings lines, their ordinals
-        contiguous by construction (`RolloutWriter.create`); a later `load` reads it whole."""
-        if _file_key(path)[2] != size:
+        contiguous by construction (`RolloutWriter.create`); a later `load` reads it whole.
+        Returns the file's mtime in whole seconds, from the same `stat` (the answer's
+        `updatedAt`)."""
+        key = _file_key(path)
+        if key[2] != size:
             raise LineageError(thread_id, "rollout does not hold the lines written")
         with self._cache_lock:
             self._paths[thread_id] = path
+        return key[3] // 1_000_000_000
 
     def _assemble(
         self,
@@ -770,6 +815,17 @@ def _write_new_file(path: Path, chunks: Sequence[bytes | SpanSource]) -> None:
             os.unlink(path)
             fsync_dir(path.parent)
         raise
+
+
+def _first_user(history: ThreadHistory) -> tuple[int, str]:
+    """(index, text cut at 200 characters) of `history`'s first real user message after its
+    first line; (its length, "") when there is none."""
+    lines = history.lines
+    for index in range(1, len(lines)):
+        item = lines[index].item
+        if is_real_user_message(item):
+            return index, message_text(item.payload)[:200]
+    return len(lines), ""
 
 
 def _file_key(path: Path) -> tuple[int, int, int, int]:

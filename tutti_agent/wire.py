@@ -236,10 +236,12 @@ def _thread_wire(
 ) -> dict[str, Any]:
     meta: Mapping[str, Any] = thread.meta
     created = _unix(meta.get("timestamp"))
-    try:
-        updated: int | None = int(os.stat(thread.path).st_mtime)
-    except OSError:
-        updated = created
+    updated: int | None = thread.updated_at if isinstance(thread, ThreadHead) else None
+    if updated is None:
+        try:
+            updated = int(os.stat(thread.path).st_mtime)
+        except OSError:
+            updated = created
     return {
         "id": thread.thread_id,
         "sessionId": thread.thread_id,

@@ -82,15 +82,25 @@ def test_a_copied_child_of_a_settled_prefix_equals_the_encoded_one_line_for_line
 
 
 def test_a_replaced_source_file_is_encoded_not_copied(store: ThreadStore) -> None:
-    """The span is read only from the very file (device, inode) the cached parse came from."""
+    """The span is read only from the very file (device, inode) the cached parse came from;
+    a span kept with a parse is the bytes read from that parse's own file."""
     root = write_root(store, explicit_turn("t1", "u1", "a1"))
     history = store.load(root)
-    assert store.copied_span(history, history.next_ordinal) is not None
     data = history.path.read_bytes()
-    replacement = history.path.with_suffix(".tmp")
-    replacement.write_bytes(data)
-    os.replace(replacement, history.path)  # same bytes, another inode
+
+    def replace() -> None:
+        replacement = history.path.with_suffix(".tmp")
+        replacement.write_bytes(data)
+        os.replace(replacement, history.path)  # same bytes, another inode
+
+    replace()
     assert store.copied_span(history, history.next_ordinal) is None
+    fresh = store.load(root)  # the replacement parsed: its span read from it, and kept
+    kept = store.copied_span(fresh, fresh.next_ordinal)
+    assert kept is not None and kept.data == data[fresh.lines[0].end_byte_offset :]
+    replace()
+    again = store.copied_span(fresh, fresh.next_ordinal)
+    assert again is kept  # the kept bytes of the parse's own file, the new file not read
 
 
 def test_a_changed_last_line_is_encoded_not_copied(store: ThreadStore) -> None:
