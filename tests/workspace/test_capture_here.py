@@ -133,3 +133,37 @@ def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
         assert turns.capture_after_here(str(repo), "s1", "t2", tree) is None
     finally:
         turns.pool.shutdown(wait=True)
+
+
+def test_a_before_is_captured_here_only_when_its_sessions_ref_of_the_tree_is_there(
+    turns: TurnCheckpoints, repo: Path, git_log: GitLog
+) -> None:
+    """`capture_before_here`: an unchanged folder whose tree this Session's ref keeps is taken
+    with no git and no file written, pinned for its Turn; another Session's first `before`
+    (its ref not written yet), a changed folder or an armed `host.checkpoint.before` go to
+    the pool."""
+    tree = before(turns, repo)
+    ref = refs_dir(turns, repo) / f"+{tree}"
+    kept = ref.stat()
+    git_log.clear()
+    here = turns.capture_before_here(str(repo), "s1", "t2")
+    assert isinstance(here, Capture) and isinstance(here.checkpoint, Checkpoint)
+    assert git_log.commands() == []
+    assert here == turns.capture(str(repo), "s1", "t3", "before").result(30)
+    assert ref.stat().st_ino == kept.st_ino and ref.stat().st_mtime_ns == kept.st_mtime_ns
+    real = str(repo.resolve())
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == {commit_ref("s1", tree)}
+    turns.settled("s1", "t3")
+    turns.settled("s1", "t1")
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == {commit_ref("s1", tree)}
+    turns.settled("s1", "t2")
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == set()
+
+    assert turns.capture_before_here(str(repo), "s2", "u1") is None  # no ref of s2's yet
+    assert turns.shadow.refs(repo) == [commit_ref("s1", tree)]
+    assert isinstance(turns.failpoints, Failpoints)
+    turns.failpoints.set({"host.checkpoint.before": "sleep:1"})
+    assert turns.capture_before_here(str(repo), "s1", "t4") is None
+    turns.failpoints.set({"host.checkpoint.before": "off"})
+    (repo / "sub" / "c.txt").write_text("charlie, changed\n")
+    assert turns.capture_before_here(str(repo), "s1", "t4") is None
