@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -172,3 +173,25 @@ def test_a_before_is_captured_here_only_when_its_sessions_ref_of_the_tree_is_the
     turns.failpoints.set({"host.checkpoint.before": "off"})
     (repo / "sub" / "c.txt").write_text("charlie, changed\n")
     assert turns.capture_before_here(str(repo), "s1", "t4") is None
+
+
+def test_a_before_taken_here_for_a_turn_never_created_is_unpinned_and_its_ref_kept(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """A submit that creates no Turn (a replay) discards its `before`: one taken here wrote
+    no ref, so its pin goes and the ref, which an earlier Turn named, stays."""
+    tree = before(turns, repo)
+    turns.settled("s1", "t1")
+    here = turns.capture_before_here(str(repo), "s1", "never")
+    assert here is not None
+    real, name = str(repo.resolve()), commit_ref("s1", tree)
+    assert turns.locks.pins.pinned(real, [name]) == {name}
+    done: Future[Capture] = Future()
+    done.set_result(here)
+    turns.discard(done, str(repo), "s1", "never", "before")
+    deadline = time.monotonic() + 30  # the drop runs on the pool
+    while turns.locks.pins.pinned(real, [name]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert turns.locks.pins.pinned(real, [name]) == set()
+    turns.pool.shutdown(wait=True)
+    assert turns.shadow.refs(repo) == [name]
