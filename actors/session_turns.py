@@ -376,7 +376,14 @@ class TurnRunner:
             return None
         cwd = session.cwd
         turn_id = str(uuid.uuid4())
-        return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
+        # An unchanged small folder whose tree the Session's ref keeps already: taken here,
+        # with no pool thread woken beside the claim's COMMIT.
+        here = checkpoints.capture_before_here(cwd, self._core.sid, turn_id)
+        if here is None:
+            return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
+        done: Future[Capture] = Future()
+        done.set_result(here)
+        return cwd, turn_id, done
 
     def _discard_before(self, early: tuple[str, str, Future[Capture]] | None) -> None:
         checkpoints = self._core.ctx.turn_checkpoints

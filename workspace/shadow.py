@@ -829,6 +829,14 @@ class ShadowStore:
         self._write_ref(git, repo, name, commit, None, in_place=True)
         return True
 
+    def names_ref(self, real: str, name: str) -> bool:
+        """This store knows `refs/agenthost/<name>` is in the shadow repository of the
+        resolved directory `real` (read or written by it; no look at the disk). The caller
+        holds the directory's lock, as for `keep_commit`."""
+        known = self._repos.get(real)
+        named = self._named.get(known[0]) if known is not None else None
+        return named is not None and name in named
+
     def _names(self, git: Git, repo: Path) -> set[str]:
         """The names under `refs/agenthost/` `repo` holds (`_named`), read once: from its
         loose ref files and `packed-refs` (what `git gc` packs them into), with no process;

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
@@ -110,7 +111,7 @@ def test_nothing_is_captured_here_while_a_job_of_the_folder_runs_or_a_failpoint_
     assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
 
 
-def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
+def test_a_first_capture_a_big_snapshot_or_two_slow_ones_in_a_row_go_to_the_pool(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     age()
@@ -128,8 +129,69 @@ def test_a_first_capture_a_big_snapshot_or_a_slow_one_goes_to_the_pool(
         monkeypatch.setattr(checkpoints_module, "HERE_BUDGET_S", 0.0)
         assert turns.capture_after_here(str(repo), "s1", "t1", tree) is not None
         time.sleep(0.01)
-        # Slower than the budget: the folder's next captures go to the pool for a while.
+        # One capture slower than the budget (on a loaded host, most often a wait for a core)
+        # leaves the folder's captures here; a second in a row sends them to the pool for a
+        # while (a slow filesystem).
         tree = before(turns, repo, "t2")
-        assert turns.capture_after_here(str(repo), "s1", "t2", tree) is None
+        assert turns.capture_after_here(str(repo), "s1", "t2", tree) is not None
+        tree = before(turns, repo, "t3")
+        assert turns.capture_after_here(str(repo), "s1", "t3", tree) is None
+        assert turns.capture_before_here(str(repo), "s1", "t4") is None
     finally:
         turns.pool.shutdown(wait=True)
+
+
+def test_a_before_is_captured_here_only_when_its_sessions_ref_of_the_tree_is_there(
+    turns: TurnCheckpoints, repo: Path, git_log: GitLog
+) -> None:
+    """`capture_before_here`: an unchanged folder whose tree this Session's ref keeps is taken
+    with no git and no file written, pinned for its Turn; another Session's first `before`
+    (its ref not written yet), a changed folder or an armed `host.checkpoint.before` go to
+    the pool."""
+    tree = before(turns, repo)
+    ref = refs_dir(turns, repo) / f"+{tree}"
+    kept = ref.stat()
+    git_log.clear()
+    here = turns.capture_before_here(str(repo), "s1", "t2")
+    assert isinstance(here, Capture) and isinstance(here.checkpoint, Checkpoint)
+    assert git_log.commands() == []
+    assert here == turns.capture(str(repo), "s1", "t3", "before").result(30)
+    assert ref.stat().st_ino == kept.st_ino and ref.stat().st_mtime_ns == kept.st_mtime_ns
+    real = str(repo.resolve())
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == {commit_ref("s1", tree)}
+    turns.settled("s1", "t3")
+    turns.settled("s1", "t1")
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == {commit_ref("s1", tree)}
+    turns.settled("s1", "t2")
+    assert turns.locks.pins.pinned(real, [commit_ref("s1", tree)]) == set()
+
+    assert turns.capture_before_here(str(repo), "s2", "u1") is None  # no ref of s2's yet
+    assert turns.shadow.refs(repo) == [commit_ref("s1", tree)]
+    assert isinstance(turns.failpoints, Failpoints)
+    turns.failpoints.set({"host.checkpoint.before": "sleep:1"})
+    assert turns.capture_before_here(str(repo), "s1", "t4") is None
+    turns.failpoints.set({"host.checkpoint.before": "off"})
+    (repo / "sub" / "c.txt").write_text("charlie, changed\n")
+    assert turns.capture_before_here(str(repo), "s1", "t4") is None
+
+
+def test_a_before_taken_here_for_a_turn_never_created_is_unpinned_and_its_ref_kept(
+    turns: TurnCheckpoints, repo: Path
+) -> None:
+    """A submit that creates no Turn (a replay) discards its `before`: one taken here wrote
+    no ref, so its pin goes and the ref, which an earlier Turn named, stays."""
+    tree = before(turns, repo)
+    turns.settled("s1", "t1")
+    here = turns.capture_before_here(str(repo), "s1", "never")
+    assert here is not None
+    real, name = str(repo.resolve()), commit_ref("s1", tree)
+    assert turns.locks.pins.pinned(real, [name]) == {name}
+    done: Future[Capture] = Future()
+    done.set_result(here)
+    turns.discard(done, str(repo), "s1", "never", "before")
+    deadline = time.monotonic() + 30  # the drop runs on the pool
+    while turns.locks.pins.pinned(real, [name]) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert turns.locks.pins.pinned(real, [name]) == set()
+    turns.pool.shutdown(wait=True)
+    assert turns.shadow.refs(repo) == [name]
