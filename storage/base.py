@@ -605,9 +605,6 @@ class Database:
             self._fifo.waiting > 0
             and group.members < self.group_max_members
             and time.monotonic() - group.opened < self.group_max_age_s
-            # A client's write does not wait for a fork saga's background steps to run and be
-            # committed with it: they go to the next group.
-            and not (group.foreground and self._fifo.next_is_background())
         )
 
     def _finish_turn(self) -> None:
@@ -653,8 +650,6 @@ class Database:
         finally:
             self._local.conn = held
         group.members += 1
-        if not sub.background:
-            group.foreground = True
         sub.tx = tx
         sub.group = group
         group.combined.append(sub)
@@ -803,8 +798,6 @@ class Database:
                 # member but a group's first (each call lets the interpreter go while the
                 # queued writers wait on the baton).
                 group.members += 1
-                if not self._fifo.in_background():
-                    group.foreground = True
                 if group.lazy:
                     group.held.extend(tx.events)
                 self.write_stats.transactions += 1

@@ -246,7 +246,6 @@ class Submission:
         "tx",
         "group",
         "wake",
-        "background",
     )
 
     def __init__(
@@ -267,8 +266,6 @@ class Submission:
         self.group: WriteGroup | None = None
         self.wake: threading.Lock | None = None
         """Its caller's lock in the baton's queue (None: it never queued)."""
-        self.background = False
-        """Queued as a background write (`Baton.background`): no client request waits on it."""
 
     def done(self) -> None:
         """Wake the caller: its result, its error or its group's end is set."""
@@ -332,24 +329,12 @@ class Baton:
         finally:
             self._local.background = held
 
-    def in_background(self) -> bool:
-        """Whether this thread's writes are background ones now (inside `background`)."""
-        return bool(getattr(self._local, "background", False))
-
-    def next_is_background(self) -> bool:
-        """Whether the writer next in line is a background one (False: a foreground one, or
-        nobody)."""
-        with self.lock:
-            queue = self._next()
-            return queue is not None and queue is self._background
-
     def _enqueue(self, me: int, sub: Submission | None) -> _Entry:
         """Under `lock`: a place at the end of this thread's queue."""
         entry = _Entry(me, time.monotonic(), sub)
-        background = self.in_background()
         if sub is not None:
             sub.wake = entry.wake
-            sub.background = background
+        background = getattr(self._local, "background", False)
         (self._background if background else self._queue).append(entry)
         return entry
 
@@ -480,14 +465,10 @@ class WriteGroup:
         "held",
         "released",
         "combined",
-        "foreground",
     )
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
-        self.foreground = False
-        """It holds a foreground member (a client's request waits on its COMMIT): it takes no
-        background member after it (`Database._group_stays_open`)."""
         self.lazy = lazy
         """Opened by a `durable=False` write: committed alone, without an fsync."""
         self.held: list[ChangeEvent] = []

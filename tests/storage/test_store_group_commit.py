@@ -12,7 +12,6 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import apsw
 import pytest
@@ -317,12 +316,9 @@ def test_queued_writers_get_the_baton_in_arrival_order(tmp_path: Path) -> None:
         store.close()
 
 
-def _body_order(
-    store: Store, queued: list[tuple[str, bool, float]], *, combined: bool = False
-) -> list[str]:
+def _body_order(store: Store, queued: list[tuple[str, bool, float]]) -> list[str]:
     """Hold one write, queue each `(name, background, pause before the next)` writer behind
-    it in that order, release, and return the order their bodies ran in (with `combined`,
-    each writer hands its body over: `submit_write`)."""
+    it in that order, release, and return the order their bodies ran in."""
     inside, release = threading.Event(), threading.Event()
     order: list[str] = []
 
@@ -335,17 +331,8 @@ def _body_order(
         with contextlib.ExitStack() as stack:
             if background:
                 stack.enter_context(store.db.background())
-            if combined:
-
-                def body(tx: Any) -> None:
-                    order.append(name)
-                    tx.execute("UPDATE sessions SET title = ? WHERE session_id = 's0'", (name,))
-
-                store.db.submit_write(body, WS)
-                return
-            with store.db.write(WS) as tx:
+            with store.db.write(WS):
                 order.append(name)
-                tx.execute("UPDATE sessions SET title = ? WHERE session_id = 's0'", (name,))
 
     holder = threading.Thread(target=hold)
     holder.start()
@@ -392,34 +379,6 @@ def test_a_background_write_is_overtaken_for_a_bounded_time_only(tmp_path: Path)
         _sessions(store, 1)
         order = _body_order(store, [("bg", True, 0.3), ("fg1", False, 0.0), ("fg2", False, 0.0)])
         assert order == ["bg", "fg1", "fg2"]
-    finally:
-        store.close()
-
-
-@pytest.mark.parametrize("combined", [False, True], ids=["own-writers", "submitted-bodies"])
-def test_a_clients_group_commits_without_the_background_writes_queued_behind_it(
-    tmp_path: Path, combined: bool
-) -> None:
-    """A group holding a client's write takes no background member: the fork saga's queued
-    steps go to the next group, so the client's COMMIT waits for neither their bodies nor
-    their pages. Two COMMITs (three members, then two), each write landed."""
-    store = Store.open(tmp_path / "store.sqlite3")
-    store.db.group_max_age_s = 60.0
-    store.db._fifo.background_max_wait_s = 60.0
-    try:
-        _sessions(store, 1)
-        before = store.db.write_stats.snapshot()
-        order = _body_order(
-            store,
-            [("fg1", False, 0.0), ("fg2", False, 0.0), ("bg1", True, 0.0), ("bg2", True, 0.0)],
-            combined=combined,
-        )
-        after = store.db.write_stats.snapshot()
-        assert order == ["fg1", "fg2", "bg1", "bg2"]
-        assert after["commits"] - before["commits"] == 2
-        assert after["largest_group"] == 3  # the holder's write and the two clients'
-        rows = store.db.rows("SELECT title FROM sessions WHERE session_id = 's0'")
-        assert [r[0] for r in rows] == ["bg2"]  # the last body's write landed
     finally:
         store.close()
 
