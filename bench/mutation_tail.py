@@ -95,7 +95,9 @@ def store_waits(rows: Iterable[dict[str, Any]], lo: float, hi: float) -> dict[st
     forks = sorted(
         (r["t0"], r["t1"]) for r in rows if r["kind"] == "body" and _is_fork(str(r["detail"]))
     )
+    commit_rows = [r for r in rows if r["kind"] == "commit" and lo <= r["t0"] <= hi]
     commits = sorted(r["t1"] for r in rows if r["kind"] == "commit")
+    after: list[float] = []
     behind: list[int] = []
     behind_ms: list[float] = []
     waited_commits: list[int] = []
@@ -107,10 +109,19 @@ def store_waits(rows: Iterable[dict[str, Any]], lo: float, hi: float) -> dict[st
         before = [(a, b) for a, b in forks if a >= w0 and b <= mine[0]]
         behind.append(len(before))
         behind_ms.append(sum(b - a for a, b in before))
+        after.append(w1 - mine[1])
         waited_commits.append(sum(1 for c in commits if w0 <= c <= w1))
     walls = sorted(w["t1"] - w["t0"] for w in writes)
     n = max(1, len(writes))
+    commit_ms = sorted(r["ms"] for r in commit_rows)
+    after.sort()
     return {
+        "commits": float(len(commit_rows)),
+        "membersMean": sum(int(r["detail"]) for r in commit_rows) / max(1, len(commit_rows)),
+        "commitP50": _pct(commit_ms, 0.5),
+        "commitP99": _pct(commit_ms, 0.99),
+        "afterBodyP50": _pct(after, 0.5),
+        "afterBodyP99": _pct(after, 0.99),
         "writes": float(len(writes)),
         "wallP50": _pct(walls, 0.5),
         "wallP99": _pct(walls, 0.99),
@@ -249,7 +260,10 @@ def report(out: Path, tail: float, skip_s: float = 0.0, phase: str = "A") -> dic
         f" / {waits['wallP99']:.1f} ms; per write: fork bodies run before its own"
         f" {waits['forkBodiesBehind']:.2f} ({waits['forkBodyMsBehind']:.2f} ms; any in"
         f" {waits['behindAny']:.1%} of writes), COMMITs ended inside it"
-        f" {waits['commitsWaited']:.2f} (two or more in {waits['commitsWaited2']:.1%})"
+        f" {waits['commitsWaited']:.2f} (two or more in {waits['commitsWaited2']:.1%}),"
+        f" wait after its body p50 / p99 {waits['afterBodyP50']:.1f} / {waits['afterBodyP99']:.1f}"
+        f" ms; {waits['commits']:.0f} group COMMITs of {waits['membersMean']:.1f} members,"
+        f" {waits['commitP50']:.1f} / {waits['commitP99']:.1f} ms"
     )
     cpu_split(out, got["tailRows"], got["midRows"])
     return got

@@ -79,6 +79,8 @@ def test_a_mutations_write_counts_the_fork_bodies_it_ran_behind_and_the_commits_
     assert got["behindAny"] == 0.5
     assert got["commitsWaited"] == 1.5  # two COMMITs, then one
     assert got["commitsWaited2"] == 0.5
+    assert got["afterBodyP99"] == 10.0  # from its body's end (10) to its return (20)
+    assert got["commits"] == 3 and round(got["membersMean"], 6) == round(4 / 3, 6)
 
 
 def test_phase_b_names_the_fork_sagas_suspects() -> None:
