@@ -1,6 +1,6 @@
-"""The tail of phase A's mutations attributed: each mutation's interval (the client's `t0`/`t1`)
-lined up against every suspect `bench/stall_site` stamped on the same clock, the slowest 2 %
-(by kind) compared with the middle band (p40–p60) of the same kind.
+"""The tail of a phase's mutations attributed (A alone, B beside the forks): each mutation's
+interval (the client's `t0`/`t1`) lined up against every suspect `bench/stall_site` stamped on
+the same clock, the slowest 2 % (by kind) compared with the middle band (p40–p60) of its kind.
 
 For a suspect kind, its overlap with a request is the time of the request's interval covered by
 at least one stamp of that kind (the union, so two overlapping collections count once). Its
@@ -17,6 +17,12 @@ of the daemon held the interpreter).
 
     PYTHONPATH=$TREE build/venv/bin/python -m bench.stall --quick --out DIR   # stamp a run
     PYTHONPATH=$TREE build/venv/bin/python -m bench.mutation_tail DIR [DIR ...] [--tail 0.02]
+    PYTHONPATH=$TREE build/venv/bin/python -m bench.mutation_tail DIR --phase B   # beside forks
+
+Phase B adds the fork saga's suspects (its bodies under the store's baton — the commit
+transaction apart from its other steps —, its actor messages, its requests' dispatch) and
+counts the store's queue from the mutations' writes: the fork bodies each ran behind and the
+COMMITs that ended inside it.
 """
 
 from __future__ import annotations
@@ -57,7 +63,74 @@ def _category(row: dict[str, Any]) -> list[tuple[str, Span]]:
         return [("janitor sweep", (t0, t1))]
     if kind == "commit":
         return [("group COMMIT", (t0, t1))]
+    detail = str(row["detail"])
+    if kind == "body" and _is_fork(detail):
+        # A fork's body under the baton: the fork's commit transaction apart from its other
+        # steps (prepare, the transitions, the ACK's write).
+        name = "fork commit body" if "commit_fork" in detail else "fork step body"
+        return [(name, (t0, t1))]
+    if kind == "actor_message" and detail.startswith("Fork"):
+        return [("fork saga actor message", (t0, t1))]
+    if kind == "request" and detail.startswith("fork."):
+        return [("fork request dispatch", (t0, t1))]
     return []
+
+
+def _is_fork(body_name: str) -> bool:
+    """Whether a `submit_write` body (by its qualified name) is one of the fork saga's."""
+    return "fork" in body_name.lower()
+
+
+def store_waits(rows: Iterable[dict[str, Any]], lo: float, hi: float) -> dict[str, float]:
+    """The mutations' writes in [lo, hi] (every `write` stamp whose body is not a fork's): the
+    fork bodies each ran behind (a fork body wholly inside the write's wait, before its own
+    body) and the group COMMITs that ended inside it — counts, the store's queue seen from the
+    caller, with no request-to-write matching needed."""
+    rows = list(rows)
+    writes = [r for r in rows if r["kind"] == "write" and not _is_fork(str(r["detail"]))]
+    writes = [r for r in writes if lo <= r["t0"] <= hi]
+    own = sorted(
+        (r["t0"], r["t1"]) for r in rows if r["kind"] == "body" and not _is_fork(str(r["detail"]))
+    )
+    forks = sorted(
+        (r["t0"], r["t1"]) for r in rows if r["kind"] == "body" and _is_fork(str(r["detail"]))
+    )
+    commit_rows = [r for r in rows if r["kind"] == "commit" and lo <= r["t0"] <= hi]
+    commits = sorted(r["t1"] for r in rows if r["kind"] == "commit")
+    after: list[float] = []
+    behind: list[int] = []
+    behind_ms: list[float] = []
+    waited_commits: list[int] = []
+    for w in writes:
+        w0, w1 = w["t0"], w["t1"]
+        # Its own body: the first non-fork body starting inside the wait (close enough with
+        # 8 writers; only the count of fork bodies before it is used).
+        mine = next((b for b in own if w0 <= b[0] <= w1), (w1, w1))
+        before = [(a, b) for a, b in forks if a >= w0 and b <= mine[0]]
+        behind.append(len(before))
+        behind_ms.append(sum(b - a for a, b in before))
+        after.append(w1 - mine[1])
+        waited_commits.append(sum(1 for c in commits if w0 <= c <= w1))
+    walls = sorted(w["t1"] - w["t0"] for w in writes)
+    n = max(1, len(writes))
+    commit_ms = sorted(r["ms"] for r in commit_rows)
+    after.sort()
+    return {
+        "commits": float(len(commit_rows)),
+        "membersMean": sum(int(r["detail"]) for r in commit_rows) / max(1, len(commit_rows)),
+        "commitP50": _pct(commit_ms, 0.5),
+        "commitP99": _pct(commit_ms, 0.99),
+        "afterBodyP50": _pct(after, 0.5),
+        "afterBodyP99": _pct(after, 0.99),
+        "writes": float(len(writes)),
+        "wallP50": _pct(walls, 0.5),
+        "wallP99": _pct(walls, 0.99),
+        "forkBodiesBehind": sum(behind) / n,
+        "forkBodyMsBehind": sum(behind_ms) / n,
+        "behindAny": sum(1 for b in behind if b) / n,
+        "commitsWaited": sum(waited_commits) / n,
+        "commitsWaited2": sum(1 for c in waited_commits if c >= 2) / n,
+    }
 
 
 def _union_overlap(spans: list[Span], lo: float, hi: float) -> float:
@@ -148,9 +221,9 @@ def attribute(
     }
 
 
-def report(out: Path, tail: float, skip_s: float = 0.0) -> dict[str, Any]:
+def report(out: Path, tail: float, skip_s: float = 0.0, phase: str = "A") -> dict[str, Any]:
     records, rows = load(out)
-    a = records["A"]
+    a = records[phase]
     start, end = min(r["t0"] for r in a), max(r["t1"] for r in a)
     if skip_s > 0:
         # The phase's first requests start in step (8 clients at once): the steady state's
@@ -158,8 +231,10 @@ def report(out: Path, tail: float, skip_s: float = 0.0) -> dict[str, Any]:
         a = [r for r in a if r["t0"] >= start + 1000 * skip_s]
     rows = [r for r in rows if r["t1"] >= start and r["t0"] <= end]
     got = attribute(a, rows, tail)
+    waits = store_waits(rows, start, end)
+    got["store"] = waits
     print(
-        f"{out}: phase A from +{skip_s:g} s, p50 "
+        f"{out}: phase {phase} from +{skip_s:g} s, p50 "
         + ", ".join(f"{k} {v:.1f}" for k, v in got["p50"].items())
     )
     print(
@@ -179,6 +254,16 @@ def report(out: Path, tail: float, skip_s: float = 0.0) -> dict[str, Any]:
         + "; ".join(
             f"{k} {ms:.1f} ms at +{(t0 - start_s) / 1000:.2f} s" for k, ms, t0 in got["slowest"]
         )
+    )
+    print(
+        f"  store: {waits['writes']:.0f} mutation writes, wall p50 / p99 {waits['wallP50']:.1f}"
+        f" / {waits['wallP99']:.1f} ms; per write: fork bodies run before its own"
+        f" {waits['forkBodiesBehind']:.2f} ({waits['forkBodyMsBehind']:.2f} ms; any in"
+        f" {waits['behindAny']:.1%} of writes), COMMITs ended inside it"
+        f" {waits['commitsWaited']:.2f} (two or more in {waits['commitsWaited2']:.1%}),"
+        f" wait after its body p50 / p99 {waits['afterBodyP50']:.1f} / {waits['afterBodyP99']:.1f}"
+        f" ms; {waits['commits']:.0f} group COMMITs of {waits['membersMean']:.1f} members,"
+        f" {waits['commitP50']:.1f} / {waits['commitP99']:.1f} ms"
     )
     cpu_split(out, got["tailRows"], got["midRows"])
     return got
@@ -258,9 +343,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("dirs", type=Path, nargs="+", help="`bench.stall --out` folders")
     p.add_argument("--tail", type=float, default=0.02, help="the slowest fraction (0.02)")
     p.add_argument("--skip-s", type=float, default=0.0, help="leave out phase A's first seconds")
+    p.add_argument(
+        "--phase", choices=("A", "B"), default="A", help="A: the mutations alone; B: beside forks"
+    )
     args = p.parse_args(argv)
     for out in args.dirs:
-        report(out, args.tail, args.skip_s)
+        report(out, args.tail, args.skip_s, args.phase)
     return 0
 
 

@@ -50,6 +50,8 @@ SMALL = {
     "capture": 5.0,
     "gil_wait": 0.0,
     "request": float("inf"),
+    "write": float("inf"),
+    "body": float("inf"),
     "actor_message": 5.0,
     "on_submit": 5.0,
     "spawn": 0.0,

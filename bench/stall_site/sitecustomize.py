@@ -10,7 +10,8 @@ detail is the part of it the thread sat on a run queue, from `/proc/thread-self/
 machine's pages dirty and under writeback (`/proc/vmstat`); after a GIL wait of 15 ms or more,
 where every thread not parked in a wait stands (the holder has just let go); and,
 once its modules are imported: each group COMMIT (`Database._end_group`: the COMMIT and
-its fsync), the WAL's length after each, each WAL checkpoint (with its answer), the checkpoint
+its fsync), each `submit_write` (its caller's wait and its body's run, by the body's
+name), the WAL's length after each, each WAL checkpoint (with its answer), the checkpoint
 janitor's sweeps, each workspace capture, each request's arrival on the transport loop (its
 dispatch timed), each actor message handled, each Turn submit in its actor, every child
 process started, every timer callback, every log record. A row is
@@ -153,6 +154,30 @@ if _DIR:
                 _rows.append((kind, t0, _now() - t0, detail(args) if detail else ""))
 
         setattr(owner, attr, timed)
+
+    def _writes_timed(database: Any) -> None:
+        """Each `submit_write` stamped twice: its caller's whole wait (`write`: baton, body,
+        COMMIT) and its body's run on whichever thread ran it (`body`), both with the body's
+        name, so a mutation's write can be lined up against the bodies it queued behind."""
+        inner = database.submit_write
+
+        def submit_write(self: Any, body: Any, *args: Any, **kwargs: Any) -> Any:
+            name = getattr(body, "__qualname__", type(body).__name__)
+
+            def timed_body(tx: Any) -> Any:
+                b0 = _now()
+                try:
+                    return body(tx)
+                finally:
+                    _rows.append(("body", b0, _now() - b0, name))
+
+            t0 = _now()
+            try:
+                return inner(self, timed_body, *args, **kwargs)
+            finally:
+                _rows.append(("write", t0, _now() - t0, name))
+
+        database.submit_write = submit_write
 
     def _checkpoint_timed(database: Any) -> None:
         """Each PASSIVE checkpoint pass of `storage.base`'s checkpointer timed with its answer
@@ -351,6 +376,7 @@ if _DIR:
                     _timed(module.Database, "_end_group", "commit", lambda a: a[1].members)
                     _checkpoint_timed(module.Database)
                     _wal_pages(module.Database)
+                    _writes_timed(module.Database)
                 elif name == "actors.pool" and hasattr(module, "PooledActor"):
                     _timer_fn(module.TimerHandle)
                     _timed(
