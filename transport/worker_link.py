@@ -26,7 +26,8 @@ from transport.zmq_options import install as _fast_options
 _fast_options()  # the link's option looks (a delta's EVENTS) without an enum call
 
 HEARTBEAT_INTERVAL_S = 0.5
-"""Both ends send `{"t": "hb"}` this often."""
+"""Both ends send `{"t": "hb"}` this often; the worker's end leaves one out when it sent any
+other frame since its last look (the host counts every frame as contact)."""
 
 SILENCE_LIMIT_S = 5.0
 """The host declares a worker dead after this long without any message from it."""
@@ -300,6 +301,9 @@ class WorkerEnd:
         """Frames a sender put on the socket itself (tests read it)."""
         self.sent_backlog = 0
         """Frames the link's thread sent from the backlog (tests read it)."""
+        self.heartbeats = 0
+        """Heartbeats sent (tests read it): one a `HEARTBEAT_INTERVAL_S` in which no other
+        frame was sent."""
 
     def start(self) -> None:
         sock: zmq.Socket[Any] = self._ctx.socket(zmq.PAIR)
@@ -384,6 +388,7 @@ class WorkerEnd:
         poller.register(fd, select.POLLIN)
         poller.register(self._wake_r, select.POLLIN)
         next_hb = time.monotonic() + HEARTBEAT_INTERVAL_S
+        sent_at_hb = 0  # frames counted at the last look (the hello is not counted)
         wake_r = self._wake_r
         busy = True  # look at the socket before the first sleep
         try:
@@ -401,11 +406,16 @@ class WorkerEnd:
                         events = None  # a send may have taken the descriptor's edge: look again
                     now = time.monotonic()
                     if now >= next_hb:
-                        if not self._backlog:
+                        # A frame sent since the last look already told the host this worker
+                        # lives (any frame is contact to it): no heartbeat on top of a stream.
+                        sent = self.sent_direct + self.sent_backlog
+                        if sent == sent_at_hb and not self._backlog:
                             with contextlib.suppress(zmq.Again):
                                 sock.send(encode(HB_MSG), zmq.NOBLOCK)
+                            self.heartbeats += 1
+                            events = None
+                        sent_at_hb = sent
                         next_hb = now + HEARTBEAT_INTERVAL_S
-                        events = None
                     if events is None:
                         events = int(_getsockopt(sock, _EVENTS))
                     busy = bool(events & zmq.POLLIN) or bool(self._backlog and events & zmq.POLLOUT)

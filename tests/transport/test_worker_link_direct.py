@@ -16,7 +16,7 @@ import pytest
 import zmq
 
 from tests.support.python_calls import python_calls
-from transport.worker_link import HostEnd, MsgType, WorkerEnd, req_msg
+from transport.worker_link import HEARTBEAT_INTERVAL_S, HostEnd, MsgType, WorkerEnd, req_msg
 
 
 @pytest.fixture
@@ -260,3 +260,36 @@ def test_a_request_is_read_without_a_failed_recv_or_a_pipe_read(
     finally:
         worker.close()
     assert seen == {"recv": 10, "again": 0, "pipe_reads": 0}, seen
+
+
+def _kinds_until(host: HostEnd, until: float) -> list[str]:
+    kinds: list[str] = []
+    while time.monotonic() < until:
+        if host.socket.poll(20, zmq.POLLIN):
+            msg = host.recv()
+            if msg is not None:
+                kinds.append(str(msg["t"]))
+    return kinds
+
+
+def test_no_heartbeat_leaves_while_other_frames_do_and_they_resume_once_quiet(
+    host: HostEnd,
+) -> None:
+    # Every frame is contact to the host (`last_seen`), so a heartbeat on top of a Turn's
+    # stream tells it nothing: none is sent in an interval in which another frame was. Once the
+    # worker falls quiet they come back, so the host still hears it at least every 2 intervals.
+    end = _worker(host)
+    try:
+        stop = time.monotonic() + 4 * HEARTBEAT_INTERVAL_S
+        kinds: list[str] = []
+        while time.monotonic() < stop:
+            end.send_event("ws/s", {"type": "message.delta", "delta": "d"})
+            kinds += _kinds_until(host, time.monotonic() + 0.05)
+        assert kinds.count(MsgType.EVT) >= 20
+        assert MsgType.HB not in kinds  # 4 on top of the stream before this change
+        assert end.heartbeats == 0
+        quiet = _kinds_until(host, time.monotonic() + 3 * HEARTBEAT_INTERVAL_S)
+        assert MsgType.HB in quiet
+        assert end.heartbeats >= 1
+    finally:
+        end.close()
