@@ -45,6 +45,8 @@ class ChildTrees(ChildTreeRemovals, Protocol):
 
     def newest_checkpoint(self, ws: str, sid: str) -> str | None: ...
 
+    def tree_users(self, ws: str, sid: str, path: str) -> list[str]: ...
+
 
 class SessionDeletes(Protocol):
     def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None: ...
@@ -98,6 +100,12 @@ def delete_fn(
                 f'{plan.path} would lose (delete with worktree "keep")',
                 params={"workspaceReason": "disabled"},
             )
+        users = store.fork_workspace.tree_users(ws, sid, plan.path)
+        if users:
+            # Another live Session works in the tree (a shared-workspace fork of this one, or
+            # one started there): removing it would take that Session's files and folder.
+            store.sessions.delete_session(ws, sid)
+            return {"deleted": True, "worktree": {**_tree(plan, "kept"), "inUseBy": users}}
         trees = Worktrees(shadow)
         try:
             with locks(plan.child_cwd):

@@ -160,6 +160,7 @@ class DeletedTree(TypedDict):
     branch: str | None
     state: Literal["kept", "removed"]
     branchKept: NotRequired[bool]
+    inUseBy: NotRequired[list[str]]
 
 
 class DeleteResult(TypedDict):

@@ -12,7 +12,7 @@ from typing import Any
 import apsw
 
 from domain.errors import InvalidTransition
-from domain.fork_states import ForkStatus
+from domain.fork_states import ACTIVE, ForkStatus
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
 from storage.rows import load_op
@@ -117,6 +117,34 @@ class ForkWorkspace:
             return None
         plan = loads(row[1])
         return ChildTree(str(row[0]), plan) if isinstance(plan, Mapping) else None
+
+    def tree_users(self, ws: str, sid: str, path: str) -> list[str]:
+        """Who else works in the tree at `path` (a worktree fork made it for `sid`): every
+        live Session but `sid` whose `cwd` is `path` or lies below it (a shared-workspace fork
+        of `sid`, a Session a person started there), in any workspace; and the target of every
+        fork of `sid` that may still commit a child sharing its `cwd` (not worktree mode,
+        in flight or `unknown`). A tree any of them names is not removed with `sid`."""
+        users = [
+            str(r[0])
+            for r in self._all(
+                "SELECT session_id FROM sessions WHERE deleted = 0"
+                " AND NOT (workspace_id = ? AND session_id = ?)"
+                " AND (cwd = ? OR substr(cwd, 1, ?) = ?) ORDER BY created_at_ms, session_id",
+                (ws, sid, path, len(path) + 1, path + "/"),
+            )
+        ]
+        pending = sorted(s.value for s in ACTIVE | {ForkStatus.UNKNOWN})
+        users += [
+            str(r[0])
+            for r in self._all(
+                "SELECT target_session_id FROM fork_operations WHERE workspace_id = ?"
+                " AND source_session_id = ? AND workspace_mode <> 'worktree'"
+                f" AND status IN ({', '.join('?' * len(pending))}) ORDER BY op_seq",
+                (ws, sid, *pending),
+            )
+            if r[0] is not None and str(r[0]) not in users
+        ]
+        return users
 
     def newest_checkpoint(self, ws: str, sid: str) -> str | None:
         """The `after` tree of the Session's newest settled Turn that has one."""

@@ -114,6 +114,8 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
     elif done:
         on = f" (branch {done['branch']})" if done.get("branch") else ""
         human += f"\nworktree kept: {done['path']}{on}"
+        if done.get("inUseBy"):
+            human += f" — other sessions work in it: {', '.join(done['inUseBy'])}"
     emit(args, {**result, "agentSessionId": sid}, human)
     return EXIT_OK
 

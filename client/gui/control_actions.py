@@ -287,7 +287,11 @@ class ControlActions:
                     f"{kept if done.get('branchKept') else ''}"
                 )
             elif done:
-                self.app.notify(f"deleted {session['title']}; its worktree stays: {done['path']}")
+                users = done.get("inUseBy") or []
+                why = f" ({len(users)} other session(s) work in it)" if users else ""
+                self.app.notify(
+                    f"deleted {session['title']}; its worktree stays: {done['path']}{why}"
+                )
             else:
                 self.app.notify(f"deleted {session['title']}")
 

@@ -6,6 +6,7 @@ a branch that has commits of its own."""
 
 from __future__ import annotations
 
+import shutil
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +16,7 @@ import apsw
 import pytest
 
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import Law, assert_invariants, check_invariants
 from tests.support.worktree_forks import trees_beside, worktree_fork_params
 from tests.support.worktree_repos import git, make_repo
 from transport.client import ApiError, Client
@@ -181,3 +182,56 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
     )
     assert [r[0] for r in state] == ["removed"]
     assert_invariants(daemon.home)
+
+
+def test_remove_keeps_a_tree_another_live_session_works_in(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A shared-workspace fork of the child works in the child's tree: deleting the child with
+    `remove` (even forced) deletes the Session and keeps the tree, naming who works there, and
+    that fork's next Turn runs in it. Removing it took the fork's folder: its next Turn failed
+    "cwd is not a directory" (the crash soak's seed 1548273082)."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    turn = run_turn(c, child, "/write child.txt from the child's agent")
+    shared = c.call(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": child,
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn["turnId"]},
+        },
+    )["operation"]
+    assert shared["status"] == "committed", shared
+    grandchild = str(shared["targetAgentSessionId"])
+    got = c.call("session.get", {"workspaceId": WS, "agentSessionId": grandchild})
+    assert got["session"]["cwd"] == where["cwd"]
+
+    done = delete(c, child, worktree="remove", force=True)
+    assert done["deleted"] is True
+    assert done["worktree"]["state"] == "kept"
+    assert done["worktree"]["inUseBy"] == [grandchild]
+    assert tree.is_dir() and where["branch"] in branches(repo)
+    with pytest.raises(ApiError) as gone:
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": child})
+    assert gone.value.status == 404
+    assert run_turn(c, grandchild, "still here?")["outcome"] == "completed"
+    assert_invariants(daemon.home)
+
+    # The law the checker keeps: the same tree recorded removed (and gone) while the
+    # grandchild works in it is reported.
+    daemon.stop()
+    shutil.rmtree(tree)
+    with apsw.Connection(str(daemon.home / "store.sqlite3")) as conn:
+        conn.execute(
+            "UPDATE fork_operations SET workspace_state = 'removed'"
+            " WHERE workspace_mode = 'worktree'"
+        )
+    report = check_invariants(daemon.home)
+    assert any(
+        v.law is Law.WORKTREE and f"{grandchild} works in it" in v.detail for v in report.violations
+    ), report.violations

@@ -1422,8 +1422,12 @@ def _check_worktrees(
     saga may be making its tree right now (half-made, or whole and not yet recorded): allowed;
     if its daemon is dead, start-up recovery fails the operation and removes the tree. A
     committed fork's tree is `removing`/`removed` only once its child Session is deleted
-    (`session.delete {worktree: "remove"}`)."""
+    (`session.delete {worktree: "remove"}`), and never while another live Session works in it
+    (its `cwd` in the tree: a shared-workspace fork of the child, one started there)."""
     deleted = {(s["workspace_id"], s["session_id"]) for s in sessions if s["deleted"]}
+    live_cwds = [
+        (str(s["cwd"]), s["session_id"]) for s in sessions if not s["deleted"] and s.get("cwd")
+    ]
     for op in ops:
         if op.get("workspace_mode") != "worktree" or not op.get("workspace_json"):
             continue
@@ -1439,6 +1443,11 @@ def _check_worktrees(
         child_deleted = (op["workspace_id"], op["target_session_id"]) in deleted
         if state in ("removing", "removed") and status == "committed" and not child_deleted:
             ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but its child lives")
+        if state in ("removing", "removed"):
+            inside = str(top) + os.sep
+            for cwd, user in live_cwds:
+                if cwd == str(top) or cwd.startswith(inside):
+                    ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but {user} works in it")
         elif (
             status in DISPATCHED
             and state != "made"
@@ -1991,7 +2000,7 @@ def check_invariants(
                 " LEFT JOIN fork_snapshots s USING (op_seq) ORDER BY o.op_seq",
             )
             sessions = _rows(
-                conn, "SELECT provider, workspace_id, session_id, deleted FROM sessions"
+                conn, "SELECT provider, workspace_id, session_id, deleted, cwd FROM sessions"
             )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
