@@ -40,7 +40,12 @@ STAGES = (
     ("d.read", "d.read.end", "  the start's reads (Session row, an unbound settled Turn?)"),
     ("d.claim", "d.commit#first", "  the claim's statements"),
     ("d.commit#first", "d.commit.end#first", "  the claim's COMMIT"),
-    ("d.cap.before", "d.cap.end.before", "  beside it: the `before` capture"),
+    ("d.cap.before", "d.cap.end.before", "  beside it: the `before` capture (on the pool)"),
+    (
+        "d.here.before",
+        "d.here.end.before",
+        "  the `before` capture on the actor, ahead of the claim (or its check)",
+    ),
     ("d.claim.end", "d.start_turn", "claim durable → `turn.start` to the worker"),
     ("d.reply", "d.reply.end", "  of which the submit's answer handed to the transport"),
     ("d.start_turn", "d.send.turn.start", "→ the supervisor loop's link send"),
@@ -78,7 +83,9 @@ STAGES = (
     ("M.last", "c.done", "total after the model"),
 )
 # Legs a Turn stamps only some of the time.
-OPTIONAL = (("d.cap.after", "d.cap.end.after"),)
+# A Turn's `before` is taken on the actor ahead of the claim when its folder is quiet, else on
+# the pool beside the claim's COMMIT: each Turn stamps one of the two (the check always).
+OPTIONAL = (("d.cap.after", "d.cap.end.after"), ("d.cap.before", "d.cap.end.before"))
 REPEATED = (
     "d.pub",
     "d.pub.end",
