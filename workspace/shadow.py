@@ -57,9 +57,6 @@ SNAPSHOT_BACKOFF_MAX = 16
 """At most this many captures in a row skip the walk of a directory whose last walks were
 wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
 entry too young to take is tried again once that entry is old enough, not counted."""
-RESERVED_OPEN_MAX = 64
-"""Reserved ref locks (`ShadowStore.reserve`) kept open for their `keep` at most; past it a
-lock is closed and opened again by its `keep` (Turns whose `after` never came hold one each)."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -384,10 +381,7 @@ class ShadowStore:
         # Per shadow repository: when (ns) an entry the last walk found too young is old
         # enough for a capture begun then; no walk before.
         self._young_until: dict[Path, int] = {}
-        # Ref locks taken ahead of their `keep` (`reserve`), each with its file still open
-        # (None: closed, past `RESERVED_OPEN_MAX`); per shadow repository: whether its refs
-        # are loose files (`_loose_refs`).
-        self._reserved: dict[str, int | None] = {}
+        # Per shadow repository: whether its refs are loose files (`_loose_refs`).
         self._loose: dict[Path, bool] = {}
         # Per shadow repository: the names under `refs/agenthost/` it holds, read from the
         # disk at its first `keep_commit` and kept up to date by this store's own writes and
@@ -789,17 +783,10 @@ class ShadowStore:
     # -- refs and space --------------------------------------------------------------------
 
     def keep(
-        self,
-        cwd: Path,
-        name: str,
-        commit: str,
-        real: str | None = None,
-        reserve: str | None = None,
-        checked: bool = False,
+        self, cwd: Path, name: str, commit: str, real: str | None = None, checked: bool = False
     ) -> str:
-        """Keep `commit` under `refs/agenthost/<name>` (e.g. `<session>/<turn>/after`);
-        `real`: `cwd` already resolved; `reserve`: a ref whose lock to take now as `reserve`
-        does (a Turn's `after`, kept with its `before`), beside this one; `checked`: the
+        """Keep `commit` under `refs/agenthost/<name>` (e.g. a restore's undo,
+        `<session>/restore-<ns>/before`); `real`: `cwd` already resolved; `checked`: the
         caller's capture of `real` (`capture`, `capture_unchanged`) just checked its shadow
         repository within the same hold of the directory's lock, so it is taken as that
         capture found it (its exclude file not `stat`ed again: one look a job, not two).
@@ -808,9 +795,13 @@ class ShadowStore:
         file through its `.lock` (created exclusively: a lock another writer holds, or a
         killed one left, fails the same way `update-ref` does), renamed into place."""
         git = self._git()
+        return self._write_ref(git, self._kept_repo(git, cwd, real, checked), name, commit)
+
+    def _kept_repo(self, git: Git, cwd: Path, real: str | None, checked: bool) -> Path:
+        """The shadow repository a `keep` writes in: as the caller's capture just found it
+        (`checked`), else checked now."""
         known = self._repos.get(real) if checked and real is not None else None
-        repo = known[0] if known is not None else self._repo(git, cwd, real)
-        return self._write_ref(git, repo, name, commit, reserve)
+        return known[0] if known is not None else self._repo(git, cwd, real)
 
     def keep_commit(
         self, cwd: Path, name: str, commit: str, real: str | None = None, checked: bool = False
@@ -822,11 +813,10 @@ class ShadowStore:
         repository holds are read from the disk once (`git for-each-ref`) at its first use,
         then kept by this store's own `keep`s and drops. `real`, `checked`: as for `keep`."""
         git = self._git()
-        known = self._repos.get(real) if checked and real is not None else None
-        repo = known[0] if known is not None else self._repo(git, cwd, real)
+        repo = self._kept_repo(git, cwd, real, checked)
         if name in self._names(git, repo):
             return False
-        self._write_ref(git, repo, name, commit, None, in_place=True)
+        self._write_ref(git, repo, name, commit, in_place=True)
         return True
 
     def names_ref(self, real: str, name: str) -> bool:
@@ -875,66 +865,41 @@ class ShadowStore:
             named.difference_update(names)
 
     def _write_ref(
-        self,
-        git: Git,
-        repo: Path,
-        name: str,
-        commit: str,
-        reserve: str | None,
-        in_place: bool = False,
+        self, git: Git, repo: Path, name: str, commit: str, in_place: bool = False
     ) -> str:
         """`in_place`: the ref's directory is most likely there (a Session's, for its tree
         refs): its lock is created first, the directory made only if that fails for it."""
-        ref = self._write_ref_file(git, repo, name, f"{REF_ROOT}/{name}", commit, reserve, in_place)
+        ref = f"{REF_ROOT}/{name}"
+        if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
+            git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
+        else:
+            path = os.path.join(repo, ref)
+            lock = path + ".lock"
+            fd: int | None = None
+            try:
+                if in_place:
+                    with contextlib.suppress(FileNotFoundError):  # no directory: made below
+                        fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+                if fd is None:
+                    _make_parent(path)
+                    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            except OSError as exc:
+                raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
+            try:
+                # Written by the descriptor: a Python file object around it would add a
+                # `fstat`, an `ioctl` and a `lseek` to each ref (ckpt).
+                try:
+                    _write_all(fd, commit.encode() + b"\n")
+                finally:
+                    os.close(fd)
+                os.replace(lock, path)
+            except BaseException:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(lock)
+                raise
         named = self._named.get(repo)
         if named is not None:
             named.add(name)
-        return ref
-
-    def _write_ref_file(
-        self,
-        git: Git,
-        repo: Path,
-        name: str,
-        ref: str,
-        commit: str,
-        reserve: str | None,
-        in_place: bool,
-    ) -> str:
-        if not self._loose_refs(repo) or not _HEX.fullmatch(commit):
-            git.run(["update-ref", ref, commit], env={"GIT_DIR": str(repo)})
-            if reserve is not None:
-                self._reserve(repo, reserve)
-            return ref
-        path = os.path.join(repo, ref)
-        lock = path + ".lock"
-        fd = self._take_reserved(lock)
-        made = False
-        try:
-            if fd is None and in_place:
-                with contextlib.suppress(FileNotFoundError):  # no directory: made below
-                    fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-            if fd is None:
-                _make_parent(path)
-                made = True
-                fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError as exc:
-            raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
-        try:
-            # Written by the descriptor: a Python file object around it would add a `fstat`,
-            # an `ioctl` and a `lseek` to each ref (two a Turn; ckpt).
-            try:
-                _write_all(fd, commit.encode() + b"\n")
-            finally:
-                os.close(fd)
-            os.replace(lock, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
-            raise
-        if reserve is not None:
-            # Its directory is this ref's when both are one Turn's: made above already.
-            self._reserve(repo, reserve, made and os.path.dirname(reserve) == os.path.dirname(name))
         return ref
 
     def _loose_refs(self, repo: Path) -> bool:
@@ -945,61 +910,6 @@ class ShadowStore:
         if loose is None:
             loose = self._loose[repo] = not (repo / "reftable").exists()
         return loose
-
-    def reserve(self, cwd: Path, name: str, real: str | None = None) -> bool:
-        """Take `refs/agenthost/<name>`'s lock now, empty, for a `keep` of it to come (a
-        Turn's `after` ref, taken with its `before`): that `keep` then writes an open file
-        and renames it, and creates none (an exclusive create is the costly part of writing a
-        ref). The lock is held as `keep` holds it, its file kept open until that `keep`
-        (`RESERVED_OPEN_MAX` at most); one a crash leaves is what `clear_stale_locks`
-        removes; `release` gives it up. Best effort: False (nothing taken) when it cannot be
-        taken. Callers serialise a directory's work, as for `keep`."""
-        return self._reserve(self._repo(self._git(), cwd, real), name)
-
-    def _reserve(self, repo: Path, name: str, parent_made: bool = False) -> bool:
-        if not self._loose_refs(repo):
-            return False
-        path = os.path.join(repo, REF_ROOT, name)
-        lock = path + ".lock"
-        try:
-            if not parent_made:
-                _make_parent(path)
-            fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-        except OSError:
-            return False
-        if len(self._reserved) >= RESERVED_OPEN_MAX:
-            os.close(fd)
-            self._reserved[lock] = None
-        else:
-            self._reserved[lock] = fd
-        return True
-
-    def release(self, cwd: Path, name: str, real: str | None = None) -> None:
-        """Give up the lock `reserve` took for `refs/agenthost/<name>` (its `keep` will not
-        come: the Turn was never created)."""
-        lock = os.path.join(self._repo(self._git(), cwd, real), REF_ROOT, f"{name}.lock")
-        if lock in self._reserved:
-            fd = self._reserved.pop(lock)
-            if fd is not None:
-                os.close(fd)
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(lock)
-
-    def _take_reserved(self, lock: str) -> int | None:
-        """The reserved `lock`, open to be written (None: not reserved, or removed behind
-        the store — a stale-lock sweep — so created anew)."""
-        if lock not in self._reserved:
-            return None
-        fd = self._reserved.pop(lock)
-        try:
-            if fd is None:
-                return os.open(lock, os.O_WRONLY | os.O_TRUNC | os.O_NOFOLLOW)
-            if os.fstat(fd).st_nlink == 0:  # unlinked since it was taken
-                os.close(fd)
-                return None
-        except OSError:
-            return None
-        return fd
 
     def drop(self, cwd: Path, prefix: str) -> int:
         """Delete every ref under `refs/agenthost/<prefix>/`; returns how many."""

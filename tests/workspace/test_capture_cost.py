@@ -705,57 +705,6 @@ def test_a_discarded_before_drops_the_tree_ref_it_wrote_and_no_other_turns(
     assert git_log.commands() == []
 
 
-def test_a_before_and_its_after_lock_take_one_directory_and_the_after_opens_no_file(
-    tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Turn's `before` ref and its `after` lock go in one directory made once (one
-    `mkdir`, none failing), and the reserved lock stays open for the `after`'s `keep`, which
-    then opens no file; a lock removed behind the store (a stale-lock sweep) is created anew
-    and the ref is still written."""
-    age()
-    store = aged_store(tmp_path)
-    store.capture(repo)  # the shadow repository made, its snapshot taken
-    refs_dir = store.repo_dir(repo) / "refs" / "agenthost"
-    made: list[str] = []
-    opened: list[str] = []
-    real_mkdir, real_open = os.mkdir, os.open
-
-    def mkdir(path: str, *args: object, **kwargs: object) -> None:
-        made.append(str(path))
-        real_mkdir(path, *args, **kwargs)  # type: ignore[arg-type]
-
-    def open_(path: str, flags: int, *args: object, **kwargs: object) -> int:
-        opened.append(str(path))
-        return real_open(path, flags, *args, **kwargs)  # type: ignore[arg-type]
-
-    cp = store.capture(repo)
-    assert isinstance(cp, Checkpoint)
-    store.keep(repo, "s1/t0/before", cp.commit)  # the Session's directory exists
-    monkeypatch.setattr(os, "mkdir", mkdir)
-    monkeypatch.setattr(os, "open", open_)
-    store.keep(repo, "s1/t1/before", cp.commit, reserve="s1/t1/after")
-    assert made == [str(refs_dir / "s1" / "t1")]
-    assert opened == [str(refs_dir / "s1" / "t1" / n) for n in ("before.lock", "after.lock")]
-    opened.clear()
-    store.keep(repo, "s1/t1/after", cp.commit)
-    assert opened == []
-    assert (refs_dir / "s1" / "t1" / "after").read_text() == cp.commit + "\n"
-
-    store.keep(repo, "s1/t2/before", cp.commit, reserve="s1/t2/after")
-    assert store.clear_stale_locks(repo) == 1  # the reserved lock, removed behind the store
-    opened.clear()
-    store.keep(repo, "s1/t2/after", cp.commit)
-    assert opened == [str(refs_dir / "s1" / "t2" / "after.lock")]
-    assert (refs_dir / "s1" / "t2" / "after").read_text() == cp.commit + "\n"
-    assert sorted(store.refs(repo)) == [
-        "s1/t0/before",
-        "s1/t1/after",
-        "s1/t1/before",
-        "s1/t2/after",
-        "s1/t2/before",
-    ]
-
-
 def test_a_checked_repository_is_taken_on_one_stat_of_its_held_exclude_path(
     tmp_path: Path, repo: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
