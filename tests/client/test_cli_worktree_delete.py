@@ -93,3 +93,30 @@ def test_delete_asks_about_the_worktree_and_refuses_unsaved_work_in_words(
     assert done.returncode == 0, done.stderr
     assert f"worktree {tree} removed" in done.stdout
     assert not tree.exists()
+
+
+def test_delete_with_remove_keeps_a_worktree_another_session_works_in_and_names_it(
+    daemon: DaemonProcess, ws: str, tmp_path: Path
+) -> None:
+    """A shared fork of the worktree child works in its tree: `--worktree remove` deletes the
+    child, keeps the tree and says which session works there; that session goes on."""
+    home = daemon.home
+    repo = make_repo(tmp_path / "project")
+    sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
+        "agentSessionId"
+    ]
+    as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+    child, tree = fork_child(home, ws, sid)
+    as_json(home, ws, "say", child, "/write child.txt from the child")
+    shared = cli(home, ws, "fork", child, "--latest")
+    assert shared.returncode == 0, shared.stderr
+    grandchild = next(
+        line.split()[1] for line in shared.stdout.splitlines() if line.startswith("child ")
+    )
+
+    done = cli(home, ws, "delete", child, "--yes", "--worktree", "remove", "--force")
+    assert done.returncode == 0, done.stderr
+    assert f"worktree kept: {tree} (branch agenthost/" in done.stdout
+    assert f"other sessions work in it: {grandchild}" in done.stdout
+    assert tree.is_dir()
+    assert as_json(home, ws, "say", grandchild, "still here")["turn"]["outcome"] == "completed"
