@@ -27,7 +27,7 @@ from tests.support.git_repos import GIT_ENV, make_repo, pending_request
 from tests.support.invariants import assert_invariants
 from tests.support.worktree_forks import worktree_fork_params
 from transport.client import ApiError
-from workspace.shadow import ShadowStore
+from workspace.shadow import ShadowStore, Unavailable
 
 
 def _refs(home: Path, cwd: Path) -> list[str]:
@@ -128,19 +128,34 @@ def test_the_cap_leaves_the_tree_ref_a_running_turns_before_shares_with_a_droppe
 ) -> None:
     """A Session's Turns share one ref a tree: dropping a settled Turn's checkpoint leaves the
     ref while a Turn still running names that tree (its record is not written yet: the ref is
-    pinned in memory), and once that Turn settles its record's trees are kept."""
+    pinned in memory), and once that Turn settles its record's trees are kept.
+
+    The store is put over the cap only once the running Turn's `before` is taken (a filler
+    file in the checkpoint store: `size_bytes` counts it, `workdirs` skips it), so the cap
+    meets the shared ref while it is pinned, whatever the host's load; and the captures are
+    given a bound no load reaches (a `timed_out` `before` would name no tree)."""
     home = tmp_path / "home"
     home.mkdir()
-    (home / "agenthost.toml").write_text("[workspace]\nmax_store_bytes = 1\ngc_interval_s = 0.3\n")
+    cap = 10_000_000
+    (home / "agenthost.toml").write_text(
+        f"[workspace]\nmax_store_bytes = {cap}\ngc_interval_s = 0.3\ntimeout_s = 120\n"
+    )
     repo = make_repo(tmp_path / "repo")
+    # The folder's tree as any shadow store captures it (a scratch one beside the daemon's).
+    scratch = ShadowStore(tmp_path / "scratch").capture(repo)
+    assert not isinstance(scratch, Unavailable), scratch
+    tree = scratch.tree
     daemon = DaemonProcess(home).start()
     try:
         client = daemon.client(timeout=60)
         sid = create_session(client, cwd=str(repo))["agentSessionId"]
         first = run_turn(client, sid, "hello")
-        tree = first["workspace"]["after"]
+        assert first["workspace"].get("after") == tree, first["workspace"]
         running = submit(client, sid, "/ask go on?")["turnId"]
+        # The model asks only once the Turn began, after its `before` capture answered.
         request_id = pending_request(client, sid, running)
+        assert client.call("host.status")["checkpoints"]["droppedForCap"] == 0
+        (home / "checkpoints" / ".over-the-cap").write_bytes(bytes(cap + 1))
 
         def dropped(turn_id: str) -> bool:
             return turn_of(client, sid, turn_id)["workspace"].get("reason") == "dropped"
