@@ -471,6 +471,42 @@ def test_a_checkpoint_its_ref_no_longer_keeps_is_reported(base: Base, tmp_path: 
     assert Law.CHECKPOINT_KEPT not in laws(home)
 
 
+def test_a_checkpoint_whose_ref_names_a_tree_the_store_lacks_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """A ref names its tree whether or not the object is there (a loose ref file is written
+    without a look at the objects): a record naming a tree its ref keeps but the store does
+    not hold — what a capture naming a tree `git gc` had collected would leave — is
+    reported, as no fork could make its files from it."""
+    record = _source_checkpoint(base.home, base.source)
+    conn = apsw.Connection(str(base.home / "store.sqlite3"))
+    try:
+        # The Turn `_source_checkpoint` read (the source's first).
+        turn_id = str(
+            conn.execute(
+                "SELECT turn_id FROM turns WHERE session_id = ? ORDER BY sequence LIMIT 1",
+                (base.source,),
+            ).fetchall()[0][0]
+        )
+    finally:
+        conn.close()
+    ghost = hashlib.sha1(b"a tree no checkpoint store holds").hexdigest()
+    broken = json.dumps({**record, "after": ghost}).replace("'", "''")
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE turns SET checkpoint_json = '{broken}' WHERE session_id = '{base.source}'"
+        f" AND turn_id = '{turn_id}'",
+    )
+    assert Law.CHECKPOINT_KEPT in laws(home)  # no ref keeps it yet
+    repo = ShadowStore(home / "checkpoints").repo_dir(Path(record["cwd"]))
+    ref = repo / "refs" / "agenthost" / base.source / f"+{ghost}"
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(ghost + "\n")
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.CHECKPOINT_KEPT]
+    assert found and all("no tree in the store" in d for d in found), found
+
+
 def _source_trees(home: Path, source: str) -> list[tuple[str, str, str]]:
     """(turn, `before`|`after`, tree) of every tree the source's Turn records name."""
     conn = apsw.Connection(str(home / "store.sqlite3"))

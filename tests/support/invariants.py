@@ -1251,12 +1251,17 @@ def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
     """Every settled Turn of a live Session with a checkpoint record: `after` named (or the
     record `unavailable`), each named tree kept by a ref: its Session's ref of that tree
     (`<session>/+<commit>`), or the Turn's own (`<session>/<turn>/<which>`, as stores
-    written before kept them). The refs are read after the store
+    written before kept them) — and the tree itself in the store (a ref git wrote as a file
+    names an object whether or not it is there, and `git gc --prune=now` keeps only what
+    some ref or the shadow index names). The refs are read after the store
     was copied (a capture keeps its ref before the settlement is written); returns the
     (workspace, session, turn, detail) of each miss, for the caller to recheck against
     deletes and size-cap drops (recorded before the refs go) that happened since the copy."""
     cache: dict[str, dict[str, str]] = {}
     misses: list[tuple[str, str, str, str]] = []
+    # Per folder: the trees a ref was found keeping, with who names them (their objects
+    # are looked for after, one `git cat-file` a folder).
+    kept: dict[str, list[tuple[str, str, str, str, str]]] = {}
     for t in _rows(
         conn,
         "SELECT t.workspace_id, t.session_id, t.turn_id, t.checkpoint_json FROM turns t"
@@ -1286,7 +1291,35 @@ def _check_checkpoints(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
                         f"{where}: {which} checkpoint {tree} is not kept by {ref}",
                     )
                 )
+            else:
+                kept.setdefault(str(record["cwd"]), []).append(
+                    (t["workspace_id"], t["session_id"], t["turn_id"], which, str(tree))
+                )
+    for cwd, named in kept.items():
+        absent = _absent_trees(ctx.home, cwd, {tree for *_, tree in named})
+        for ws, sid, turn_id, which, tree in named:
+            if tree in absent:
+                detail = f"session {sid} turn {turn_id}: {which} checkpoint {tree} has a ref"
+                misses.append((ws, sid, turn_id, detail + " but no tree in the store"))
     return misses
+
+
+def _absent_trees(home: Path, cwd: str, trees: set[str]) -> set[str]:
+    """Which of `trees` the shadow repository of `cwd` holds no tree object of (one
+    `git cat-file --batch-check` for them all)."""
+    repo = ShadowStore(home / "checkpoints").repo_dir(Path(cwd))
+    order = sorted(trees)
+    out = subprocess.run(
+        ["git", "cat-file", "--batch-check=%(objecttype)"],
+        env={"GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)},
+        input="".join(f"{tree}\n" for tree in order),
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.splitlines()
+    if len(out) != len(order):
+        return set(order)
+    return {tree for tree, kind in zip(order, out, strict=True) if kind != "tree"}
 
 
 def _check_checkpoint_changes(ctx: _Ctx, conn: apsw.Connection) -> None:
