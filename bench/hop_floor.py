@@ -25,13 +25,26 @@ No host built to the process view can answer a fork or a Turn faster than its ba
 call plus this, plus its durability floor (`bench.sync_floor`, `bench.turn_floor`): four thread
 hand-offs in the daemon, two in the worker, two ZeroMQ hops each way, each process's wake-ups.
 
-    build/venv/bin/python -m bench.hop_floor [--samples 400]
+A Turn's start comes after the processes sat idle (the previous Turn ended, the client
+waited), and a thread woken from idle costs far more here than one woken back to back: `--gap
+MS` sleeps that long before each sample, both ways (still interleaved), and the line says the
+gap. The echo stamps when it read each request and when it answered (`time.perf_counter`, one
+clock for every process), so each way splits into its out half (the request reaching the
+app-server) and its back half (the answer reaching the client), and the daemon tree's context
+switches per chain request count the wake-ups a chain takes (the echo's, per pipe request).
+`--answer-gap MS` makes the app-server wait that long before each answer, so the back half too
+starts from idle: a Turn's end comes a model's delta cadence after its previous delta woke the
+same path, and its start after the whole Turn's idle (`bench.turn_overhead` measures each half
+at its own gap).
+
+    build/venv/bin/python -m bench.hop_floor [--samples 400] [--gap MS]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import queue
 import subprocess
@@ -73,8 +86,12 @@ def echo_main() -> int:
     """An app-server that does nothing: one JSON-RPC answer per request line."""
     out = sys.stdout.buffer
     for line in sys.stdin.buffer:
+        read = time.perf_counter()
         msg = json.loads(line)
-        answer = {"id": msg["id"], "result": {"pid": os.getpid()}}
+        if msg.get("delay"):
+            time.sleep(msg["delay"])  # the provider's own time before it answers
+        stamps = {"pid": os.getpid(), "in": read, "out": time.perf_counter()}
+        answer = {"id": msg["id"], "result": stamps}
         out.write(json.dumps(answer).encode() + b"\n")
         out.flush()
     return 0
@@ -248,24 +265,55 @@ def daemon_main(api: str, link: str) -> int:
 class HopFloor:
     """`chain`: a no-work request through the process view's path; `pipe`: the same request
     straight down an app-server's pipes; `hops_ms`: the difference of their p50s. The two
-    `*_server` fields are the pids of the app-servers that answered each way."""
+    `*_server` fields are the pids of the app-servers that answered each way. `gap_ms`: the
+    idle before each sample; `*_out` / `*_back`: each way's halves (the request reaching the
+    app-server, its answer reaching the client); `*_switches`: context switches per request
+    of the processes each way crosses (the daemon, its worker and the worker's app-server for
+    the chain; the echo for the pipe), nan when not counted."""
 
     chain: Latency
     pipe: Latency
     probe_ms: float
     chain_server: int = 0
     pipe_server: int = 0
+    gap_ms: float = 0.0
+    answer_gap_ms: float = 0.0
+    chain_out: Latency = Latency.of(())
+    chain_back: Latency = Latency.of(())
+    pipe_out: Latency = Latency.of(())
+    pipe_back: Latency = Latency.of(())
+    chain_switches: float = math.nan
+    pipe_switches: float = math.nan
 
     @property
     def hops_ms(self) -> float:
         return self.chain.p50 - self.pipe.p50
+
+    @property
+    def out_ms(self) -> float:
+        """The out half's share of the hop floor: client → ... → the app-server has it."""
+        return self.chain_out.p50 - self.pipe_out.p50
+
+    @property
+    def back_ms(self) -> float:
+        """The back half's share: the app-server answered → ... → the client has it."""
+        return self.chain_back.p50 - self.pipe_back.p50
+
+    def gap_words(self) -> str:
+        words = f"{self.gap_ms:g} ms idle before each" if self.gap_ms else "back to back"
+        if self.answer_gap_ms:
+            words += f", answered {self.answer_gap_ms:g} ms after read"
+        return words
 
     def line(self) -> str:
         return (
             f"hop floor on this machine: {self.hops_ms:.2f} ms (a no-work request through client"
             f" → daemon loop → actor → loop → worker → app-server's pipes and back, p50"
             f" {self.chain.p50:.2f} ms, against the pipes alone {self.pipe.p50:.2f} ms;"
-            f" bench.hop_floor, {self.chain.n} samples, CPU probe {self.probe_ms:.0f} ms)"
+            f" out {self.out_ms:.2f} + back {self.back_ms:.2f} ms; {self.gap_words()};"
+            f" {self.chain_switches:.1f} context switches a chain, {self.pipe_switches:.1f} a"
+            f" pipe request; bench.hop_floor, {self.chain.n} samples, CPU probe"
+            f" {self.probe_ms:.0f} ms)"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -274,12 +322,69 @@ class HopFloor:
             "chain": self.chain.brief(),
             "pipe": self.pipe.brief(),
             "cpuProbeMs": round(self.probe_ms, 1),
+            "gapMs": self.gap_ms,
+            "answerGapMs": self.answer_gap_ms,
+            "outMs": _rounded(self.out_ms),
+            "backMs": _rounded(self.back_ms),
+            "halves": {
+                "chainOut": self.chain_out.brief(),
+                "chainBack": self.chain_back.brief(),
+                "pipeOut": self.pipe_out.brief(),
+                "pipeBack": self.pipe_back.brief(),
+            },
+            "switchesPerRequest": {
+                "chain": _rounded(self.chain_switches),
+                "pipe": _rounded(self.pipe_switches),
+            },
         }
 
 
-def measure(samples: int = SAMPLES, warmup: int = WARMUP) -> HopFloor:
+def _rounded(value: float) -> float | None:
+    return None if math.isnan(value) else round(value, 3)
+
+
+def _tree(pid: int) -> list[int]:
+    """`pid` and every process under it."""
+    found = [pid]
+    for tid in _listdir(f"/proc/{pid}/task"):
+        try:
+            children = Path(f"/proc/{pid}/task/{tid}/children").read_text().split()
+        except OSError:
+            continue
+        for child in children:
+            found += _tree(int(child))
+    return found
+
+
+def _listdir(path: str) -> list[str]:
+    try:
+        return os.listdir(path)
+    except OSError:
+        return []
+
+
+def context_switches(pids: Sequence[int]) -> int:
+    """Voluntary and involuntary context switches of every thread of `pids` so far: each
+    voluntary one is a thread that blocked (and so had to be woken)."""
+    total = 0
+    for pid in pids:
+        for tid in _listdir(f"/proc/{pid}/task"):
+            try:
+                status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+            except OSError:
+                continue
+            for row in status.splitlines():
+                if "ctxt_switches:" in row:
+                    total += int(row.split()[-1])
+    return total
+
+
+def measure(
+    samples: int = SAMPLES, warmup: int = WARMUP, gap_s: float = 0.0, answer_gap_s: float = 0.0
+) -> HopFloor:
     """Start the three processes (and the direct echo), then time `samples` requests each way,
-    alternating, after `warmup` of each."""
+    alternating, after `warmup` of each; with `gap_s`, each sample (either way) after that
+    long idle; with `answer_gap_s`, each answered that long after the app-server read it."""
     probe = cpu_probe_ms()
     with tempfile.TemporaryDirectory(prefix="hop-floor-") as tmp:
         api, link = f"ipc://{tmp}/api.sock", f"ipc://{tmp}/link.sock"
@@ -298,33 +403,52 @@ def measure(samples: int = SAMPLES, warmup: int = WARMUP) -> HopFloor:
 
             servers: dict[str, set[int]] = {"chain": set(), "pipe": set()}
 
-            def checked(way: str, i: int, answer: dict[str, Any]) -> None:
+            def request(i: int) -> dict[str, Any]:
+                return {"id": i, "method": "noop", "delay": answer_gap_s}
+
+            def checked(way: str, i: int, answer: dict[str, Any]) -> tuple[float, float]:
                 if answer["id"] != i:
                     raise RuntimeError(f"answer {answer['id']} to request {i}")
                 servers[way].add(int(answer["result"]["pid"]))
+                return float(answer["result"]["in"]), float(answer["result"]["out"])
 
-            def through_chain(i: int) -> float:
+            def through_chain(i: int) -> tuple[float, float, float]:
                 t0 = time.perf_counter()
-                client.send_multipart([msgpack.packb({"id": i, "method": "noop"})])
+                client.send_multipart([msgpack.packb(request(i))])
                 answer = msgpack.unpackb(client.recv_multipart()[-1])
-                elapsed = 1000 * (time.perf_counter() - t0)
-                checked("chain", i, answer)
-                return elapsed
+                t1 = time.perf_counter()
+                read, answered = checked("chain", i, answer)
+                return 1000 * (t1 - t0), 1000 * (read - t0), 1000 * (t1 - answered)
 
-            def through_pipe(i: int) -> float:
+            def through_pipe(i: int) -> tuple[float, float, float]:
                 t0 = time.perf_counter()
-                answer = pipe.call({"id": i, "method": "noop"})
-                elapsed = 1000 * (time.perf_counter() - t0)
-                checked("pipe", i, answer)
-                return elapsed
+                answer = pipe.call(request(i))
+                t1 = time.perf_counter()
+                read, answered = checked("pipe", i, answer)
+                return 1000 * (t1 - t0), 1000 * (read - t0), 1000 * (t1 - answered)
 
-            chain: list[float] = []
-            direct: list[float] = []
+            chain: list[tuple[float, float, float]] = []
+            direct: list[tuple[float, float, float]] = []
+            tree: list[int] = []
+            switched = {"chain": 0, "pipe": 0}
             for i in range(warmup + samples):
-                c, p = through_chain(i), through_pipe(i)
+                if i == warmup:
+                    tree = _tree(daemon.pid)
+                    switched = {
+                        "chain": -context_switches(tree),
+                        "pipe": -context_switches([pipe.proc.pid]),
+                    }
+                if gap_s:
+                    time.sleep(gap_s)
+                c = through_chain(i)
+                if gap_s:
+                    time.sleep(gap_s)
+                p = through_pipe(i)
                 if i >= warmup:
                     chain.append(c)
                     direct.append(p)
+            switched["chain"] += context_switches(tree)
+            switched["pipe"] += context_switches([pipe.proc.pid])
             client.send_multipart([msgpack.packb({"stop": True})])
             daemon.wait(10)
         finally:
@@ -334,7 +458,23 @@ def measure(samples: int = SAMPLES, warmup: int = WARMUP) -> HopFloor:
                 daemon.kill()
                 daemon.wait()
     (chain_server,), (pipe_server,) = servers["chain"], servers["pipe"]
-    return HopFloor(Latency.of(chain), Latency.of(direct), probe, chain_server, pipe_server)
+    n = max(1, samples)
+    counted = len(tree) == 3  # the daemon, its worker, the worker's app-server
+    return HopFloor(
+        Latency.of(c[0] for c in chain),
+        Latency.of(p[0] for p in direct),
+        probe,
+        chain_server,
+        pipe_server,
+        gap_ms=round(gap_s * 1000, 3),
+        answer_gap_ms=round(answer_gap_s * 1000, 3),
+        chain_out=Latency.of(c[1] for c in chain),
+        chain_back=Latency.of(c[2] for c in chain),
+        pipe_out=Latency.of(p[1] for p in direct),
+        pipe_back=Latency.of(p[2] for p in direct),
+        chain_switches=switched["chain"] / n if counted else math.nan,
+        pipe_switches=switched["pipe"] / n,
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -343,6 +483,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--api")
     parser.add_argument("--link")
     parser.add_argument("--samples", type=int, default=SAMPLES)
+    parser.add_argument("--warmup", type=int, default=WARMUP)
+    parser.add_argument(
+        "--gap", type=float, default=0.0, metavar="MS", help="idle before each sample, ms"
+    )
+    parser.add_argument(
+        "--answer-gap", type=float, default=0.0, metavar="MS", help="app-server's wait, ms"
+    )
     args = parser.parse_args(argv)
     if args.role == "echo":
         return echo_main()
@@ -350,10 +497,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return worker_main(args.link)
     if args.role == "daemon":
         return daemon_main(args.api, args.link)
-    floor = measure(args.samples)
+    floor = measure(args.samples, args.warmup, args.gap / 1000, args.answer_gap / 1000)
     print(floor.line())
     print(json.dumps(floor.to_json()))
-    print("command: build/venv/bin/python -m bench.hop_floor")
+    gap = f" --gap {args.gap:g}" if args.gap else ""
+    gap += f" --answer-gap {args.answer_gap:g}" if args.answer_gap else ""
+    print(f"command: build/venv/bin/python -m bench.hop_floor --samples {args.samples}{gap}")
     return 0
 
 

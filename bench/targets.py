@@ -197,6 +197,27 @@ ISSUE36: tuple[IssueTarget, ...] = (
         )
         for p in PROVIDER_NAMES
     ),
+    *(
+        row
+        for p in PROVIDER_NAMES
+        for row in (
+            _info36(
+                f"hop-floor-at-turn-cadence:{p}",
+                "hop floor at a Turn's cadence: its out half after the idle a Turn's submit"
+                f" comes after, its back half a delta's spacing after, ms, {p}"
+                " (bench.hop_floor --gap --answer-gap)",
+                "bench.turn_overhead",
+                "2",
+            ),
+            _info36(
+                f"turn-over-floors:{p}",
+                "(host turn p50 - bare turn p50) / (turn floor + hop floor at a Turn's"
+                f" cadence), {p}",
+                "bench.turn_overhead",
+                "2",
+            ),
+        )
+    ),
     _i36(
         "forks-per-s",
         "forks committed/s at 16 clients, tutti-agent",

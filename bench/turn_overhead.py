@@ -21,7 +21,11 @@ same clock as the clients), so each delta's lag is its arrival minus the model's
   make any host Turn wait for beyond the bare one (two durable COMMITs and the cheapest
   `before` and `after` captures), beside turn overhead with their ratio; and the hop floor
   (`bench.hop_floor`, once a run): what the process view's path costs a no-work request, so the
-  profile says what the host adds beyond both floors.
+  profile says what the host adds beyond both floors;
+- beside them, INFO rows: the hop floor at a Turn's cadence (its out half measured after the
+  idle a host Turn's submit came after, its back half answered a delta's spacing after the
+  request: a Turn's start wakes processes idle since the previous Turn, its end follows its
+  last delta) and host - bare over the turn floor plus that.
 
 Where a Turn's time goes, on each side (the model stamps when it has the timed reply's request):
 before the model (submit or `turn/start`/`query()` → the model has the request: runtime,
@@ -71,6 +75,11 @@ FIRST_TOKEN_S = float(os.environ.get("AGENTHOST_BENCH_FIRST_TOKEN_MS") or 0) / 1
 Code's write of the prompt to its transcript, which is when the host records the Turn's start,
 falls on the reply's first bytes, and the host's writes compete with the CLI's relay of them."""
 PROVIDER_NAMES = ("tutti-agent", "codex", "claude-code")
+HOP_GAP_CAP_S = 0.06
+"""The longest idle the hop floor at a Turn's cadence waits before each sample: on this VM a
+chain's cost after 30 ms of idle and after 60 were the same within noise (every idle vCPU
+halts at once, `haltpoll.guest_halt_poll_ns=0`; docs/performance.md), and Claude Code's
+half-second Turns would make the measurement minutes long."""
 
 
 def now_ms() -> float:
@@ -327,6 +336,10 @@ def measure(name: str, tmp: Path, samples: int, warmup: int) -> dict[str, Any]:
     log(f"turn overhead: {name}, {samples} turns each side, interleaved")
     host: list[Sample] = []
     bare_samples: list[Sample] = []
+    idle: list[float] = []
+    """Before each timed host Turn but the first: since the previous host Turn settled."""
+    spacing: list[float] = []
+    """Between two consecutive deltas of a host Turn, at the client."""
     with side_by_side(name, tmp) as (server, config, bare):
         daemon = BenchDaemon(tmp / "home", providers={name: config}).start()
         profile = TreeProfile(daemon.pid, tmp / "turn-overhead.pyspy.txt", use_py_spy=False)
@@ -343,6 +356,7 @@ def measure(name: str, tmp: Path, samples: int, warmup: int) -> dict[str, Any]:
             if settle > 0:
                 time.sleep(settle + 0.05)
             profile.start()
+            settled = float("nan")
             for i in range(samples):
                 for turn, out in (
                     (lambda text: host_turn(c, sub, sid, text), host),
@@ -352,11 +366,22 @@ def measure(name: str, tmp: Path, samples: int, warmup: int) -> dict[str, Any]:
                     ms, arrivals = turn(f"turn {i}")
                     begun, emitted = server.reply_for(arrivals, t0)
                     out.append(Sample(ms, arrivals, emitted, t0=t0, begun=begun))
+                    if out is host:
+                        if not math.isnan(settled):
+                            idle.append(t0 - settled)
+                        settled = t0 + ms
+                        spacing += [b - a for a, b in zip(arrivals, arrivals[1:], strict=False)]
             profile.stop()
         finally:
             sub.close()
             daemon.stop()
-    return {"host": host, "bare": bare_samples, "cpu": profile.cpu}
+    return {
+        "host": host,
+        "bare": bare_samples,
+        "cpu": profile.cpu,
+        "hostIdleBefore": Latency.of(idle),
+        "hostDeltaSpacing": Latency.of(spacing),
+    }
 
 
 def _stage(values: Iterable[float]) -> Latency:
@@ -417,6 +442,8 @@ def run(mode: Mode) -> BenchResult:
     floor_rows: list[tuple[Any, ...]] = []
     floors: list[tuple[str, turn_floor.TurnFloor]] = []
     hops: hop_floor.HopFloor | None = None
+    cadence_rows: list[tuple[Any, ...]] = []
+    at_cadence: dict[tuple[float, float], hop_floor.HopFloor] = {}
     wanted = os.environ.get("AGENTHOST_BENCH_PROVIDERS")
     names = [n for n in PROVIDER_NAMES if not wanted or n in wanted.split(",")]
     with tempfile.TemporaryDirectory(prefix="bench-turns-") as tmp_text:
@@ -424,7 +451,14 @@ def run(mode: Mode) -> BenchResult:
             why = provider(name).unavailable()
             if why is not None:
                 result.notes.append(f"{name}: not measured: {why}")
-                for key in ("turn-overhead", "first-delta", "delta-batching", "turn-over-floor"):
+                for key in (
+                    "turn-overhead",
+                    "first-delta",
+                    "delta-batching",
+                    "turn-over-floor",
+                    "hop-floor-at-turn-cadence",
+                    "turn-over-floors",
+                ):
                     result.issue_target(
                         f"36:{key}:{name}",
                         float("nan"),
@@ -442,9 +476,18 @@ def run(mode: Mode) -> BenchResult:
             if hops is None:
                 hops = hop_floor.measure(pick(mode, 400, 200, 20), pick(mode, 50, 20, 3))
                 result.figures["hopFloor"] = hops.to_json()
+            idle, spacing = m["hostIdleBefore"], m["hostDeltaSpacing"]
+            cadence = _cadence_hops(mode, idle, spacing, at_cadence)
             turns = max(1, len(m["host"]))
             cpu = {k: round(1000 * v / turns, 2) for k, v in m["cpu"].items()}
-            result.figures[name] = {**f, "cpuMsPerHostTurn": cpu, "turnFloor": floor.to_json()}
+            result.figures[name] = {
+                **f,
+                "cpuMsPerHostTurn": cpu,
+                "turnFloor": floor.to_json(),
+                "hostIdleBeforeTurn": idle.brief(),
+                "hostDeltaSpacing": spacing.brief(),
+                "hopFloorAtTurnCadence": cadence.to_json(),
+            }
             ht, bt = f["hostTurn"], f["bareTurn"]
             rows.append((name, ht.n, ht.p50, ht.p99, bt.p50, bt.p99, f["turnOverheadMs"]))
             for side, key in (("host", "host"), ("bare", "bare")):
@@ -471,6 +514,7 @@ def run(mode: Mode) -> BenchResult:
                 f" {f['turnOverheadMs'] - floor.floor_ms - hops.hops_ms:.1f} ms: the host's own"
                 " work beyond what the process view and the Turn's laws make any host wait for"
                 f" ({hops.line()})",
+                _cadence_line(cadence, idle, spacing),
             ]
             measured = (
                 f"bench.turn_overhead: {ht.n} turns each side, {DELTAS} deltas"
@@ -501,6 +545,23 @@ def run(mode: Mode) -> BenchResult:
                     floor.commit.p50,
                     floor.capture.p50,
                     floor.host_capture.p50,
+                )
+            )
+            _cadence_targets(result, name, over, floor, cadence, idle, spacing, lines)
+            cadence_hop = cadence.out_ms + cadence.back_ms
+            cadence_rows.append(
+                (
+                    name,
+                    idle.p50,
+                    spacing.p50,
+                    cadence.gap_ms,
+                    cadence.out_ms,
+                    cadence.back_ms,
+                    cadence_hop,
+                    hops.hops_ms,
+                    over,
+                    floor.floor_ms,
+                    over / (floor.floor_ms + cadence_hop),
                 )
             )
             result.notes.append(f"{name} CPU ms per host Turn by process kind: {cpu}")
@@ -543,6 +604,27 @@ def run(mode: Mode) -> BenchResult:
             tuple(floor_rows),
         )
     )
+    result.tables.append(
+        Table(
+            "the process view at a Turn's cadence (bench.hop_floor's out half after the idle a"
+            " host Turn's submit came after, capped; its back half answered a delta's spacing"
+            " after the request, as a Turn's end follows its last delta), ms",
+            (
+                "provider",
+                "idle before submit p50",
+                "delta spacing p50",
+                "hop gap",
+                "out half",
+                "back half",
+                "hop floor at cadence",
+                "hop floor back to back",
+                "host - bare",
+                "turn floor",
+                "(host - bare) / (turn floor + hop floor at cadence)",
+            ),
+            tuple(cadence_rows),
+        )
+    )
     _floor_row(result, floors)
     if FIRST_TOKEN_S:
         result.notes.append(
@@ -554,6 +636,69 @@ def run(mode: Mode) -> BenchResult:
         " (BenchDaemon.workdir)"
     )
     return result
+
+
+def _cadence_hops(
+    mode: Mode,
+    idle: Latency,
+    spacing: Latency,
+    measured: dict[tuple[float, float], hop_floor.HopFloor],
+) -> hop_floor.HopFloor:
+    """The hop floor with each sample after the idle a host Turn's submit came after (its p50,
+    at most `HOP_GAP_CAP_S`) and each answer a delta's spacing (p50) after its request: a Turn's
+    start finds the processes idle since the previous Turn, its end follows the Turn's last
+    delta. One measurement per (gap, answer gap), rounded to the millisecond."""
+    gap = min(idle.p50, HOP_GAP_CAP_S * 1000) if not math.isnan(idle.p50) else 0.0
+    answer = spacing.p50 if not math.isnan(spacing.p50) else DRIP_S * 1000
+    key = (float(round(gap)), round(answer, 1))
+    if key not in measured:
+        measured[key] = hop_floor.measure(
+            pick(mode, 200, 100, 10), pick(mode, 20, 10, 2), key[0] / 1000, key[1] / 1000
+        )
+    return measured[key]
+
+
+def _cadence_line(cadence: hop_floor.HopFloor, idle: Latency, spacing: Latency) -> str:
+    return (
+        f"hop floor at a Turn's cadence {cadence.out_ms + cadence.back_ms:.2f} ms: out half"
+        f" {cadence.out_ms:.2f} ms after {cadence.gap_ms:g} ms idle (a host Turn's submit came"
+        f" {idle.p50:.1f} ms p50 after the previous one settled) + back half"
+        f" {cadence.back_ms:.2f} ms answered {cadence.answer_gap_ms:g} ms after the request"
+        f" (host deltas {spacing.p50:.2f} ms apart p50); {cadence.line()}"
+    )
+
+
+def _cadence_targets(
+    result: BenchResult,
+    name: str,
+    over: float,
+    floor: turn_floor.TurnFloor,
+    cadence: hop_floor.HopFloor,
+    idle: Latency,
+    spacing: Latency,
+    lines: Sequence[str],
+) -> None:
+    """The INFO rows beside target 2: the process view's floor at a Turn's own cadence, and
+    host - bare over both floors (the turn floor and that)."""
+    hop = cadence.out_ms + cadence.back_ms
+    words = (
+        f"bench.hop_floor --gap {cadence.gap_ms:g} --answer-gap {cadence.answer_gap_ms:g}"
+        f" ({cadence.chain.n} samples, after {name}'s Turns: idle before a host submit p50"
+        f" {idle.p50:.1f} ms, host deltas {spacing.p50:.2f} ms apart)"
+    )
+    result.issue_target(
+        f"36:hop-floor-at-turn-cadence:{name}",
+        hop,
+        measured=f"{words}: out {cadence.out_ms:.2f} + back {cadence.back_ms:.2f} ms",
+        profile={"lines": [_cadence_line(cadence, idle, spacing)]},
+    )
+    result.issue_target(
+        f"36:turn-over-floors:{name}",
+        over / (floor.floor_ms + hop),
+        measured=f"bench.turn_overhead: host - bare {over:.1f} ms over turn floor"
+        f" {floor.floor_ms:.2f} + hop floor at a Turn's cadence {hop:.2f} ms ({words})",
+        profile={"lines": list(lines), "floorMs": floor.floor_ms, "hopMs": hop},
+    )
 
 
 def _floor_row(result: BenchResult, floors: Sequence[tuple[str, turn_floor.TurnFloor]]) -> None:
