@@ -22,7 +22,7 @@ def test_a_turn_after_one_whose_capture_git_was_killed_gets_its_checkpoints(
 ) -> None:
     home = tmp_path / "home"
     home.mkdir()
-    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 2.0\n")
+    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 3.0\n")
     folder = tmp_path / "work"
     folder.mkdir()
     (folder / "a.txt").write_text("a\n")

@@ -21,7 +21,7 @@ from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 pytestmark = pytest.mark.timeout(60)
 
-BOUND_S = 1.5
+BOUND_S = 2.0
 """The stores' bound here: long enough for a real git on a loaded host, short for the test."""
 
 
