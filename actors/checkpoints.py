@@ -26,7 +26,7 @@ import re
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +35,7 @@ from typing import Any, ParamSpec, Protocol, TypeVar
 from actors.ports import Failpoints
 from actors.store_ports import DeletedSessions
 from domain.wake_one import WakeOneThreads
+from workspace.git import GitUnavailable
 from workspace.shadow import Checkpoint, ShadowStore, Unavailable
 
 log = logging.getLogger(__name__)
@@ -250,6 +251,21 @@ class DirectoryLocks:
         if first:
             shadow.clear_stale_locks(Path(cwd))
 
+    @contextlib.contextmanager
+    def held(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:
+        """Hold `cwd`'s (resolved) lock for one job on its shadow repository: the lock files a
+        killed daemon left are removed first (`clear_stale_once`), and those a git of this job
+        left — killed past its bound, or refused on one — before the lock is let go, so the
+        folder's next job is not refused on them."""
+        with self.resolved(cwd):
+            self.clear_stale_once(shadow, cwd)
+            try:
+                yield
+            except GitUnavailable as exc:
+                if exc.stale_locks:
+                    shadow.clear_stale_locks(Path(cwd))
+                raise
+
 
 class _Job:
     """One checkpoint job and its `Future`: run on a pool thread unless cancelled first."""
@@ -454,7 +470,7 @@ class TurnCheckpoints:
         real = os.path.realpath(cwd)
         names: list[str] = []
         try:
-            with self.locks(real):
+            with self.locks.held(self.shadow, real):
                 keys = self.locks.pins.discardable(session_id, turn_id)
                 names = [name for where, name in keys if where == real]
                 if names:
@@ -469,9 +485,8 @@ class TurnCheckpoints:
         try:
             if self.failpoints is not None:
                 self.failpoints.hit(f"host.checkpoint.{which}")
-            with self.locks.resolved(real):
+            with self.locks.held(self.shadow, real):
                 path = Path(real)
-                self.locks.clear_stale_once(self.shadow, real)
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
                     return Capture(real, checkpoint)
@@ -575,8 +590,7 @@ class CheckpointJanitor:
 
     def _drop(self, cwd: str, prefixes: set[str]) -> int:
         try:
-            with self.locks(cwd):
-                self.locks.clear_stale_once(self.shadow, cwd)
+            with self.locks.held(self.shadow, cwd):
                 doomed = [r for r in self.shadow.refs(Path(cwd)) if r.split("/", 1)[0] in prefixes]
                 dropped = self.shadow.drop_refs(Path(cwd), doomed)
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
@@ -613,7 +627,7 @@ class CheckpointJanitor:
         collected = 0
         for cwd in sorted(dirty):
             try:
-                with self.locks(cwd):
+                with self.locks.held(self.shadow, cwd):
                     self.shadow.gc(Path(cwd))
                 collected += 1
             except Exception as exc:  # noqa: BLE001 - kept dirty: the next sweep tries again
@@ -661,8 +675,7 @@ class CheckpointJanitor:
         trees = {str(record[w]) for w in ("before", "after") if record.get(w)}
         shared = [commit_ref(sid, tree) for tree in sorted(trees)]
         try:
-            with self.locks(cwd):
-                self.locks.clear_stale_once(self.shadow, cwd)
+            with self.locks.held(self.shadow, cwd):
                 kept = set(self.shadow.refs(Path(cwd)))
                 # A Session's tree ref goes only when no Turn of it needs it: pinned by a
                 # Turn in flight (read first: a pin goes only once its record is durable,

@@ -1,13 +1,16 @@
 """Running `git` for the workspace checkpoints, isolated from the person's own setup: no system
 or global config, no hooks, no pager, no prompts, no editor, a fixed identity, and a time
-bound on every call. The user's repository is only ever read through this runner, except
-where a worktree fork adds its worktree and branch (law 10).
+bound on every call (a git past it is killed with everything it started). The user's
+repository is only ever read through this runner, except where a worktree fork adds its
+worktree and branch (law 10).
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -16,11 +19,21 @@ from pathlib import Path
 
 class GitUnavailable(Exception):
     """`git` is not installed, or a call failed or ran out of time; `reason` is a short word
-    for the wire (`git_missing`, `git_failed`, `timed_out`) and the message says the rest."""
+    for the wire (`git_missing`, `git_failed`, `timed_out`) and the message says the rest.
+    `stale_locks`: the call may have left lock files behind (killed: by its bound or a
+    signal) or was refused on one already there; git refuses every later write past them
+    until they are removed (`ShadowStore.clear_stale_locks`)."""
 
-    def __init__(self, reason: str, message: str) -> None:
+    def __init__(self, reason: str, message: str, *, stale_locks: bool = False) -> None:
         super().__init__(message)
         self.reason = reason
+        self.stale_locks = stale_locks
+
+
+def _refused_on_lock(stderr: bytes) -> bool:
+    """git's answer when a lock file it creates exclusively is there already:
+    `Unable to create '<path>.lock': File exists.`"""
+    return b".lock': File exists" in stderr
 
 
 # Config that holds for every call: nothing of the person's may run or prompt.
@@ -96,28 +109,58 @@ class Git:
         for item in _CONFIG:
             cmd += ["-c", item]
         cmd += list(args)
+        bound = self.timeout_s if timeout_s is None else timeout_s
         try:
-            done = subprocess.run(
+            # Its own process group: past the bound the whole group is killed (a `gc`'s
+            # `pack-objects`, `repack`), so nothing of it still writes once the call answers
+            # and its lock files may be removed.
+            proc = subprocess.Popen(
                 cmd,
                 cwd=cwd,
                 env=self.env(env),
-                input=input_bytes,
-                capture_output=True,
-                timeout=self.timeout_s if timeout_s is None else timeout_s,
-                check=False,
+                stdin=subprocess.PIPE if input_bytes is not None else None,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                start_new_session=True,
             )
-        except subprocess.TimeoutExpired as exc:
-            raise GitUnavailable(
-                "timed_out", f"git {args[0]} took longer than {exc.timeout:g} s"
-            ) from None
         except OSError as exc:
             raise GitUnavailable("git_missing", f"cannot run git: {exc}") from None
+        try:
+            stdout, stderr = proc.communicate(input_bytes, timeout=bound)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc, bound)
+            raise GitUnavailable(
+                "timed_out", f"git {args[0]} took longer than {bound:g} s", stale_locks=True
+            ) from None
+        except BaseException:
+            _kill_group(proc, bound)
+            raise
+        done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
         if check and done.returncode != 0:
             err = done.stderr.decode(errors="replace").strip().splitlines()
             raise GitUnavailable(
-                "git_failed", f"git {args[0]} failed: {err[-1] if err else done.returncode}"
+                "git_failed",
+                f"git {args[0]} failed: {err[-1] if err else done.returncode}",
+                stale_locks=done.returncode < 0 or _refused_on_lock(done.stderr),
             )
         return done
 
     def out(self, args: Sequence[str], **kw: object) -> str:
         return self.run(args, **kw).stdout.decode(errors="surrogateescape").strip()  # type: ignore[arg-type]
+
+
+def _kill_group(proc: subprocess.Popen[bytes], bound: float) -> None:
+    """Kill `proc`'s process group (git and every process it started) and wait until none of
+    them holds its pipes any more (each closes them as it exits), for at most `bound` more:
+    then nothing of the call still writes in the repository."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    try:
+        proc.communicate(timeout=bound)
+    except subprocess.TimeoutExpired:
+        # A member stuck in the kernel (a stalled disk): stop waiting for it.
+        for pipe in (proc.stdin, proc.stdout, proc.stderr):
+            if pipe is not None:
+                with contextlib.suppress(OSError):
+                    pipe.close()
+        proc.wait()

@@ -57,6 +57,9 @@ SNAPSHOT_BACKOFF_MAX = 16
 """At most this many captures in a row skip the walk of a directory whose last walks were
 wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
 entry too young to take is tried again once that entry is old enough, not counted."""
+LONG_TIMEOUT_S = 120.0
+"""The bound of the git calls that write a whole tree or store (`gc`, `materialize`'s and
+`restore`'s `checkout-index`), where a capture's is `timeout_s`."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -455,10 +458,19 @@ class ShadowStore:
         repository; git refuses to write past them. Only for a caller that knows nothing else
         works on that repository now (the daemon holds its home, and serialises each
         directory's work); returns how many were removed."""
-        repo = self.repo_dir(cwd)
-        if not repo.is_dir():
+        return self._clear_locks(self.repo_dir(cwd))
+
+    @staticmethod
+    def _clear_locks(repo: Path) -> int:
+        try:
+            top = os.listdir(repo)
+        except OSError:
             return 0
-        stale = [repo / "index.lock", repo / "packed-refs.lock", *repo.glob("restore-*.index*")]
+        # `index.lock`, `packed-refs.lock` (and any other of the top: `config`, `HEAD`), a
+        # restore's own index and its lock; a killed `gc`'s commit-graph locks; refs' locks.
+        stale = [repo / n for n in top if n.endswith(".lock") or n.startswith("restore-")]
+        info = repo / "objects" / "info"
+        stale += [info / "commit-graph.lock", info / "commit-graphs" / "commit-graph-chain.lock"]
         refs = repo / "refs"
         if refs.is_dir():
             stale.extend(refs.rglob("*.lock"))
@@ -489,7 +501,14 @@ class ShadowStore:
             git = self._git()
             repo = self._repo(git, cwd, real)
             with self._repo_lock(repo):
-                tree, too_large = self._capture_tree(git, repo, cwd, real, ask_dir=known)
+                try:
+                    tree, too_large = self._capture_tree(git, repo, cwd, real, ask_dir=known)
+                except GitUnavailable as exc:
+                    if exc.stale_locks:
+                        # Its git killed past the bound (or refused on a lock a killed one
+                        # left): the next capture must not meet its `index.lock`.
+                        self._clear_locks(repo)
+                    raise
             head, root = self._head_of(git, cwd, real)
             return Checkpoint(tree, tree, head, root, tuple(sorted(too_large)))
         except GitUnavailable as exc:
@@ -884,7 +903,11 @@ class ShadowStore:
                     _make_parent(path)
                     fd = os.open(lock, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
             except OSError as exc:
-                raise GitUnavailable("git_failed", f"cannot lock ref {ref}: {exc}") from None
+                raise GitUnavailable(
+                    "git_failed",
+                    f"cannot lock ref {ref}: {exc}",
+                    stale_locks=isinstance(exc, FileExistsError),
+                ) from None
             try:
                 # Written by the descriptor: a Python file object around it would add a
                 # `fstat`, an `ioctl` and a `lseek` to each ref (ckpt).
@@ -971,7 +994,9 @@ class ShadowStore:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""
         repo = self.repo_dir(cwd)
         if (repo / "HEAD").is_file():
-            self._git().run(["gc", "-q", "--prune=now"], env={"GIT_DIR": str(repo)}, timeout_s=120)
+            self._git().run(
+                ["gc", "-q", "--prune=now"], env={"GIT_DIR": str(repo)}, timeout_s=LONG_TIMEOUT_S
+            )
 
     def size_bytes(self) -> int:
         total = 0
@@ -1034,7 +1059,7 @@ class ShadowStore:
         try:
             env = self._env(repo, tmp, index)
             git.run(["read-tree", commit], env=env, cwd=tmp)
-            git.run(["checkout-index", "-a", "-f"], env=env, cwd=tmp, timeout_s=120)
+            git.run(["checkout-index", "-a", "-f"], env=env, cwd=tmp, timeout_s=LONG_TIMEOUT_S)
             os.rename(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1074,7 +1099,7 @@ class ShadowStore:
                     env=env,
                     cwd=cwd,
                     input_bytes=_nul(wanted),
-                    timeout_s=120,
+                    timeout_s=LONG_TIMEOUT_S,
                 )
         finally:
             index.unlink(missing_ok=True)

@@ -210,12 +210,22 @@ def test_lock_files_a_killed_process_left_are_cleared(repo: Path, store: ShadowS
     assert isinstance(first, Checkpoint)
     store.keep(repo, "s/t/after", first.commit)
     shadow = store.repo_dir(repo)
-    (shadow / "index.lock").write_text("")
-    (shadow / "refs" / "agenthost" / "s" / "t" / "before.lock").write_text("")
-    (repo / "late.txt").write_text("after the kill\n")
-    stuck = store.capture(repo)
-    assert isinstance(stuck, Unavailable) and stuck.reason == "git_failed"
+    index_lock = shadow / "index.lock"
+    ref_lock = shadow / "refs" / "agenthost" / "s" / "t" / "before.lock"
+    index_lock.write_text("")
+    ref_lock.write_text("")
     assert store.clear_stale_locks(repo) == 2
+    (repo / "late.txt").write_text("after the kill\n")
     again = store.capture(repo)
     assert isinstance(again, Checkpoint) and again.tree != first.tree
     store.keep(repo, "s/t/before", again.commit)
+    # A capture refused on a lock (its git met one) answers `git_failed` and removes the
+    # repository's lock files: the folder's next capture is not refused on them.
+    index_lock.write_text("")
+    ref_lock.write_text("")
+    (repo / "later.txt").write_text("after another kill\n")
+    stuck = store.capture(repo)
+    assert isinstance(stuck, Unavailable) and stuck.reason == "git_failed"
+    assert not index_lock.exists() and not ref_lock.exists()
+    last = store.capture(repo)
+    assert isinstance(last, Checkpoint) and last.tree != again.tree
