@@ -305,8 +305,9 @@ class AppServerDriver:
 
     def begin_turn(self, params: Mapping[str, Any], emit: Emit, answer: TurnAnswer) -> bool:
         """`start_turn` for a warm Session, on a thread that must never block (the worker's
-        link thread): writes `turn/start` and returns True, or returns False having changed
-        nothing, for `start_turn` on a lane to do it as ever — when the Session has no live
+        link thread): writes `turn/start` and returns True, or returns False having sent
+        nothing (the thread's history generation at most bumped, as the lane's start bumps it
+        again), for `start_turn` on a lane to do it as ever — when the Session has no live
         runtime, another operation holds it, a Turn is active or awaited, or the request
         cannot leave without waiting (`AppServerProcess.try_request_async`). The Session's
         operation lock is held from here to the answer, as `start_turn` holds it; the answer
