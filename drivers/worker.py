@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import functools
 import importlib
 import json
 import logging
@@ -172,6 +173,8 @@ class WorkerServer:
         self._driver: ProviderDriver | None = None
         self._driver_lock = threading.Lock()
         sizes = {**LANE_THREADS, "slow": max_threads}
+        self.turn_starts_here = 0
+        """Warm `turn.start`s started on the link thread (`_start_turn_here`; `worker.ping`)."""
         self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
@@ -337,9 +340,45 @@ class WorkerServer:
                 # otherwise race the two.
                 self._handle(msg)
                 return
+            if msg.get("method") == "turn.start" and self._start_turn_here(msg):
+                return
             self._lanes[self.lane_of(msg)].put(msg)
         except Exception:  # noqa: BLE001 - one bad request must not stop the link
             traceback.print_exc(file=sys.stderr)
+
+    def _start_turn_here(self, msg: Mapping[str, Any]) -> bool:
+        """A warm `turn.start` started on the link thread itself, with no lane between the
+        link and the provider: the driver's `begin_turn` writes the provider's request without
+        waiting (or declines, having done nothing), and its answer is sent from the thread
+        that completes it (the app-server's reader). False — the lane runs it, as ever — when
+        the driver has no `begin_turn`, any failpoint is armed (each fires where it always
+        has, on the lane), the runtime is not the one the host named, or the driver declines.
+        Two hand-offs fewer a Turn: link → lane, and the answer's reader → lane."""
+        driver = self._driver  # never import a driver on the link thread
+        begin = getattr(driver, "begin_turn", None)
+        req_id, params = msg.get("id"), msg.get("params")
+        if (
+            begin is None
+            or self.failpoints.armed
+            or not isinstance(req_id, int)
+            or not isinstance(params, dict)
+        ):
+            return False
+        self.failpoints.hit("worker.turn.before_start")  # nothing armed: no action (a stamp)
+        expected = params.get("runtimeGeneration")
+        if expected is not None and expected != self.runtime_generation(
+            str(params.get("agentSessionId") or ""), str(params.get("home") or "")
+        ):
+            return False  # refused on the lane, typed (`RuntimeChanged`)
+        answer = functools.partial(self._answer, req_id, "turn.start")
+        try:
+            if not begin(params, self.emit, answer):
+                return False
+        except Exception:  # noqa: BLE001 - it raises only before it wrote: the lane runs it
+            traceback.print_exc(file=sys.stderr)
+            return False
+        self.turn_starts_here += 1
+        return True
 
     def lane_of(self, msg: Mapping[str, Any]) -> str:
         method = msg.get("method")
@@ -373,18 +412,32 @@ class WorkerServer:
             if handler is None:
                 raise InvalidRequest(f"unknown worker method {method!r}", reason="unknown_method")
             result = handler(params)
-        except HostError as exc:
-            self.link.send_error(req_id, exc.to_wire())
-        except Exception as exc:  # a driver bug must still answer, typed (law 7)
-            # Its text and traceback go to the worker's log (the daemon's run dir) under a
-            # reference id; the answer, which may reach a client, carries only the reference.
-            error = internal_error(exc, f"{self.provider} worker method {method}", logger=log)
-            self.link.send_error(req_id, error.to_wire())
+        except Exception as exc:  # noqa: BLE001 - answered, typed
+            self._answer(req_id, method, None, exc)
         else:
-            self.link.send_result(req_id, result)
+            self._answer(req_id, method, result, None)
         if method == "fork":
             # Work the driver left for after the answer (the next fork's home made ahead).
             self.driver().after_answer()
+
+    def _answer(
+        self,
+        req_id: int,
+        method: object,
+        result: Mapping[str, Any] | None,
+        error: BaseException | None,
+    ) -> None:
+        """Send a request's one answer: its result, or its failure typed."""
+        assert self.link is not None
+        if error is None:
+            self.link.send_result(req_id, result or {})
+        elif isinstance(error, HostError):
+            self.link.send_error(req_id, error.to_wire())
+        else:  # a driver bug must still answer, typed (law 7)
+            # Its text and traceback go to the worker's log (the daemon's run dir) under a
+            # reference id; the answer, which may reach a client, carries only the reference.
+            failure = internal_error(error, f"{self.provider} worker method {method}", logger=log)
+            self.link.send_error(req_id, failure.to_wire())
 
     def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The provider's own turn history, for drivers that can read it (app-servers)."""
@@ -417,6 +470,7 @@ class WorkerServer:
             "version": WORKER_VERSION,
             # Whether the driver is loaded (by `preload` as the worker started, or by a request).
             "driverLoaded": self._driver is not None,
+            "turnStartsHere": self.turn_starts_here,
         }
 
     def _sleep(self, params: Mapping[str, Any]) -> dict[str, Any]:

@@ -144,6 +144,15 @@ POINTS: tuple[tuple[str, str, str, str, str, Suffix], ...] = (
         "w.start_turn.end",
         None,
     ),
+    # a warm Turn's start on the worker's link thread (`WorkerServer._start_turn_here`)
+    (
+        "drivers.app_server.driver",
+        "AppServerDriver",
+        "begin_turn",
+        "w.start_turn",
+        "w.start_turn.end",
+        None,
+    ),
     (
         "drivers.app_server.events",
         "TurnEvents",

@@ -14,7 +14,8 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.process import (
     AppServerClosed,
     AppServerFailure,
+    AppServerTimeout,
     JsonRpcError,
     QuietLines,
     pdeathsig_wrapper,
@@ -101,6 +103,8 @@ class AppServerDriver:
             self.runtimes, self._sessions, self.binder, provider.binding_mode
         )
         self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
+        # `begin_turn`'s requests waiting for their answer → (runtime, deadline)
+        self._turn_starts: dict[Future[dict[str, Any]], tuple[Runtime, float]] = {}
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self._tick = max(0.05, min(5.0, self.idle_timeout / 4, self.stopped_limit / 4))
@@ -285,7 +289,6 @@ class AppServerDriver:
         turn_id = str(params.get("turnId") or "")
         if not turn_id:
             raise InvalidArgument("turnId", "turnId is required")
-        text = str(params.get("text") or "")
         with session.op_lock:
             runtime = self._ensure_runtime(session)
             with session.state_lock:
@@ -293,30 +296,108 @@ class AppServerDriver:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
             session.history_changed()
-            try:
-                result = runtime.proc.request(
-                    "turn/start",
-                    {
-                        "threadId": session.thread_id,
-                        "input": [{"type": "text", "text": text, "text_elements": []}],
-                    },
-                    timeout=self.request_timeout,
-                )
-            except JsonRpcError as exc:
+            fut = runtime.proc.request_async("turn/start", _turn_start_params(session, params))
+            return self._turn_started(
+                session,
+                runtime,
+                lambda: runtime.proc.answer("turn/start", fut, timeout=self.request_timeout),
+            )
+
+    def begin_turn(self, params: Mapping[str, Any], emit: Emit, answer: TurnAnswer) -> bool:
+        """`start_turn` for a warm Session, on a thread that must never block (the worker's
+        link thread): writes `turn/start` and returns True, or returns False having sent
+        nothing (the thread's history generation at most bumped, as the lane's start bumps it
+        again), for `start_turn` on a lane to do it as ever — when the Session has no live
+        runtime, another operation holds it, a Turn is active or awaited, or the request
+        cannot leave without waiting (`AppServerProcess.try_request_async`). The Session's
+        operation lock is held from here to the answer, as `start_turn` holds it; the answer
+        (or a failure) completes on the thread that completes the request — the app-server's
+        reader, the idle reaper at `request_timeout_s` — and is told to `answer(result,
+        error)` after the lock is released, exactly one of the two None."""
+        session = self._sessions.get(str(params.get("agentSessionId") or ""))
+        turn_id = str(params.get("turnId") or "")
+        if session is None or not turn_id or not session.op_lock.acquire(blocking=False):
+            return False
+        fut = None
+        try:
+            runtime = session.runtime
+            if runtime is None or not runtime.alive:
+                return False
+            with session.state_lock:
+                if session.active or session.awaiting_turn is not None:
+                    return False  # `start_turn` refuses it, typed
+                session.awaiting_turn = turn_id
+            self.events.emit = emit
+            session.history_changed()
+            fut = runtime.proc.try_request_async("turn/start", _turn_start_params(session, params))
+            if fut is None:
                 with session.state_lock:
                     session.awaiting_turn = None
-                raise DriverError(f"turn/start rejected: {exc.rpc_message}") from exc
-            except AppServerFailure as exc:
-                with session.state_lock:
-                    session.awaiting_turn = None
-                raise DriverError(
-                    f"turn/start failed: {runtime.stopped_error or exc}",
-                    reason="provider_unavailable",
-                ) from exc
-            provider_turn_id = str((result.get("turn") or {}).get("id") or "")
-            self.events.claim_turn(session, provider_turn_id)
-            session.last_used = time.monotonic()
+                return False
+        finally:
+            if fut is None:
+                session.op_lock.release()
+        with self._lock:
+            self._turn_starts[fut] = (runtime, time.monotonic() + self.request_timeout)
+        fut.add_done_callback(functools.partial(self._turn_answered, session, runtime, answer))
+        return True
+
+    def _turn_answered(
+        self,
+        session: SessionState,
+        runtime: Runtime,
+        answer: TurnAnswer,
+        fut: Future[dict[str, Any]],
+    ) -> None:
+        """`begin_turn`'s request completed (on the thread that completed it)."""
+        with self._lock:
+            self._turn_starts.pop(fut, None)
+        try:
+            result = self._turn_started(session, runtime, lambda: fut.result(0))
+        except Exception as exc:  # noqa: BLE001 - answered, typed, by the worker
+            session.op_lock.release()
+            answer(None, exc)
+        else:
+            session.op_lock.release()
+            answer(result, None)
+
+    def _turn_started(
+        self,
+        session: SessionState,
+        runtime: Runtime,
+        wait: Callable[[], dict[str, Any]],
+    ) -> dict[str, Any]:
+        """A `turn/start`'s answer (`wait()`) made the Turn's start: its provider id claimed
+        (`turn.started` sent), or the Session no longer awaiting it and the failure typed."""
+        try:
+            result = wait()
+        except JsonRpcError as exc:
+            with session.state_lock:
+                session.awaiting_turn = None
+            raise DriverError(f"turn/start rejected: {exc.rpc_message}") from exc
+        except AppServerFailure as exc:
+            with session.state_lock:
+                session.awaiting_turn = None
+            raise DriverError(
+                f"turn/start failed: {runtime.stopped_error or exc}",
+                reason="provider_unavailable",
+            ) from exc
+        provider_turn_id = str((result.get("turn") or {}).get("id") or "")
+        self.events.claim_turn(session, provider_turn_id)
+        session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}
+
+    def _expire_turn_starts(self, now: float) -> None:
+        """`begin_turn`'s requests unanswered past `request_timeout_s` fail as `start_turn`'s
+        wait does (`AppServerTimeout`), on the reaper's tick."""
+        with self._lock:
+            late = [(f, r) for f, (r, deadline) in self._turn_starts.items() if deadline <= now]
+            for fut, _runtime in late:
+                del self._turn_starts[fut]
+        for fut, runtime in late:
+            runtime.proc.expire(
+                fut, AppServerTimeout(f"turn/start: no answer in {self.request_timeout:.1f} s")
+            )
 
     def history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """`session.history {agentSessionId}` → `{turns: [{providerTurnId, status, userText}]}`
@@ -524,6 +605,7 @@ class AppServerDriver:
         the liveness request, past `stopped_limit_s`."""
         while not self._closed.wait(self._tick):
             now = time.monotonic()
+            self._expire_turn_starts(now)
             for session in self._sessions.all():
                 runtime = session.runtime
                 if runtime is None or not runtime.alive:
@@ -610,3 +692,16 @@ class AppServerDriver:
             return False  # gone: its exit fails the Turns
         runtime.probe.add_done_callback(lambda f: f.exception())  # observed, never raised
         return False
+
+
+TurnAnswer = Callable[[dict[str, Any] | None, BaseException | None], None]
+"""How `AppServerDriver.begin_turn` tells its caller a Turn's start: `(result, None)` or
+`(None, error)`."""
+
+
+def _turn_start_params(session: SessionState, params: Mapping[str, Any]) -> dict[str, Any]:
+    text = str(params.get("text") or "")
+    return {
+        "threadId": session.thread_id,
+        "input": [{"type": "text", "text": text, "text_elements": []}],
+    }

@@ -15,6 +15,7 @@ import functools
 import itertools
 import json
 import os
+import select
 import shutil
 import signal
 import subprocess
@@ -246,6 +247,9 @@ class AppServerProcess:
         self._pending: dict[int, tuple[str, Future[dict[str, Any]]]] = {}
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
+        self._stdin_poll: select.poll | None = None  # under the write lock
+        self.writes_refused = 0
+        """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
@@ -354,6 +358,60 @@ class AppServerProcess:
             if not fut.done():
                 fut.set_exception(exc)
         return fut
+
+    def try_request_async(
+        self, method: str, params: Mapping[str, Any]
+    ) -> Future[dict[str, Any]] | None:
+        """`request_async` for a thread that must never block (the worker's link thread): None,
+        with nothing sent and nothing pending, unless the whole line leaves in one write that
+        cannot wait — no other thread is writing (the write lock is free), the line fits in
+        one pipe buffer (`PIPE_BUF`: a pipe that polls writable takes it whole, at once) and
+        the server's stdin polls writable (a server that stopped reading fills its pipe).
+        The answer completes the future on the reader thread, as `request_async`'s does."""
+        req_id = next(self._ids)
+        line = (_ENCODE({"id": req_id, "method": method, "params": dict(params)}) + "\n").encode()
+        if len(line) > select.PIPE_BUF or not self._write_lock.acquire(blocking=False):
+            return None
+        try:
+            proc = self._proc
+            if proc is None or proc.stdin is None or self._closed_reason is not None:
+                return None
+            if self._stdin_poll is None:
+                self._stdin_poll = select.poll()
+                self._stdin_poll.register(proc.stdin.fileno(), select.POLLOUT)
+            if not self._stdin_poll.poll(0):
+                self.writes_refused += 1
+                return None
+            fut: Future[dict[str, Any]] = Future()
+            with self._lock:
+                if self._closed_reason is not None:
+                    return None
+                self._pending[req_id] = (method, fut)
+            try:
+                proc.stdin.write(line)
+                proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as exc:
+                with self._lock:
+                    self._pending.pop(req_id, None)
+                fut.set_exception(AppServerClosed(f"app-server pipe closed: {exc}", sent=False))
+                return fut
+        finally:
+            self._write_lock.release()
+        self.last_activity = time.monotonic()
+        return fut
+
+    def expire(self, fut: Future[dict[str, Any]], failure: AppServerFailure) -> bool:
+        """Fail a request still waiting for its answer with `failure` (a caller's timeout that
+        no thread waits out: `try_request_async`'s); False when its answer came first."""
+        with self._lock:
+            for req_id, (_method, pending) in self._pending.items():
+                if pending is fut:
+                    del self._pending[req_id]
+                    break
+            else:
+                return False
+        fut.set_exception(failure)
+        return True
 
     def request(
         self, method: str, params: Mapping[str, Any], *, timeout: float = 30.0
