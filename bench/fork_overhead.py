@@ -9,11 +9,13 @@ tree). Every available provider of `bench/providers.py` is measured, in every mo
 
 from __future__ import annotations
 
+import math
 import shutil
 import sqlite3
 import sys
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,80 @@ from bench.providers import PROVIDERS, ProviderEntry
 
 MODULE = "bench.fork_overhead"
 STAGES = ("prepare", "attest", "provider+bind", "commit", "reply")
+HOP_GAP_CAP_S = 0.06
+"""The longest idle the hop floor at a fork's cadence waits before each sample (as
+`bench.turn_overhead`'s: from 30 ms of idle on, a chain's cost no longer moves here)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ForkCadence:
+    """The gaps one provider's host forks saw in this run and the hop floor measured at them.
+    `idle`: before each host fork, since the host last answered this client (its previous
+    acknowledgement; the bare fork ran in between); `since_fork`: since the previous fork came
+    back committed; `answer`: the provider's own fork work (the paired bare fork), after which
+    its answer starts back; `hops`: `bench.hop_floor` with its samples `idle` p50 apart and
+    answered `answer` p50 after each request (each rounded to half a millisecond)."""
+
+    idle: Latency
+    since_fork: Latency
+    answer: Latency
+    hops: hop_floor.HopFloor
+
+    @property
+    def hop_ms(self) -> float:
+        """The process view at this cadence: the out half plus the back half."""
+        return self.hops.out_ms + self.hops.back_ms
+
+    def words(self) -> str:
+        return (
+            f"bench.hop_floor --gap {self.hops.gap_ms:g} --answer-gap"
+            f" {self.hops.answer_gap_ms:g} ({self.hops.chain.n} samples; a host fork came"
+            f" {self.idle.p50:.2f} ms p50 after the host's previous answer,"
+            f" {self.since_fork.p50:.2f} ms after the previous fork committed; the provider's"
+            f" own fork work {self.answer.p50:.2f} ms p50)"
+        )
+
+    def line(self) -> str:
+        return (
+            f"hop floor at a fork's cadence {self.hop_ms:.2f} ms: out half"
+            f" {self.hops.out_ms:.2f} ms after {self.hops.gap_ms:g} ms idle + back half"
+            f" {self.hops.back_ms:.2f} ms answered {self.hops.answer_gap_ms:g} ms after the"
+            f" request; {self.words()}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "hostIdleBeforeFork": self.idle.brief(),
+            "sinceForkBefore": self.since_fork.brief(),
+            "providerWork": self.answer.brief(),
+            "hopMs": round(self.hop_ms, 3),
+            "hopFloor": self.hops.to_json(),
+        }
+
+
+def _half_ms(value_ms: float) -> float:
+    return round(value_ms * 2) / 2
+
+
+def cadence_hops(
+    mode: Mode,
+    idle: Latency,
+    since_fork: Latency,
+    answer: Latency,
+    measured: dict[tuple[float, float], hop_floor.HopFloor],
+) -> ForkCadence:
+    """The hop floor with each sample after the idle a host fork came after (its p50, at most
+    `HOP_GAP_CAP_S`) and each answer the provider's own fork work (the bare p50) after its
+    request. One measurement per (gap, answer gap), each rounded to half a millisecond, so
+    providers whose gaps agree share it."""
+    gap = min(idle.p50, HOP_GAP_CAP_S * 1000) if not math.isnan(idle.p50) else 0.0
+    work = answer.p50 if not math.isnan(answer.p50) else 0.0
+    key = (_half_ms(gap), _half_ms(work))
+    if key not in measured:
+        measured[key] = hop_floor.measure(
+            pick(mode, 200, 100, 10), pick(mode, 20, 10, 2), key[0] / 1000, key[1] / 1000
+        )
+    return ForkCadence(idle, since_fork, answer, measured[key])
 
 
 def stage_times(store_path: Path, ops: Sequence[dict[str, Any]]) -> dict[str, list[float]]:
@@ -80,6 +156,12 @@ def _measure(
     bare_ms: list[float] = []
     cold_ms: list[float] = []
     ops: list[dict[str, Any]] = []
+    idle_ms: list[float] = []
+    """Before each timed host fork but the first: since the host last answered this client
+    (the previous fork's acknowledgement); the bare fork ran in between."""
+    since_fork_ms: list[float] = []
+    """Before each timed host fork but the first: since the previous fork came back committed
+    (the worker and its provider have had no request since)."""
     # The measured window runs without the sampler (py-spy takes CPU from the same two cores,
     # and only on the host's side); the profile comes from a shorter run after it.
     profile = TreeProfile(daemon.pid, tmp / "fork-overhead.pyspy.txt", use_py_spy=False)
@@ -95,8 +177,12 @@ def _measure(
             acknowledge(c, fork_until_terminal(c, sid, boundary)["operationId"])
             bare.fork_once()
         profile.start()
+        answered = committed = float("nan")
         for _ in range(samples):
             t0 = now_ms()
+            if not math.isnan(answered):
+                idle_ms.append(t0 - answered)
+                since_fork_ms.append(t0 - committed)
             op = fork_until_terminal(c, sid, boundary)
             t1 = now_ms()
             if op["status"] != "committed":
@@ -104,6 +190,7 @@ def _measure(
             host_ms.append(t1 - t0)
             ops.append({"operationId": op["operationId"], "t0": t0, "t1": t1})
             acknowledge(c, op["operationId"])
+            answered, committed = now_ms(), t1
             bare_ms.append(bare.fork_once())
         profile.stop()
         spied.start()
@@ -126,6 +213,8 @@ def _measure(
         "profile": spied.summary,
         "spyLines": spy_lines(spied),
         "forks": len(host_ms),
+        "hostIdleBefore": Latency.of(idle_ms),
+        "sinceForkBefore": Latency.of(since_fork_ms),
     }
 
 
@@ -140,6 +229,8 @@ def run(mode: Mode) -> BenchResult:
     measured: list[tuple[str, Latency, Latency]] = []
     floor: sync_floor.Floor | None = None
     hops: hop_floor.HopFloor | None = None
+    cadences: dict[str, ForkCadence] = {}
+    at_cadence: dict[tuple[float, float], hop_floor.HopFloor] = {}
     with tempfile.TemporaryDirectory(prefix="bench-overhead-") as tmp_text:
         for entry in PROVIDERS:
             why = entry.unavailable()
@@ -190,6 +281,11 @@ def run(mode: Mode) -> BenchResult:
             if hops is None:
                 hops = hop_floor.measure(pick(mode, 400, 200, 20), pick(mode, 50, 20, 3))
                 result.figures["hopFloor"] = hops.to_json()
+            cadence = cadence_hops(
+                mode, m["hostIdleBefore"], m["sinceForkBefore"], bare, at_cadence
+            )
+            cadences[entry.name] = cadence
+            result.figures[entry.name]["hopFloorAtForkCadence"] = cadence.to_json()
             result.issue_target(
                 f"fork-ratio:{entry.name}",
                 r50,
@@ -203,6 +299,7 @@ def run(mode: Mode) -> BenchResult:
                         + ", ".join(f"{k} {v:.1f}" for k, v in stages_p50.items()),
                         cpu_line(cpu, "ms per fork"),
                         *floor_lines,
+                        cadence.line(),
                         *m["spyLines"],
                     ],
                     "stagesP50Ms": stages_p50,
@@ -252,7 +349,112 @@ def run(mode: Mode) -> BenchResult:
         )
     result.figures["skipped"] = dict(skipped)
     _issue36_rows(result, measured, floor, hops, skipped)
+    _cadence_rows(result, measured, floor, hops, cadences, skipped)
     return result
+
+
+def _cadence_rows(
+    result: BenchResult,
+    measured: Sequence[tuple[str, Latency, Latency]],
+    floor: sync_floor.Floor | None,
+    hops: hop_floor.HopFloor | None,
+    cadences: Mapping[str, ForkCadence],
+    skipped: Sequence[tuple[str, str]],
+) -> None:
+    """The INFO rows beside target 1 (no limit; the target stands): the process view's floor at
+    a fork's own cadence, and the host fork p50 over the durability floor plus that; and a
+    table of the gaps, the halves and the share of host - floor the hop floor explains."""
+    rows: list[tuple[Any, ...]] = []
+    for name, host, bare in measured:
+        cadence = cadences[name]
+        hop = cadence.hop_ms
+        result.issue_target(
+            f"36:hop-floor-at-fork-cadence:{name}",
+            hop,
+            measured=f"{cadence.words()}: out {cadence.hops.out_ms:.2f} + back"
+            f" {cadence.hops.back_ms:.2f} ms",
+            profile={"lines": [cadence.line()]},
+        )
+        if floor is None:
+            why = "no durability floor in this run (tutti-agent not measured, or strace missing)"
+            result.issue_target(
+                f"36:fork-over-floors:{name}", float("nan"), measured=why, profile={"lines": [why]}
+            )
+            continue
+        floor_ms = bare.p50 + floor.sync_ms
+        over = host.p50 - floor_ms
+        lines = [
+            floor.line(),
+            cadence.line(),
+            f"host p50 - durability floor = {over:.2f} ms, of which the hop floor at a fork's"
+            f" cadence {hop:.2f} ms ({_share(hop, over)})",
+        ]
+        result.issue_target(
+            f"36:fork-over-floors:{name}",
+            ratio(host.p50, floor_ms + hop),
+            measured=f"bench.fork_overhead: {host.n} forks; host p50 {host.p50:.1f} ms over"
+            f" durability floor {floor_ms:.2f} + hop floor at a fork's cadence {hop:.2f} ms"
+            f" ({cadence.words()})",
+            profile={"lines": lines, "floorMs": floor_ms, "hopMs": hop},
+        )
+        rows.append(
+            (
+                name,
+                cadence.idle.p50,
+                cadence.since_fork.p50,
+                cadence.answer.p50,
+                cadence.hops.gap_ms,
+                cadence.hops.answer_gap_ms,
+                cadence.hops.out_ms,
+                cadence.hops.back_ms,
+                hop,
+                hops.hops_ms if hops is not None else float("nan"),
+                host.p50,
+                floor_ms,
+                over,
+                hop / over if over > 0 else float("nan"),
+                ratio(host.p50, floor_ms + hop),
+            )
+        )
+    for name, why in skipped:
+        for key in ("hop-floor-at-fork-cadence", "fork-over-floors"):
+            result.issue_target(
+                f"36:{key}:{name}",
+                float("nan"),
+                measured=f"not measured: {why}",
+                profile={"lines": [f"{name} was not measured: {why}"]},
+            )
+    result.tables.append(
+        Table(
+            "the process view at a fork's cadence (bench.hop_floor's out half after the idle a"
+            " host fork came after, its back half answered the provider's own fork work after"
+            " the request), ms",
+            (
+                "provider",
+                "idle before fork p50",
+                "since previous fork p50",
+                "provider work p50",
+                "hop gap",
+                "answer gap",
+                "out half",
+                "back half",
+                "hop floor at cadence",
+                "hop floor back to back",
+                "host p50",
+                "durability floor",
+                "host - floor",
+                "share of host - floor",
+                "host / (floor + hop floor at cadence)",
+            ),
+            tuple(rows),
+        )
+    )
+
+
+def _share(part: float, whole: float) -> str:
+    if whole <= 0 or math.isnan(whole):
+        return "host p50 is not above the floor"
+    return f"{100 * part / whole:.0f} % of it"
 
 
 def _issue36_rows(

@@ -155,6 +155,26 @@ ISSUE36: tuple[IssueTarget, ...] = (
         row
         for p in PROVIDER_NAMES
         for row in (
+            _info36(
+                f"hop-floor-at-fork-cadence:{p}",
+                "hop floor at a fork's cadence: its out half after the idle a host fork comes"
+                f" after, its back half the provider's own fork work after, ms, {p}"
+                " (bench.hop_floor --gap --answer-gap)",
+                "bench.fork_overhead",
+                "1",
+            ),
+            _info36(
+                f"fork-over-floors:{p}",
+                "host fork p50 / (durability floor + hop floor at a fork's cadence), " + p,
+                "bench.fork_overhead",
+                "1",
+            ),
+        )
+    ),
+    *(
+        row
+        for p in PROVIDER_NAMES
+        for row in (
             _i36(
                 f"turn-overhead:{p}",
                 f"host turn p50 - bare turn p50, ms, {p}",
