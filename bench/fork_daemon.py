@@ -249,13 +249,11 @@ def clients(
                 stats1 = _write_stats(fifo)
                 forks = sum(1 for rs in records for r in rs if r.get("reason") == "committed")
                 n = max(1, forks)
-                client_ms = sum(r.get("cpuS", 0.0) for rs in records for r in rs) * 1000 / n
                 delta = {k: after[k] - before["t"].get(k, 0) for k in after}
                 cpu = {k[4:]: v / tick * 1000 / n for k, v in delta.items() if k[:4] == "cpu:"}
                 wakes = {k[3:]: v / n for k, v in delta.items() if k[:3] == "cs:"}
                 row = {
                     "load": load,
-                    "clientCpuMsPerFork": client_ms,
                     "cpuProbeMs": probe,
                     "forks": forks,
                     "forksPerSecond": forks / seconds,
@@ -352,8 +350,7 @@ def _round_line(row: dict[str, Any]) -> str:
     return (
         f"load {row['load']:.1f} probe {row['cpuProbeMs']:.0f} ms: {row['forks']} forks"
         f" ({row['forksPerSecond']:.1f}/s); daemon CPU {row['cpuMsPerFork']:.2f} ms/fork"
-        f" [{top(row['cpuByThread'])}]; clients {row['clientCpuMsPerFork']:.2f} ms/fork"
-        f"; wake-ups {row['wakeupsPerFork']:.1f}/fork"
+        f" [{top(row['cpuByThread'])}]; wake-ups {row['wakeupsPerFork']:.1f}/fork"
         f" [{top(row['wakeupsByThread'])}]; tree CPU {row['treeCpuMsPerFork']:.2f} ms/fork"
         f" [{top(row['treeCpuByKind'])}; kernel {top(row['kernelCpuByKind'])}]"
         f"; worker CPU [{top(row['workerCpuByThread'])}]"

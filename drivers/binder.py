@@ -675,8 +675,6 @@ def read_regular(path: Path | str) -> bytes:
 
 
 def fsync_dir(path: Path | str) -> None:
-    if "wfsync" in os.environ.get("ABL", "").split(","):  # PROBE
-        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -753,8 +751,6 @@ def sync_together(calls: Sequence[Callable[[], None]]) -> None:
     together join the same ext4/jbd2 commit. Only syncs with no order between them may be
     passed: a caller that needs "A durable before B exists" runs two rounds. The first runs
     on the caller's thread, the others on the sync threads (`_Round`)."""
-    if "wfsync" in os.environ.get("ABL", "").split(","):  # PROBE
-        return
     if len(calls) <= 1:
         for call in calls:
             call()

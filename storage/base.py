@@ -396,8 +396,6 @@ class Database:
             return
         subscribers = self._subscribers
         batch_subscribers = self._batch_subscribers
-        if "events" in os.environ.get("ABL", "").split(","):  # PROBE
-            batch_subscribers = ()
         for each in batch_subscribers:
             try:
                 each(list(events))
@@ -466,8 +464,6 @@ class Database:
                 os.close(fd)
                 raise
             self._wal_fd = fd
-            return
-        if "storefsync" in os.environ.get("ABL", "").split(","):  # PROBE
             return
         os.fdatasync(fd)
 

@@ -4,7 +4,6 @@ checks and the frozen snapshot, in one transaction."""
 
 from __future__ import annotations
 
-import os  # PROBE
 import uuid
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -78,8 +77,6 @@ def barrier_holder(conn: apsw.Connection, ws: str, source_session_id: str, turn_
     partial index `fork_operations_barrier_held` depends on the bound values), ~40 µs of CPU
     per prepare where the same lookup without it is ~4 µs. The rows are the handful the
     barrier holds for one source and Turn (usually none)."""
-    if "ack" in os.environ.get("ABL", "").split(","):  # PROBE
-        return None
     held = conn.execute(BARRIER_HOLDERS_SQL, (ws, source_session_id, turn_id)).fetchall()
     if not held:
         return None

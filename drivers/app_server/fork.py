@@ -10,7 +10,6 @@ the large objects a fork built are released after its answer has left (`release_
 from __future__ import annotations
 
 import contextlib
-import os  # PROBE
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -301,7 +300,7 @@ class ForkThroughTurn:
             derived.join()
         litter.extend(parsed.records for parsed in receipt.parsed.values())
         proof = "none"
-        if self.verify_bound_child and "proof" not in os.environ.get("ABL", "").split(","):
+        if self.verify_bound_child:
             # The proof reads the files back by name while their directories are fsynced.
             problem, proof = self._prove_readable(
                 runtime,
@@ -325,9 +324,7 @@ class ForkThroughTurn:
         # awaited (one round trip less per fork): the outcome is already decided and
         # a failed unsubscribe changes nothing of it; the pipe keeps it ahead of later calls.
         # A child forked unloaded (`fork_unloaded`, answered `notLoaded`) has nothing to release.
-        if _status_type(thread) != "notLoaded" and "release" not in os.environ.get("ABL", "").split(
-            ","
-        ):
+        if _status_type(thread) != "notLoaded":
             self._release(runtime, child_id)
         wire = receipt.to_wire()
         wire["verifiedReadable"] = self.verify_bound_child
