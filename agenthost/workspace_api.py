@@ -193,17 +193,18 @@ def restore_fn(
                 params={"agentSessionIds": others[:20]},
             )
         path = Path(cwd)
-        with locks(cwd):
-            locks.clear_stale_once(shadow, cwd)
-            try:
+        try:
+            # `held`: the lock files a git of the restore left (its own index's, killed past
+            # the bound; a ref's) go before the folder's lock does, not at the next start.
+            with locks.held(shadow, os.path.realpath(cwd)):
                 before = shadow.restore(path, target)
                 if isinstance(before, Unavailable):
                     raise _unavailable(before, f"the restore of {cwd} did not start")
                 undo = checkpoint_ref(sid, f"restore-{time.time_ns()}", "before")
                 shadow.keep(path, undo, before.commit)
                 changes = shadow.changed_files(path, before.tree, target)
-            except GitUnavailable as exc:
-                raise _unavailable(exc, f"the restore of {cwd} failed") from exc
+        except GitUnavailable as exc:
+            raise _unavailable(exc, f"the restore of {cwd} failed") from exc
         return {
             "cwd": cwd,
             "turnId": turn_id,

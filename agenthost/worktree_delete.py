@@ -13,6 +13,7 @@ finishes (`finish_removals`); the tree is never recorded `made` while gone.
 from __future__ import annotations
 
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -108,8 +109,8 @@ def delete_fn(
             return {"deleted": True, "worktree": {**_tree(plan, "kept"), "inUseBy": users}}
         trees = Worktrees(shadow)
         try:
-            with locks(plan.child_cwd):
-                locks.clear_stale_once(shadow, plan.child_cwd)
+            # `held`: a lock file a git of the check left goes with the folder's lock.
+            with locks.held(shadow, os.path.realpath(plan.child_cwd)):
                 unsaved = trees.unsaved(plan, store.fork_workspace.newest_checkpoint(ws, sid))
         except GitUnavailable as exc:
             raise WorkspaceUnavailable(

@@ -18,12 +18,24 @@ a later Claude round's armed point lands on its fork too, and a worker kill in a
 kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
 (its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
 Claude fork committed, and that `spare_home_empty` walked a home with spares.
+
+A stalled git among the faults: the daemon runs with `tests/workspace/stalling_git.py` first on
+its PATH (the real git until armed), a short `[workspace] timeout_s` and a short
+`gc_interval_s`. Every fifth round (the 3rd, 8th, ...) kills nothing: it arms the stall for a
+random git command of the checkpoints' shadow repositories (`add`, `write-tree`, `update-ref`
+— a drop's ref transaction —, and in the long profile `gc`, whose bound is 120 s) at a random
+moment while the clients run; a Session it deleted makes the janitor drop and collect for the
+last two. After the stalled git is killed at its bound: no process of it runs, every law holds,
+no lock file stays in the folder's shadow repository, and a later Turn of the round's own
+Session in the same folder records its `before` and `after` checkpoints (the folder's
+checkpoints work on, with no restart).
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
@@ -47,7 +59,7 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
-from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
     assert_invariants,
@@ -56,7 +68,9 @@ from tests.support.invariants import (
     repository_state,
     work_in_flight,
 )
+from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
+from workspace.shadow import LONG_TIMEOUT_S, ShadowStore
 
 ROUNDS = 60 if SOAK else 5
 CLIENTS = 4
@@ -96,6 +110,15 @@ CLAUDE_POINTS = (
 """The worker's points on a Claude fork: the first round arms one before its seed fork."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude round arms before its seed fork."""
+STALL_EVERY = 5
+"""Round `n` is a stalled-git round when `n % STALL_EVERY == 3` (one of the short profile's)."""
+STALL_COMMANDS = ("add", "write-tree", "update-ref", *(("gc",) if SOAK else ()))
+"""The shadow repositories' git commands a stall round arms (`gc` only in the long profile:
+its bound is `LONG_TIMEOUT_S`, and the folder waits for it that long)."""
+GIT_TIMEOUT_S = 2.0
+"""`[workspace] timeout_s`: a stalled capture or ref transaction is killed this soon."""
+GC_INTERVAL_S = 2.0
+"""`[workspace] gc_interval_s`: a deleted Session's refs are dropped and collected this soon."""
 
 
 class World:
@@ -109,7 +132,10 @@ class World:
         # submits change its files), so the kills also land mid-checkpoint.
         self.cwd = str(make_repo(home.parent / "repo"))
         self.repositories = {Path(self.cwd): repository_state(Path(self.cwd))}
-        self.daemon = DaemonProcess(home).start()
+        # The real git until a stall round arms it (shadow repositories' gits only).
+        self.stall: StallingGit = stalling_git(home.parent / "stall", "add")
+        self.env = {"PATH": path_with(self.stall.bin)}
+        self.daemon = DaemonProcess(home, env=self.env).start()
         self.generation = 0
         self.running = threading.Event()
         self.stop = threading.Event()
@@ -345,7 +371,8 @@ def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None =
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
     """The daemon's home, its Claude Code pointed at a fake Messages API that lives as long."""
-    with provider_env(CLAUDE, tmp_path / "home"):
+    config = f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
+    with provider_env(CLAUDE, tmp_path / "home", config=config):
         yield tmp_path / "home"
 
 
@@ -372,6 +399,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             # draws a failpoint, arm it before that fork is sent, so the kill lands on it.
             claude = rounds <= 2 or rng.random() < CLAUDE_SHARE
             plan = rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
+            stall = rounds % STALL_EVERY == 3
+            command, probe = "", ""
+            if stall:
+                plan = "stall_git"
+                probe = stall_probe(w)
+                command = rng.choice(STALL_COMMANDS)
+                if command == "gc" and chaos["stall_git gc"]:
+                    command = "update-ref"  # one gc stall a run: each holds a folder 120 s
             early = None
             if claude and (rounds == 1 or plan == "arm_failpoint"):
                 plan = "arm_failpoint"
@@ -385,10 +420,23 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["failpoint_fired_late"] += 1
                 claude_pid = seed_fork(w, rng, claude, early)
             w.running.set()
-            deadline = time.monotonic() + rng.uniform(0.5, 2.5)
+            began_round = time.monotonic()
+            deadline = began_round + rng.uniform(0.5, 2.5)
+            arm_at = began_round + rng.uniform(0.0, 0.5) if stall else None
             while time.monotonic() < deadline and w.daemon.proc.poll() is None:
+                if arm_at is not None and time.monotonic() >= arm_at:
+                    w.stall.arm(command)  # at a random moment of the clients' load
+                    arm_at = None
                 time.sleep(0.05)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
+            if action == "stall_git":
+                action = stall_met(w, command)
+            elif stall:
+                # An armed point of an earlier round killed the daemon first: no stall here
+                # (a git it stalled would be cut by the kill, not by its bound).
+                if not w.stall.disarm():
+                    w.stall.kill_left()
+                action = f"{action} (stall round)"
             if action == "kill_worker":
                 provider = CLAUDE if claude else rng.choice(["tutti-agent", CLAUDE])
                 worker = worker_of(w.daemon, provider)
@@ -413,11 +461,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     if work_in_flight(w.home)[CLAUDE]:
                         w.met_claude = True  # what the daemon held active as it died
             w.pause()
+            if action.startswith("stall_"):
+                stall_after(w, command, probe)
             if early and early.startswith("worker.") and not restarted:
                 w.met_claude |= claude_worker_died_at(w, early, claude_pid)
             if restarted:
                 with w.lock:
-                    w.daemon = DaemonProcess(w.home).start()
+                    w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
             chaos[action] += 1
             report = check_invariants(w.home, repositories=w.repositories)
@@ -513,6 +563,74 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
 
 
+def stall_probe(w: World) -> str:
+    """A stall round's own Session in the soak's folder (no client deletes it), with one Turn
+    run: its later Turn is the round's liveness check."""
+    c = w.daemon.client(timeout=30)
+    sid = str(create_session(c, cwd=w.cwd)["agentSessionId"])
+    run_turn(c, sid, "before the stall")
+    return sid
+
+
+def stall_met(w: World, command: str) -> str:
+    """The stall armed in the round (now, if the round ended before its moment) is taken by a
+    git of the daemon — for a ref transaction or a `gc`, a Session deleted here makes the
+    janitor run one — and that git is killed at its bound, with its child. Returns the round's
+    action: `stall_git <command>`, or `stall_missed <command>` (no such git ran meanwhile)."""
+    if not w.stall.taken() and not w.stall.arm_file.exists():
+        w.stall.arm(command)
+    c = w.daemon.client(timeout=30)
+    if command in ("update-ref", "gc"):
+        sid = create_session(c, cwd=w.cwd)["agentSessionId"]
+        (Path(w.cwd) / "dropped.txt").write_text(f"{sid}\n")
+        run_turn(c, sid, "to be dropped")
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    with contextlib.suppress(AssertionError):
+        wait_for(w.stall.taken, 5 * GC_INTERVAL_S, interval=0.1)
+    if not w.stall.taken() and w.stall.disarm():
+        return f"stall_missed {command}"
+    bound = LONG_TIMEOUT_S if command == "gc" else GIT_TIMEOUT_S
+
+    def ended() -> bool:
+        pids = w.stall.pids()
+        return w.stall.stalled_file.exists() and not [p for p in pids if running(p)]
+
+    try:
+        wait_for(ended, bound + 30, interval=0.1)
+    except AssertionError:
+        raise AssertionError(
+            (w.seed, f"the stalled git {command} outlived its bound", w.stall.pids())
+        ) from None
+    return f"stall_git {command}"
+
+
+def stall_after(w: World, command: str, probe: str) -> None:
+    """The liveness law of a stall round, the clients parked: no lock file stays in the
+    folder's shadow repository (one a git holds goes within moments; one a killed git left
+    would refuse the folder's later writes: its captures for `index.lock`, its drops and
+    collections for `packed-refs.lock`), and the round's Session's next Turn in the folder
+    records both checkpoints (not `unavailable` `git_failed`)."""
+    repo = ShadowStore(w.home / "checkpoints").repo_dir(Path(w.cwd))
+    try:
+        wait_for(lambda: not _lock_files(repo), 10, interval=0.1)
+    except AssertionError:
+        raise AssertionError((w.seed, command, "lock files stay", _lock_files(repo))) from None
+    c = w.daemon.client(timeout=30)
+    wait_for(lambda: _idle(c, probe), 60)
+    (Path(w.cwd) / "after-stall.txt").write_text(f"{command} {time.time_ns()}\n")
+    turn = run_turn(c, probe, "after the stall")
+    ws = turn.get("workspace") or {}
+    assert turn["outcome"] == "completed" and ws.get("before") and ws.get("after"), (
+        w.seed,
+        command,
+        turn,
+    )
+
+
+def _lock_files(repo: Path) -> list[str]:
+    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*.lock"))
+
+
 def revive(w: World) -> bool:
     """An armed `once:kill` point may fire after the round's chaos step (a saga still in
     flight reaches it while the clients are parked): restart a daemon that died that way."""
@@ -522,7 +640,7 @@ def revive(w: World) -> bool:
         w.daemon.kill()
         if work_in_flight(w.home)[CLAUDE]:
             w.met_claude = True
-        w.daemon = DaemonProcess(w.home).start()
+        w.daemon = DaemonProcess(w.home, env=w.env).start()
         w.generation += 1
         return True
 

@@ -1,7 +1,9 @@
 """A `git` for PATH that is the real one, except that once armed it stalls one command as a
 git on a stalled disk would: holding the lock file that command takes (`index.lock` of the
-index it writes for `add`, `packed-refs.lock` for `gc`), with a child process of its own (as
-`gc` starts `pack-objects`), until it is killed. The daemon's timeout is what ends it."""
+index it writes for `add`, `write-tree`, `read-tree`; `packed-refs.lock` for `gc` and for
+`update-ref`, as a ref transaction that deletes takes it), with a child process of its own (as
+`gc` starts `pack-objects`), until it is killed. The daemon's timeout is what ends it. Only a
+git given a repository by `GIT_DIR` (the checkpoints' shadow repositories) takes the arm."""
 
 from __future__ import annotations
 
@@ -22,14 +24,21 @@ for a in "$@"; do
   sub="$a"
   break
 done
-if [ "$sub" = "{command}" ] && mv "{arm}" "{arm}.taken" 2>/dev/null; then
-  if [ "$sub" = "gc" ]; then lock="$GIT_DIR/packed-refs.lock"
-  else lock="${{GIT_INDEX_FILE:-$GIT_DIR/index}}.lock"; fi
+want=""
+if [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r want < "{arm}" 2>/dev/null
+  [ -n "$want" ] || want="{command}"
+fi
+if [ -n "$want" ] && [ "$sub" = "$want" ] && mv "{arm}" "{arm}.taken" 2>/dev/null; then
+  case "$sub" in
+    gc|update-ref) lock="$GIT_DIR/packed-refs.lock" ;;
+    *) lock="${{GIT_INDEX_FILE:-$GIT_DIR/index}}.lock" ;;
+  esac
+  echo "$$" > "{stalled}"
   set -C
   : > "$lock" || exit 128
   sleep 300 &
   echo "$!" > "{child}"
-  echo "$$" > "{stalled}"
   wait
   exit 0
 fi
@@ -39,19 +48,34 @@ exec "{real}" "$@"
 
 @dataclass(frozen=True, slots=True)
 class StallingGit:
-    """`bin`: the directory to put first on PATH; `arm()` makes the next `command` stall."""
+    """`bin`: the directory to put first on PATH; `arm()` makes the next `command` stall
+    (`arm(other)`: the next `other` instead)."""
 
     bin: Path
     arm_file: Path
     child_file: Path
     stalled_file: Path
 
-    def arm(self) -> None:
-        self.arm_file.write_text("")
+    def arm(self, command: str = "") -> None:
+        for f in (self.child_file, self.stalled_file, self.taken_file):
+            f.unlink(missing_ok=True)
+        self.arm_file.write_text(f"{command}\n" if command else "")
+
+    def disarm(self) -> bool:
+        """The arm is withdrawn; False when a git took it first (it stalls or stalled)."""
+        try:
+            self.arm_file.unlink()
+        except FileNotFoundError:
+            return False
+        return True
+
+    @property
+    def taken_file(self) -> Path:
+        return self.arm_file.with_name(self.arm_file.name + ".taken")
 
     def taken(self) -> bool:
         """The armed command ran (and stalled)."""
-        return self.arm_file.with_name(self.arm_file.name + ".taken").exists()
+        return self.taken_file.exists()
 
     def pids(self) -> list[int]:
         """The stalled git's pid and its child's (those written so far)."""

@@ -1,0 +1,67 @@
+"""A `workspace.restore` whose git stalled (a slow disk) and was killed at the bound answers
+`workspace_unavailable` `timed_out` and leaves no lock file in the folder's shadow repository:
+the lock its killed `read-tree` held goes before the folder's lock does, not at the daemon's
+next start; the folder's next restore and its next Turn's checkpoints work from the same
+daemon. The real daemon, real git behind a PATH wrapper that stalls one `read-tree` holding
+the lock of the restore's own index."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
+from tests.workspace.stalling_git import path_with, running, stalling_git
+from transport.client import ApiError
+from workspace.shadow import ShadowStore
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _locks(repo: Path) -> list[str]:
+    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*.lock"))
+
+
+def test_a_restore_whose_git_was_killed_leaves_no_lock_and_the_folder_works_on(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 2.0\n")
+    folder = tmp_path / "work"
+    folder.mkdir()
+    (folder / "a.txt").write_text("a\n")
+    stall = stalling_git(tmp_path / "stall", "read-tree")
+    daemon = DaemonProcess(home, env={"PATH": path_with(stall.bin)}).start()
+    repo = ShadowStore(home / "checkpoints").repo_dir(folder)
+    try:
+        client = daemon.client()
+        sid = create_session(client, cwd=str(folder))["agentSessionId"]
+        turn = run_turn(client, sid, "hello")
+        assert turn["workspace"]["before"] and turn["workspace"]["after"], turn
+        (folder / "a.txt").write_text("a, changed\n")
+        params = {"workspaceId": WS, "agentSessionId": sid, "turnId": turn["turnId"]}
+
+        stall.arm()
+        with pytest.raises(ApiError) as info:
+            client.call("workspace.restore", params | {"which": "before"})
+        assert stall.taken()
+        assert (info.value.reason, info.value.params.get("workspaceReason")) == (
+            "workspace_unavailable",
+            "timed_out",
+        ), info.value
+        assert not [p for p in stall.pids() if running(p)], "the stalled git outlived its bound"
+        # The killed git's lock (its restore index's) went with the restore, not at a restart.
+        assert _locks(repo) == []
+        assert (folder / "a.txt").read_text() == "a, changed\n"
+
+        done = client.call("workspace.restore", params | {"which": "before"})
+        assert done["restored"] == turn["workspace"]["before"]
+        assert (folder / "a.txt").read_text() == "a\n"
+        (folder / "b.txt").write_text("b\n")
+        nxt = run_turn(client, sid, "again")
+        assert nxt["workspace"].get("before") and nxt["workspace"].get("after"), nxt
+    finally:
+        daemon.stop()
+        stall.kill_left()
