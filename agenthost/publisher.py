@@ -21,10 +21,10 @@ supervisor's loop), which sends it on the XPUB itself when the loop's outbox hol
 hand-over are one step under `_order`, as every producer's count and put are, so a delta leaves
 after every event whose change was offered before it and ahead of every one offered after it,
 whichever way it goes (docs/design/internals.md, "A delta's way to the transport").
-A Turn's settlement (and its Session's touch) that needs no read takes the same way
+A Turn's claim or settlement (and its Session's touch) that needs no read takes the same way
 (`offer_many`, `_publish_direct`): with nothing queued or in hand it is projected under `_order`
 on its writer's thread, the publishing thread idle and owning nothing meanwhile
-(docs/design/internals.md, "A settled Turn's way to the transport").
+(docs/design/internals.md, "A Turn's claim and settlement on the writer's thread").
 
 A Session change that carries the row its write left (`SessionChanged.row`) is projected from
 it, without a read, when nothing newer of that Session can have been shown (`Shown`): the
@@ -80,7 +80,6 @@ from storage.models import (
     Session,
     SessionChanged,
     TurnChanged,
-    TurnPhase,
 )
 from storage.sqlite import TRANSIENT_ERRORS
 from storage.store import Store
@@ -94,7 +93,6 @@ change types are final (slotted dataclasses, never subclassed): the publishing t
 them apart by `type(change) is …` (no `isinstance` call per change and check)."""
 
 _READ_BACK_TYPES = frozenset(_READ_BACK)
-TURN_ACTIVE = TurnPhase.ACTIVE.value
 _ENTITY_TYPES = frozenset((SessionChanged, ForkOperationChanged))
 """The changes whose event shows an entity's row (a Session's, an operation's)."""
 
@@ -207,23 +205,21 @@ def _entries(item: Any) -> list[Any]:
     return item if type(item) is list else [item]
 
 
-def _settles(changes: list[Any]) -> bool:
-    """Whether a delivery is a Turn's settlement that needs no store read: a Turn change that
-    carries its settled row, with only changes that carry their row or touch (its Session's
-    touch) beside it. Such a delivery may be published on its writer's thread
-    (`EventPublisher.offer_many`); a claim is not (its actor sends the Turn to the worker
-    next, and the events thread projects the claim beside that)."""
-    settled = False
+def _carries_turn(changes: list[Any]) -> bool:
+    """Whether a delivery is a Turn's claim or settlement that needs no store read: a Turn
+    change that carries its row, with only changes that carry their row or touch (its
+    Session's touch) beside it. Such a delivery may be published on its writer's thread
+    (`EventPublisher.offer_many`)."""
+    turn = False
     for change in changes:
         kind = type(change)
         if kind is TurnChanged:
-            row = change.row
-            if row is None:
+            if change.row is None:
                 return False
-            settled = settled or row.phase != TURN_ACTIVE
+            turn = True
         elif kind is not SessionChanged or change.removed or _reads(change):
             return False
-    return settled
+    return turn
 
 
 def _reads(change: Any) -> bool:
@@ -409,8 +405,8 @@ class EventPublisher:
         self.direct = 0
         """Deltas handed straight to the sink on their producer's thread (under `_order`)."""
         self.direct_changes = 0
-        """Changes of settlements projected and handed to the sink on their writer's thread
-        (`_publish_direct`, under `_order`); tests pin it."""
+        """Changes of claims and settlements projected and handed to the sink on their
+        writer's thread (`_publish_direct`, under `_order`); tests pin it."""
         self._unseen: dict[str, int] = {}
         """Per workspace, `write_seq` when a Session change of it last went unpublished."""
 
@@ -450,7 +446,7 @@ class EventPublisher:
                     self._unseen_in(change)
         if not kept:
             return
-        if self._held == 0 and sink is not None and _settles(kept):  # decided under `_order`
+        if self._held == 0 and sink is not None and _carries_turn(kept):  # decided under `_order`
             with self._order:
                 if self._held == 0:
                     self._publish_direct(kept, sink)
@@ -461,12 +457,12 @@ class EventPublisher:
         self._put(kept[0] if len(kept) == 1 else kept)
 
     def _publish_direct(self, changes: list[Any], sink: EventSink) -> None:
-        """A Turn's settlement (and its Session's touch) projected and handed to the sink on
-        the writer's thread, right after its COMMIT: called under `_order` with nothing
+        """A Turn's claim or settlement (and its Session's touch) projected and handed to the
+        sink on the writer's thread, right after its COMMIT: called under `_order` with nothing
         queued or in hand, so the publishing thread is idle and touches none of the state it
         owns (`TurnDeltas`, `Shown`, `Known`, `Published`) until the next entry is counted,
         which waits for `_order`; every rule of `_project_all` holds as on the thread
-        (design/internals.md, "A settled Turn's way to the transport")."""
+        (design/internals.md, "A Turn's claim and settlement on the writer's thread")."""
         out: list[tuple[str, Event]] = []
         try:
             self._project_all(changes, sink, out)

@@ -1,8 +1,8 @@
-"""A Turn's settlement through the events publisher: when nothing is queued or in hand, its
-change and its Session's touch are projected and handed to the transport on the writer's
+"""A Turn's claim and settlement through the events publisher: when nothing is queued or in
+hand, its change and its Session's touch are projected and handed to the transport on the writer's
 thread, right after the COMMIT (no events-thread wake-up); behind anything queued or in hand
 they are queued as before, and either way no event overtakes an earlier-offered change's
-(docs/design/internals.md, "A settled Turn's way to the transport")."""
+(docs/design/internals.md, "A Turn's claim and settlement on the writer's thread")."""
 
 from __future__ import annotations
 
@@ -120,16 +120,14 @@ def _said(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
     ]
 
 
-def test_a_settlement_with_nothing_queued_is_published_on_its_writers_thread(
+def test_a_claim_and_a_settlement_with_nothing_queued_go_on_their_writers_thread(
     running: tuple[Daemon, Client],
 ) -> None:
-    """The claim goes through the publishing thread (its actor sends the Turn to the worker
-    next); the settlement, finding the publisher idle, is projected from its carried rows and
-    handed over on the thread that offered it: the publishing thread wakes for the claim
-    only, and nothing is read back."""
+    """A Turn's claim and its settlement, each finding the publisher idle, are projected from
+    their carried rows and handed over on the thread that offered them: the publishing thread
+    never wakes, and no Turn is read back."""
     daemon, client = running
     assert daemon.store is not None
-    claim, turn = _claim(daemon.store, new_session(client, WS))
     sink = Sink()
     publisher = _publisher(daemon, sink)
     read: list[Any] = []
@@ -142,13 +140,12 @@ def test_a_settlement_with_nothing_queued_is_published_on_its_writers_thread(
     publisher.project = counted  # type: ignore[method-assign]
     thread = _run(publisher)
     try:
+        claim, turn = _claim(daemon.store, new_session(client, WS))
         publisher.offer_many(claim)
-        assert publisher.direct_changes == 0
-        wait_for(lambda: len(sink.events) == 2)
-        wait_for(lambda: publisher._held == 0)
-        publisher.offer_many(_settle(daemon.store, turn))
         assert publisher.direct_changes == 2
-        assert publisher.batches == 1
+        publisher.offer_many(_settle(daemon.store, turn))
+        assert publisher.direct_changes == 4
+        assert publisher.batches == 0
     finally:
         _stop(publisher, thread)
     assert _said(sink.events) == [
@@ -157,46 +154,48 @@ def test_a_settlement_with_nothing_queued_is_published_on_its_writers_thread(
         ("turn.updated", "settled"),
         ("session.upserted", ""),
     ]
-    here = threading.get_ident()
-    assert sink.threads[:2] == [thread.ident] * 2
-    assert sink.threads[2:] == [here] * 2
-    # Built from the rows the changes carried: the Session's claim is read once (its first
-    # row this publisher knows), the settlement's touch is applied to the claim's row.
-    assert publisher.carried_turns == 2 and publisher.touched >= 1
+    assert sink.threads == [threading.get_ident()] * 4
+    # Built from the rows the changes carried: the Session is read once (its first row this
+    # publisher meets), the settlement's touch is applied to the claim's row.
+    assert publisher.carried_turns == 2 and publisher.touched == 1
     assert all(type(change) is not TurnChanged for change in read)
+    assert sink.events[1]["session"]["activeTurnId"] == turn.turn_id
     assert sink.events[3]["session"]["activeTurnId"] is None
     assert sink.events[2]["turn"]["messages"][-1]["text"] == "the reply"
 
 
-def test_a_claim_is_never_published_on_its_writers_thread(
+def test_a_turn_change_without_its_row_is_queued(
     running: tuple[Daemon, Client],
 ) -> None:
+    """A Turn change that carries no row (its event is read back) goes to the publishing
+    thread, idle or not: no store read on a writer's thread for it."""
     daemon, client = running
     assert daemon.store is not None
-    claim, _ = _claim(daemon.store, new_session(client, WS))
+    _, turn = _claim(daemon.store, new_session(client, WS))
     sink = Sink()
     publisher = _publisher(daemon, sink)
-    publisher.offer_many(claim)
+    publisher.offer_many([TurnChanged(WS, turn.session_id, turn.turn_id)])
     assert publisher.direct_changes == 0 and sink.events == []
     thread = _run(publisher)
     _stop(publisher, thread)
-    assert sink.threads == [thread.ident] * 2
+    assert sink.threads == [thread.ident]
 
 
-def test_a_settlement_behind_a_change_queued_or_in_hand_is_queued_behind_it(
+def test_a_turn_behind_a_change_queued_or_in_hand_is_queued_behind_it(
     running: tuple[Daemon, Client],
 ) -> None:
-    """A change offered before the settlement and still queued, or taken off the queue but not
-    yet handed over, keeps the settlement behind it, on the publishing thread; once that is
-    handed over, the next settlement goes on its writer's thread again."""
+    """A change offered before a claim or a settlement and still queued, or taken off the
+    queue but not yet handed over, keeps it behind, on the publishing thread; once that is
+    handed over, the next claim and settlement go on their writer's thread again."""
     daemon, client = running
     assert daemon.store is not None
     store = daemon.store
     first, second, third = (new_session(client, WS) for _ in range(3))
     sink = Sink()
     publisher = _publisher(daemon, sink)
-    # Queued: the thread is not running yet.
+    # Queued: the thread is not running yet, a change read back is on the queue.
     claim, turn = _claim(store, first)
+    publisher.offer_many([TurnChanged(WS, first, turn.turn_id)])
     publisher.offer_many(claim)
     publisher.offer_many(_settle(store, turn))
     assert publisher.direct_changes == 0 and sink.events == []
@@ -212,12 +211,11 @@ def test_a_settlement_behind_a_change_queued_or_in_hand_is_queued_behind_it(
         sink.hold.set()
         sink.hold = None
         wait_for(lambda: publisher._held == 0)
+        queued = len(sink.events)
         claim, turn = _claim(store, third)
         publisher.offer_many(claim)
-        wait_for(lambda: publisher._held == 0)
-        queued = len(sink.events)
         publisher.offer_many(_settle(store, turn))
-        assert publisher.direct_changes == 2
+        assert publisher.direct_changes == 4
     finally:
         if sink.hold is not None:
             sink.hold.set()
@@ -227,15 +225,23 @@ def test_a_settlement_behind_a_change_queued_or_in_hand_is_queued_behind_it(
         e["agentSessionId"] if e["type"] == "turn.updated" else e["session"]["agentSessionId"]
         for e in sink.events
     ]
-    # Each Session's events together, in the order their changes were offered.
+    # Each Session's events together, in the order their changes were offered, each Turn's
+    # active before settled (the first Turn's read-back, after its settlement's COMMIT,
+    # already shows it settled).
     assert owners == sorted(owners, key=[first, second, third].index)
-    turns = [(o, p) for o, (k, p) in zip(owners, _said(sink.events), strict=True) if p]
-    assert turns == [
-        (sid, phase) for sid in (first, second, third) for phase in ("active", "settled")
+    turns = [(o, p) for o, (_, p) in zip(owners, _said(sink.events), strict=True) if p]
+    assert [t for i, t in enumerate(turns) if i == 0 or turns[i - 1] != t] == [
+        (first, "settled"),
+        *((sid, phase) for sid in (second, third) for phase in ("active", "settled")),
     ]
     assert sink.threads[:queued] == [thread.ident] * queued
-    assert sink.threads[queued:] == [threading.get_ident()] * 2
-    assert _said(sink.events[queued:]) == [("turn.updated", "settled"), ("session.upserted", "")]
+    assert sink.threads[queued:] == [threading.get_ident()] * 4
+    assert _said(sink.events[queued:]) == [
+        ("turn.updated", "active"),
+        ("session.upserted", ""),
+        ("turn.updated", "settled"),
+        ("session.upserted", ""),
+    ]
 
 
 def test_many_sessions_settling_beside_fork_bursts_keep_every_sessions_order(
@@ -311,11 +317,11 @@ def test_many_sessions_settling_beside_fork_bursts_keep_every_sessions_order(
     assert publisher.direct_changes > direct
 
 
-def test_a_turn_through_the_daemon_settles_on_the_actors_thread(
+def test_a_turn_through_the_daemon_is_published_on_the_actors_thread(
     running: tuple[Daemon, Client],
 ) -> None:
-    """A Turn alone through the daemon: its settlement and its Session's touch (two changes)
-    go on the Session actor's thread; the subscriber hears the settled Turn."""
+    """A Turn alone through the daemon: its claim and its settlement, each with its Session's
+    touch (four changes), go on the Session actor's thread; the subscriber hears them."""
     daemon, client = running
     server, publisher = daemon.server, daemon.publisher
     assert server is not None and publisher is not None
@@ -328,4 +334,6 @@ def test_a_turn_through_the_daemon_settles_on_the_actors_thread(
         direct = publisher.direct_changes
         turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
         hear_settled(sub, [turn_id], heard)
-    assert publisher.direct_changes - direct == 2
+    assert publisher.direct_changes - direct == 4
+    phases = [e["turn"]["phase"] for e in heard if e["type"] == "turn.updated"]
+    assert phases[0] == "active" and phases[-1] == "settled"
