@@ -21,6 +21,10 @@ supervisor's loop), which sends it on the XPUB itself when the loop's outbox hol
 hand-over are one step under `_order`, as every producer's count and put are, so a delta leaves
 after every event whose change was offered before it and ahead of every one offered after it,
 whichever way it goes (docs/design/internals.md, "A delta's way to the transport").
+A Turn's claim or settlement (and its Session's touch) that needs no read takes the same way
+(`offer_many`, `_publish_direct`): with nothing queued or in hand it is projected under `_order`
+on its writer's thread, the publishing thread idle and owning nothing meanwhile
+(docs/design/internals.md, "A Turn's claim and settlement on the writer's thread").
 
 A Session change that carries the row its write left (`SessionChanged.row`) is projected from
 it, without a read, when nothing newer of that Session can have been shown (`Shown`): the
@@ -60,6 +64,7 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
+from protocol.envelope import encode_event
 from protocol.events import (
     FORK_OPERATION,
     MESSAGE_DELTA,
@@ -198,6 +203,23 @@ class Published:
 def _entries(item: Any) -> list[Any]:
     """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
     return item if type(item) is list else [item]
+
+
+def _carries_turn(changes: list[Any]) -> bool:
+    """Whether a delivery is a Turn's claim or settlement that needs no store read: a Turn
+    change that carries its row, with only changes that carry their row or touch (its
+    Session's touch) beside it. Such a delivery may be published on its writer's thread
+    (`EventPublisher.offer_many`)."""
+    turn = False
+    for change in changes:
+        kind = type(change)
+        if kind is TurnChanged:
+            if change.row is None:
+                return False
+            turn = True
+        elif kind is not SessionChanged or change.removed or _reads(change):
+            return False
+    return turn
 
 
 def _reads(change: Any) -> bool:
@@ -382,6 +404,9 @@ class EventPublisher:
         """Queue entries put and not yet handed over to the sink (under `_order`)."""
         self.direct = 0
         """Deltas handed straight to the sink on their producer's thread (under `_order`)."""
+        self.direct_changes = 0
+        """Changes of claims and settlements projected and handed to the sink on their
+        writer's thread (`_publish_direct`, under `_order`); tests pin it."""
         self._unseen: dict[str, int] = {}
         """Per workspace, `write_seq` when a Session change of it last went unpublished."""
 
@@ -419,10 +444,35 @@ class EventPublisher:
                 self.skipped += len(skipped)
                 for change in skipped:
                     self._unseen_in(change)
-        if len(kept) == 1:
-            self._put(kept[0])
-        elif kept:
-            self._put(kept)
+        if not kept:
+            return
+        if self._held == 0 and sink is not None and _carries_turn(kept):  # decided under `_order`
+            with self._order:
+                if self._held == 0:
+                    self._publish_direct(kept, sink)
+                    return
+                self._held += 1
+                self.queue.put(kept[0] if len(kept) == 1 else kept)
+            return
+        self._put(kept[0] if len(kept) == 1 else kept)
+
+    def _publish_direct(self, changes: list[Any], sink: EventSink) -> None:
+        """A Turn's claim or settlement (and its Session's touch) projected and handed to the
+        sink on the writer's thread, right after its COMMIT: called under `_order` with nothing
+        queued or in hand, so the publishing thread is idle and touches none of the state it
+        owns (`TurnDeltas`, `Shown`, `Known`, `Published`) until the next entry is counted,
+        which waits for `_order`; every rule of `_project_all` holds as on the thread
+        (design/internals.md, "A Turn's claim and settlement on the writer's thread")."""
+        out: list[tuple[str, Event]] = []
+        try:
+            self._project_all(changes, sink, out)
+            frames = [(topic.encode("utf-8"), encode_event(event)) for topic, event in out]
+        except Exception:  # noqa: BLE001 - a listener must never break a durable write
+            log.exception("events: could not publish %d changes directly", len(changes))
+            return
+        self.direct_changes += len(changes)
+        if frames:
+            sink.publish_now(frames)
 
     def _put(self, item: Any) -> None:
         """Queue `item`, counted: no delta goes past it until its batch is handed over."""

@@ -125,6 +125,10 @@ POINTS: tuple[tuple[str, str, str, str, str, Suffix], ...] = (
     ("actors.session_turns", "TurnRunner", "settle", "d.settle", "", None),
     ("agenthost.publisher", "EventPublisher", "_publish", "d.pub", "d.pub.end", None),
     ("transport.server", "ApiServer", "publish_many", "d.pubmany", "", None),
+    # a settlement published on its writer's thread (`EventPublisher._publish_direct`), and
+    # every hand-over sent on its caller's thread (a delta's too: the settled Turn's is last)
+    ("agenthost.publisher", "EventPublisher", "_publish_direct", "d.pub", "d.pub.end", None),
+    ("transport.server", "ApiServer", "publish_now", "d.pubmany", "", None),
     # the worker: `turn.start` in its request table (its first failpoint: the worker runs
     # `drivers/worker.py` as `__main__`, whose `WorkerServer._start_turn` no import hook
     # reaches), its driver, the notifications it reads, its link sends of the non-delta events

@@ -9,6 +9,8 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
+import msgpack
+
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, SessionChanged
@@ -29,6 +31,11 @@ class Sink:
 
     def publish_many(self, events: list[tuple[str, Any]]) -> bool:
         self.events.extend(dict(e) for _, e in events)
+        return True
+
+    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
+        """A hand-over on its caller's thread (a delta's, a settlement's): decoded, kept."""
+        self.events.extend(msgpack.unpackb(body, raw=False) for _, body in frames)
         return True
 
 
