@@ -10,7 +10,7 @@ The record (`turn_record`) is what the store keeps on the Turn and the wire send
 `workspace`:
 
     {"cwd", "before", "after", "changedFiles": [{"path", "kind"}], "headCommit", "repoRoot",
-     "tooLarge"}
+     "tooLarge"[, "beforeUnavailable": {"reason", "message"}]}
     or {"state": "unavailable", "reason", "message"}
 """
 
@@ -115,7 +115,8 @@ class Capture:
 def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]:
     """The Turn's checkpoint record from its two captures (None: not taken, or not yet). With
     no usable `after` (a settled Turn) the record is `unavailable` with the reason; a Turn
-    still running has `after: null`."""
+    still running has `after: null`. A usable `after` with no `before` keeps why
+    (`beforeUnavailable`)."""
     if after is not None and isinstance(after.checkpoint, Unavailable):
         return unavailable(after.checkpoint.reason, after.checkpoint.message)
     if after is None and (before is None or isinstance(before.checkpoint, Unavailable)):
@@ -128,7 +129,7 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
     newest = a if isinstance(a, Checkpoint) else b
     assert isinstance(newest, Checkpoint)
     cwd = (after or before).cwd  # type: ignore[union-attr]
-    return {
+    record = {
         "cwd": cwd,
         "before": b.tree if isinstance(b, Checkpoint) else None,
         "after": a.tree if isinstance(a, Checkpoint) else None,
@@ -137,6 +138,9 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
         "repoRoot": newest.repo_root,
         "tooLarge": list(newest.too_large),
     }
+    if isinstance(b, Unavailable):
+        record["beforeUnavailable"] = {"reason": b.reason, "message": b.message}
+    return record
 
 
 SETTLED_KEPT = 4096
@@ -488,9 +492,11 @@ class TurnCheckpoints:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
         the answer lists the files changed since it. The future never fails."""
         real = os.path.realpath(cwd)
-        fut = self.locks.submit(
-            self.pool, real, self._run, real, session_id, turn_id, which, before
-        )
+        args = (real, session_id, turn_id, which, before)
+        if self._point_armed(f"host.checkpoint.{which}"):
+            fut = self._past_failpoint(args)
+        else:
+            fut = self.locks.submit(self.pool, real, self._run, *args)
         if fut.cancelled():  # the pool is shut down: the daemon is closing
             done: Future[Capture] = Future()
             done.set_result(
@@ -564,6 +570,38 @@ class TurnCheckpoints:
                 self._here_slow.pop(cwd, None)
                 self._here_paused[cwd] = time.monotonic() + HERE_PAUSE_S
 
+    def _past_failpoint(self, args: tuple[str, str, str, str, str | None]) -> Future[Capture]:
+        """A capture whose `host.checkpoint.<which>` failpoint may act: hit on a pool thread
+        before the folder's lock is asked for (a point that sleeps holds a thread, never the
+        folder), then the capture as `capture` takes it."""
+        real, which = args[0], args[3]
+        outer: Future[Capture] = Future()
+
+        def _copy(inner: Future[Capture]) -> None:
+            if inner.cancelled():
+                outer.set_result(Capture.missing(real, "shutting_down", "the daemon is stopping"))
+            else:
+                outer.set_result(inner.result())
+
+        def _hit() -> None:
+            if not outer.set_running_or_notify_cancel():
+                return  # its Turn stopped waiting
+            try:
+                assert self.failpoints is not None
+                self.failpoints.hit(f"host.checkpoint.{which}")
+            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+                log.warning("checkpoint of %s (%s) failed: %s", real, which, exc)
+                reason = str(getattr(exc, "reason", "git_failed"))
+                outer.set_result(Capture.missing(real, reason, f"the checkpoint failed: {exc}"))
+                return
+            self.locks.submit(self.pool, real, self._run, *args).add_done_callback(_copy)
+
+        try:
+            self.pool.submit(_hit)
+        except RuntimeError:
+            outer.cancel()
+        return outer
+
     def _point_armed(self, name: str) -> bool:
         """A failpoint may act at `name` (a registry that cannot say counts as armed)."""
         if self.failpoints is None:
@@ -616,8 +654,6 @@ class TurnCheckpoints:
     ) -> Capture:
         """One capture on a pool thread, holding `real`'s lock (`DirectoryLocks.submit`)."""
         try:
-            if self.failpoints is not None:
-                self.failpoints.hit(f"host.checkpoint.{which}")
             with self.locks.holding(self.shadow, real):
                 path = Path(real)
                 checkpoint = self.shadow.capture(path, real)
