@@ -322,9 +322,11 @@ class _FolderJob:
             self.lock.release()
 
     def dropped(self, sent: Future[None]) -> None:
-        """The pool cancelled the job unrun (shut down with `cancel_futures`)."""
+        """The pool cancelled the job unrun (shut down with `cancel_futures`): so is its
+        future, and the lock goes on (to jobs the shut pool cancels in turn)."""
         if sent.cancelled():
             self.future.cancel()
+            self.lock.release()
 
 
 class DirectoryLocks:

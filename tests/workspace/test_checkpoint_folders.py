@@ -7,6 +7,7 @@ that holds its lock file until it is killed."""
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -118,3 +119,21 @@ def test_a_job_parked_on_a_busy_folder_and_cancelled_never_runs(tmp_path: Path) 
         assert ran == ["t-kept"]
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
+
+
+def test_a_pool_shut_down_cancels_a_folders_queued_and_parked_jobs(tmp_path: Path) -> None:
+    """The daemon closing (`shutdown(cancel_futures=True)`): a folder's job queued on the pool
+    is cancelled and lets the folder go, so the job parked behind it is cancelled too: no
+    reader waits on a future nothing will answer."""
+    pool = CheckpointPool(threads=1)
+    locks = DirectoryLocks()
+    x = _folder(tmp_path / "x", "x\n")
+    busy = threading.Event()
+    hold = pool.submit(busy.wait, 30)
+    queued = locks.submit(pool, x, lambda: "queued")
+    parked = locks.submit(pool, x, lambda: "parked")
+    pool.shutdown(wait=False, cancel_futures=True)
+    busy.set()
+    assert hold.result(30) is True
+    assert queued.cancelled() and parked.cancelled()
+    assert locks(x).acquire(blocking=False)  # the folder was let go
