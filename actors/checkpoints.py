@@ -10,7 +10,7 @@ The record (`turn_record`) is what the store keeps on the Turn and the wire send
 `workspace`:
 
     {"cwd", "before", "after", "changedFiles": [{"path", "kind"}], "headCommit", "repoRoot",
-     "tooLarge"}
+     "tooLarge"[, "beforeUnavailable": {"reason", "message"}]}
     or {"state": "unavailable", "reason", "message"}
 """
 
@@ -25,7 +25,7 @@ import os
 import re
 import threading
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import Executor, Future
 from dataclasses import dataclass, field
@@ -115,7 +115,8 @@ class Capture:
 def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]:
     """The Turn's checkpoint record from its two captures (None: not taken, or not yet). With
     no usable `after` (a settled Turn) the record is `unavailable` with the reason; a Turn
-    still running has `after: null`."""
+    still running has `after: null`. A usable `after` with no `before` keeps why
+    (`beforeUnavailable`)."""
     if after is not None and isinstance(after.checkpoint, Unavailable):
         return unavailable(after.checkpoint.reason, after.checkpoint.message)
     if after is None and (before is None or isinstance(before.checkpoint, Unavailable)):
@@ -128,7 +129,7 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
     newest = a if isinstance(a, Checkpoint) else b
     assert isinstance(newest, Checkpoint)
     cwd = (after or before).cwd  # type: ignore[union-attr]
-    return {
+    record = {
         "cwd": cwd,
         "before": b.tree if isinstance(b, Checkpoint) else None,
         "after": a.tree if isinstance(a, Checkpoint) else None,
@@ -137,6 +138,9 @@ def turn_record(before: Capture | None, after: Capture | None) -> dict[str, Any]
         "repoRoot": newest.repo_root,
         "tooLarge": list(newest.too_large),
     }
+    if isinstance(b, Unavailable):
+        record["beforeUnavailable"] = {"reason": b.reason, "message": b.message}
+    return record
 
 
 SETTLED_KEPT = 4096
@@ -215,26 +219,137 @@ class RefPins:
             return {n for n in names if (real, n) in self._pins}
 
 
+class FolderLock:
+    """One working directory's lock, a FIFO: `acquire`/`release` as a `threading.Lock` (a
+    blocked `acquire` waits its turn), and `submit`, a job run on a pool thread holding the
+    lock, parked here while another holder has it and handed to the pool when that holder lets
+    it go, so a pool thread never waits on a folder another job holds (one folder's stalled
+    git holds one pool thread, never every folder's captures). A parked job whose future was
+    cancelled (its Turn stopped waiting) is skipped, never run."""
+
+    __slots__ = ("_held", "_mutex", "_waiting")
+
+    def __init__(self) -> None:
+        self._mutex = threading.Lock()
+        self._held = False
+        self._waiting: deque[threading.Event | tuple[Executor, _FolderJob]] = deque()
+
+    def acquire(self, blocking: bool = True) -> bool:
+        with self._mutex:
+            if not self._held:
+                self._held = True
+                return True
+            if not blocking:
+                return False
+            turn = threading.Event()
+            self._waiting.append(turn)
+        turn.wait()  # `release` handed the lock over
+        return True
+
+    def release(self) -> None:
+        """Let the lock go, or hand it to the first waiter: a thread blocked in `acquire`, or
+        a parked job (sent to its pool; a cancelled one skipped)."""
+        while True:
+            with self._mutex:
+                while self._waiting:
+                    waiter = self._waiting.popleft()
+                    if isinstance(waiter, threading.Event):
+                        waiter.set()
+                        return
+                    if not waiter[1].future.cancelled():
+                        break
+                else:
+                    self._held = False
+                    return
+            pool, job = waiter
+            if self._send(pool, job):
+                return
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+    def submit(self, pool: Executor, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` on a pool thread holding this lock (FIFO after its holders); the
+        future is cancelled when the pool is shut down. Cancel it to skip a job not begun."""
+        job = _FolderJob(self, fn, args)
+        with self._mutex:
+            if self._held:
+                self._waiting.append((pool, job))
+                return job.future
+            self._held = True
+        if not self._send(pool, job):
+            self.release()
+        return job.future
+
+    def _send(self, pool: Executor, job: _FolderJob) -> bool:
+        """Hand the held lock to `job` on `pool`; False (the job cancelled) if it is shut
+        down."""
+        try:
+            sent = pool.submit(job.run)
+        except RuntimeError:
+            job.future.cancel()
+            return False
+        sent.add_done_callback(job.dropped)
+        return True
+
+
+class _FolderJob:
+    """A `FolderLock.submit` job: runs holding the lock, then lets it go."""
+
+    __slots__ = ("args", "fn", "future", "lock")
+
+    def __init__(self, lock: FolderLock, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.lock = lock
+        self.fn = fn
+        self.args = args
+        self.future: Future[Any] = Future()
+
+    def run(self) -> None:
+        future = self.future
+        try:
+            if future.set_running_or_notify_cancel():
+                try:
+                    result = self.fn(*self.args)
+                except BaseException as exc:  # noqa: BLE001 - the future carries it
+                    future.set_exception(exc)
+                else:
+                    future.set_result(result)
+        finally:
+            self.fn = self.args = None  # type: ignore[assignment]
+            self.lock.release()
+
+    def dropped(self, sent: Future[None]) -> None:
+        """The pool cancelled the job unrun (shut down with `cancel_futures`): so is its
+        future, and the lock goes on (to jobs the shut pool cancels in turn)."""
+        if sent.cancelled():
+            self.future.cancel()
+            self.lock.release()
+
+
 class DirectoryLocks:
-    """One lock per working directory: its captures, drops and collections never overlap
-    (they share the directory's shadow repository and index); and the `RefPins` of the
+    """One lock per working directory (`FolderLock`): its captures, drops and collections
+    never overlap (they share the directory's shadow repository and index), and a job for a
+    busy directory waits parked on it, never on a pool thread; and the `RefPins` of the
     checkpoint refs Turns in flight name."""
 
     def __init__(self) -> None:
-        self._locks: dict[str, threading.Lock] = {}
+        self._locks: dict[str, FolderLock] = {}
         self._cleared: set[str] = set()
         self._guard = threading.Lock()
         self.pins = RefPins()
 
-    def __call__(self, cwd: str) -> threading.Lock:
+    def __call__(self, cwd: str) -> FolderLock:
         return self.resolved(os.path.realpath(cwd))
 
-    def resolved(self, real: str) -> threading.Lock:
+    def resolved(self, real: str) -> FolderLock:
         """The lock of a directory already resolved (`os.path.realpath`)."""
         with self._guard:
             lock = self._locks.get(real)
             if lock is None:
-                lock = self._locks[real] = threading.Lock()
+                lock = self._locks[real] = FolderLock()
             return lock
 
     def cleared(self, cwd: str) -> bool:
@@ -253,18 +368,41 @@ class DirectoryLocks:
 
     @contextlib.contextmanager
     def held(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:
-        """Hold `cwd`'s (resolved) lock for one job on its shadow repository: the lock files a
+        """Hold `cwd`'s (resolved) lock for one job on its shadow repository, waiting for it
+        (a thread off the pool: a pool job goes through `submit`)."""
+        with self.resolved(cwd), self.holding(shadow, cwd):
+            yield
+
+    @contextlib.contextmanager
+    def holding(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:
+        """Within `cwd`'s lock's hold, one job on its shadow repository: the lock files a
         killed daemon left are removed first (`clear_stale_once`), and those a git of this job
         left — killed past its bound, or refused on one — before the lock is let go, so the
         folder's next job is not refused on them."""
-        with self.resolved(cwd):
-            self.clear_stale_once(shadow, cwd)
-            try:
-                yield
-            except GitUnavailable as exc:
-                if exc.stale_locks:
-                    shadow.clear_stale_locks(Path(cwd))
-                raise
+        self.clear_stale_once(shadow, cwd)
+        try:
+            yield
+        except GitUnavailable as exc:
+            if exc.stale_locks:
+                shadow.clear_stale_locks(Path(cwd))
+            raise
+
+    def submit(self, pool: Executor, cwd: str, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """`fn(*args)` on `pool` holding `cwd`'s (resolved) lock, parked while another job of
+        that directory holds it (`FolderLock.submit`); `fn` works within `holding`."""
+        return self.resolved(cwd).submit(pool, fn, *args)
+
+    def now_or_parked(self, pool: Executor, cwd: str, fn: Callable[..., T], *args: Any) -> T | None:
+        """`fn(*args)` now, on this (pool) thread, holding `cwd`'s lock if it is free; else
+        parked on the lock (`submit`) and None: a sweep never waits on a busy folder."""
+        lock = self.resolved(cwd)
+        if not lock.acquire(blocking=False):
+            self.submit(pool, cwd, fn, *args)
+            return None
+        try:
+            return fn(*args)
+        finally:
+            lock.release()
 
 
 class _Job:
@@ -355,14 +493,19 @@ class TurnCheckpoints:
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
         the answer lists the files changed since it. The future never fails."""
-        try:
-            return self.pool.submit(self._run, cwd, session_id, turn_id, which, before)
-        except RuntimeError:  # the pool is shut down: the daemon is closing
+        real = os.path.realpath(cwd)
+        args = (real, session_id, turn_id, which, before)
+        if self._point_armed(f"host.checkpoint.{which}"):
+            fut = self._past_failpoint(args)
+        else:
+            fut = self.locks.submit(self.pool, real, self._run, *args)
+        if fut.cancelled():  # the pool is shut down: the daemon is closing
             done: Future[Capture] = Future()
             done.set_result(
                 Capture.missing(cwd, "shutting_down", "the daemon is stopping; no checkpoint")
             )
             return done
+        return fut
 
     def capture_after_here(
         self, cwd: str, session_id: str, turn_id: str, before: str | None
@@ -429,6 +572,38 @@ class TurnCheckpoints:
                 self._here_slow.pop(cwd, None)
                 self._here_paused[cwd] = time.monotonic() + HERE_PAUSE_S
 
+    def _past_failpoint(self, args: tuple[str, str, str, str, str | None]) -> Future[Capture]:
+        """A capture whose `host.checkpoint.<which>` failpoint may act: hit on a pool thread
+        before the folder's lock is asked for (a point that sleeps holds a thread, never the
+        folder), then the capture as `capture` takes it."""
+        real, which = args[0], args[3]
+        outer: Future[Capture] = Future()
+
+        def _copy(inner: Future[Capture]) -> None:
+            if inner.cancelled():
+                outer.set_result(Capture.missing(real, "shutting_down", "the daemon is stopping"))
+            else:
+                outer.set_result(inner.result())
+
+        def _hit() -> None:
+            if not outer.set_running_or_notify_cancel():
+                return  # its Turn stopped waiting
+            try:
+                assert self.failpoints is not None
+                self.failpoints.hit(f"host.checkpoint.{which}")
+            except Exception as exc:  # noqa: BLE001 - a checkpoint never fails a Turn
+                log.warning("checkpoint of %s (%s) failed: %s", real, which, exc)
+                reason = str(getattr(exc, "reason", "git_failed"))
+                outer.set_result(Capture.missing(real, reason, f"the checkpoint failed: {exc}"))
+                return
+            self.locks.submit(self.pool, real, self._run, *args).add_done_callback(_copy)
+
+        try:
+            self.pool.submit(_hit)
+        except RuntimeError:
+            outer.cancel()
+        return outer
+
     def _point_armed(self, name: str) -> bool:
         """A failpoint may act at `name` (a registry that cannot say counts as armed)."""
         if self.failpoints is None:
@@ -456,21 +631,19 @@ class TurnCheckpoints:
         """`capture` was taken for a Turn that was never created (the claim it ran beside
         answered an earlier Turn, or failed): once it has kept its ref, drop that ref if this
         capture wrote it and no other Turn named it since (`RefPins.discardable`). Until then
-        the ref is one no record names, as a crash could leave (space, never a wrong
         record)."""
 
         def _drop(_: Future[Capture]) -> None:
             # A pool shut down (the daemon is closing) leaves the ref, as space.
-            with contextlib.suppress(RuntimeError):
-                self.pool.submit(self._drop_refs, cwd, session_id, turn_id)
+            real = os.path.realpath(cwd)
+            self.locks.submit(self.pool, real, self._drop_refs, real, session_id, turn_id)
 
         capture.add_done_callback(_drop)
 
-    def _drop_refs(self, cwd: str, session_id: str, turn_id: str) -> None:
-        real = os.path.realpath(cwd)
+    def _drop_refs(self, real: str, session_id: str, turn_id: str) -> None:
         names: list[str] = []
         try:
-            with self.locks.held(self.shadow, real):
+            with self.locks.holding(self.shadow, real):
                 keys = self.locks.pins.discardable(session_id, turn_id)
                 names = [name for where, name in keys if where == real]
                 if names:
@@ -479,13 +652,11 @@ class TurnCheckpoints:
             log.warning("dropping the unused checkpoint refs %s of %s failed: %s", names, real, exc)
 
     def _run(
-        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
+        self, real: str, session_id: str, turn_id: str, which: str, before: str | None
     ) -> Capture:
-        real = os.path.realpath(cwd)
+        """One capture on a pool thread, holding `real`'s lock (`DirectoryLocks.submit`)."""
         try:
-            if self.failpoints is not None:
-                self.failpoints.hit(f"host.checkpoint.{which}")
-            with self.locks.held(self.shadow, real):
+            with self.locks.holding(self.shadow, real):
                 path = Path(real)
                 checkpoint = self.shadow.capture(path, real)
                 if isinstance(checkpoint, Unavailable):
@@ -579,18 +750,18 @@ class CheckpointJanitor:
 
     def drop_session(self, cwd: str, session_id: str) -> Future[int]:
         """A deleted Session's refs in `cwd`'s store go now (collected at the next sweep)."""
-        try:
-            return self.pool.submit(
-                self._drop, os.path.realpath(cwd), {session_ref_prefix(session_id)}
-            )
-        except RuntimeError:  # the daemon is closing: the next start's sweep drops them
+        real = os.path.realpath(cwd)
+        fut = self.locks.submit(self.pool, real, self._drop, real, {session_ref_prefix(session_id)})
+        if fut.cancelled():  # the daemon is closing: the next start's sweep drops them
             done: Future[int] = Future()
             done.set_result(0)
             return done
+        return fut
 
     def _drop(self, cwd: str, prefixes: set[str]) -> int:
+        """Holding `cwd`'s lock: drop the refs under `prefixes`."""
         try:
-            with self.locks.held(self.shadow, cwd):
+            with self.locks.holding(self.shadow, cwd):
                 doomed = [r for r in self.shadow.refs(Path(cwd)) if r.split("/", 1)[0] in prefixes]
                 dropped = self.shadow.drop_refs(Path(cwd), doomed)
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
@@ -613,7 +784,11 @@ class CheckpointJanitor:
         dropped = 0
         if deleted:
             for workdir in self.shadow.workdirs():
-                dropped += self._drop(str(workdir), deleted)
+                # A busy folder's drop waits parked on it (not on this thread).
+                where = str(workdir)
+                dropped += (
+                    self.locks.now_or_parked(self.pool, where, self._drop, where, deleted) or 0
+                )
         collected = self._collect()
         capped = self._cap() if self.max_bytes > 0 else 0
         self._size = None
@@ -621,20 +796,26 @@ class CheckpointJanitor:
         return {"dropped": dropped, "collected": collected, "capped": capped}
 
     def _collect(self) -> int:
-        """`git gc` every store that lost refs since the last collection."""
+        """`git gc` every store that lost refs since the last collection (a busy folder's
+        waits parked on it, not on this thread); returns how many ran here."""
         with self._guard:
             dirty, self._dirty = self._dirty, set()
         collected = 0
         for cwd in sorted(dirty):
-            try:
-                with self.locks.held(self.shadow, cwd):
-                    self.shadow.gc(Path(cwd))
-                collected += 1
-            except Exception as exc:  # noqa: BLE001 - kept dirty: the next sweep tries again
-                log.warning("collecting checkpoints of %s failed: %s", cwd, exc)
-                with self._guard:
-                    self._dirty.add(cwd)
+            collected += self.locks.now_or_parked(self.pool, cwd, self._gc, cwd) or 0
         return collected
+
+    def _gc(self, cwd: str) -> int:
+        """Holding `cwd`'s lock: `git gc` its store (kept dirty on a failure)."""
+        try:
+            with self.locks.holding(self.shadow, cwd):
+                self.shadow.gc(Path(cwd))
+        except Exception as exc:  # noqa: BLE001 - kept dirty: the next sweep tries again
+            log.warning("collecting checkpoints of %s failed: %s", cwd, exc)
+            with self._guard:
+                self._dirty.add(cwd)
+            return 0
+        return 1
 
     def _cap(self) -> int:
         """Over `max_bytes`: drop the oldest Turns' checkpoints a batch at a time, collecting
@@ -673,9 +854,20 @@ class CheckpointJanitor:
         self.capped += 1  # sweeps run one at a time
         names = [checkpoint_ref(sid, turn_id, which) for which in ("before", "after")]
         trees = {str(record[w]) for w in ("before", "after") if record.get(w)}
+        # A busy folder's drop waits parked on it (not on this thread).
+        self.locks.now_or_parked(
+            self.pool, cwd, self._drop_turn_refs, cwd, ws, sid, turn_id, names, trees
+        )
+        return 1
+
+    def _drop_turn_refs(
+        self, cwd: str, ws: str, sid: str, turn_id: str, names: list[str], trees: set[str]
+    ) -> None:
+        """Holding `cwd`'s lock: drop a capped Turn's refs (its Session's tree refs only
+        when no other Turn needs them)."""
         shared = [commit_ref(sid, tree) for tree in sorted(trees)]
         try:
-            with self.locks.held(self.shadow, cwd):
+            with self.locks.holding(self.shadow, cwd):
                 kept = set(self.shadow.refs(Path(cwd)))
                 # A Session's tree ref goes only when no Turn of it needs it: pinned by a
                 # Turn in flight (read first: a pin goes only once its record is durable,
@@ -691,10 +883,9 @@ class CheckpointJanitor:
                 self.shadow.drop_refs(Path(cwd), [n for n in names if n in kept])
         except Exception as exc:  # noqa: BLE001 - an unnamed ref: only space, never wrong
             log.warning("dropping the checkpoint refs of turn %s failed: %s", turn_id, exc)
-            return 1
+            return
         with self._guard:
             self._dirty.add(cwd)
-        return 1
 
     def size_bytes(self) -> int:
         """The checkpoint store's size on disk (walked at most every few seconds)."""

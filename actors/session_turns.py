@@ -413,6 +413,11 @@ class TurnRunner:
                 return  # the bound ran out first (or the capture answered first)
             state.before_pending = False
             timer.cancel()
+            if capture is None:
+                # Nobody reads it any more: a capture still queued never runs (it pinned
+                # nothing, wrote nothing); one running lands and pins for a settled Turn
+                # nothing (`RefPins.settled`).
+                fut.cancel()
             # Kept here until the settlement writes the whole record (nothing forks through,
             # diffs or restores a running Turn, and it saves the Turn a transaction).
             state.before = capture or _timed_out(cwd, "before", bound)
@@ -421,7 +426,7 @@ class TurnRunner:
                 fn()
 
         timer = self._core.after(bound, lambda: _answered(None))
-        self._core.later(fut, lambda f: _answered(f.result()))
+        self._core.later(fut, lambda f: _answered(_capture_of(f)))
 
     def capture_after(self, state: TurnState, then: Callable[[], None]) -> None:
         """Capture the files as the Turn leaves them, then `then()` (within the bound)."""
@@ -463,11 +468,13 @@ class TurnRunner:
                     return
                 done[0] = True
                 timer.cancel()
+                if capture is None:
+                    fut.cancel()  # still queued: never runs (see `_capture_before`)
                 state.after = capture or _timed_out(cwd, "after", bound)
                 _release()
 
             timer = self._core.after(bound, lambda: _answered(None))
-            self._core.later(fut, lambda f: _answered(f.result()))
+            self._core.later(fut, lambda f: _answered(_capture_of(f)))
 
         if state.before_pending:
             state.after_before.append(_capture)
@@ -902,6 +909,12 @@ def _bound_of(taken: list[DurableWrite]) -> TurnBound:
         if item.bound.binding_json is not None:
             binding = item.bound.binding_json
     return TurnBound(root_provider_turn_id=root, binding_json=binding)
+
+
+def _capture_of(fut: Future[Capture]) -> Capture | None:
+    """A capture's answer; None for one cancelled (its bound fired first, or the daemon is
+    closing)."""
+    return None if fut.cancelled() else fut.result()
 
 
 def _timed_out(cwd: str, which: str, bound: float) -> Capture:

@@ -1,6 +1,7 @@
 """A Turn's capture whose git stalled (a slow disk) and was killed at the bound is recorded
-`timed_out`; the folder's later Turns get their checkpoints again from the same daemon, with
-no restart: the lock file the killed git held is gone with it. The real daemon, real git
+`timed_out` (the record's `beforeUnavailable`); the folder's later Turns get their checkpoints
+again from the same daemon, with no restart: the lock file the killed git held is gone with
+it. The real daemon, real git
 behind a PATH wrapper that stalls one `git add` holding the shadow index's lock."""
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ def test_a_turn_after_one_whose_capture_git_was_killed_gets_its_checkpoints(
         assert stall.taken()
         assert timed["outcome"] == "completed", timed
         assert timed["workspace"].get("before") is None, timed["workspace"]
+        # The `after` is usable: the record keeps why there is no `before`.
+        assert timed["workspace"]["after"], timed["workspace"]
+        assert timed["workspace"]["beforeUnavailable"]["reason"] == "timed_out", timed
 
         (folder / "b.txt").write_text("b\n")
         nxt = run_turn(client, sid, "again")
