@@ -88,10 +88,18 @@ class ChangedFile(TypedDict):
     kind: Literal["added", "modified", "deleted"]
 
 
+class CaptureUnavailable(TypedDict):
+    """Why a capture failed (`TurnWorkspace.beforeUnavailable`)."""
+
+    reason: str
+    message: str
+
+
 class TurnWorkspace(TypedDict, total=False):
     """A Turn's workspace checkpoint record: either the checkpoint (`cwd`, `before`, `after`,
-    `changedFiles`, `headCommit`, `repoRoot`, `tooLarge`; `after` is null while the Turn runs)
-    or `{state: "unavailable", reason, message}`."""
+    `changedFiles`, `headCommit`, `repoRoot`, `tooLarge`; `after` is null while the Turn runs;
+    `beforeUnavailable` says why a null `before` failed) or `{state: "unavailable", reason,
+    message}`."""
 
     cwd: str
     before: str | None
@@ -100,6 +108,7 @@ class TurnWorkspace(TypedDict, total=False):
     headCommit: str | None
     repoRoot: str | None
     tooLarge: list[str]
+    beforeUnavailable: CaptureUnavailable
     state: Literal["unavailable"]
     reason: str
     message: str
