@@ -413,11 +413,6 @@ class TurnRunner:
                 return  # the bound ran out first (or the capture answered first)
             state.before_pending = False
             timer.cancel()
-            if capture is None:
-                # Nobody reads it any more: a capture still queued never runs (it pinned
-                # nothing, wrote nothing); one running lands and pins for a settled Turn
-                # nothing (`RefPins.settled`).
-                fut.cancel()
             # Kept here until the settlement writes the whole record (nothing forks through,
             # diffs or restores a running Turn, and it saves the Turn a transaction).
             state.before = capture or _timed_out(cwd, "before", bound)
@@ -425,7 +420,15 @@ class TurnRunner:
             for fn in waiting:
                 fn()
 
-        timer = self._core.after(bound, lambda: _answered(None))
+        def _bound_fired() -> None:
+            # Nobody reads it any more: a capture still queued never runs (it pinned nothing,
+            # wrote nothing); one running lands and pins for a settled Turn nothing
+            # (`RefPins.settled`). Cancelled here, not in `_answered`: that closure is the
+            # future's own callback's, and naming the future in it would make a cycle.
+            fut.cancel()
+            _answered(None)
+
+        timer = self._core.after(bound, _bound_fired)
         self._core.later(fut, lambda f: _answered(_capture_of(f)))
 
     def capture_after(self, state: TurnState, then: Callable[[], None]) -> None:
@@ -468,12 +471,14 @@ class TurnRunner:
                     return
                 done[0] = True
                 timer.cancel()
-                if capture is None:
-                    fut.cancel()  # still queued: never runs (see `_capture_before`)
                 state.after = capture or _timed_out(cwd, "after", bound)
                 _release()
 
-            timer = self._core.after(bound, lambda: _answered(None))
+            def _bound_fired() -> None:
+                fut.cancel()  # still queued: never runs (see `capture_before`)
+                _answered(None)
+
+            timer = self._core.after(bound, _bound_fired)
             self._core.later(fut, lambda f: _answered(_capture_of(f)))
 
         if state.before_pending:
