@@ -19,7 +19,7 @@ from actors.context import runtime_key
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher, StreamDelta, delta_event
 from storage.models import TurnChanged
-from tests.support.carried import hear_settled
+from tests.support.carried import Sink, hear_settled, run_publisher, stop_publisher
 from tests.support.daemon import wait_for
 from tests.support.in_process import in_process_daemon
 from transport.client import Client
@@ -33,39 +33,6 @@ WS = "ws-delta-path"
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
     with in_process_daemon(tmp_path / "home") as running:
         yield running
-
-
-class Sink:
-    """An `EventSink` that wants every workspace and records, in the order the transport
-    loop would get them, each event handed over and the thread that handed it."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.threads: list[int] = []
-        self.lock = threading.Lock()
-        self.hold: threading.Event | None = None
-        """While set to an unset Event, a hand-over of read-back events waits for it."""
-        self.holding = threading.Event()
-
-    def wants(self, topic: str) -> bool:
-        return True
-
-    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
-        hold = self.hold
-        if hold is not None and any(e["type"] != "message.delta" for _, e in events):
-            self.holding.set()
-            hold.wait(30)
-        with self.lock:
-            self.events.extend(dict(e) for _, e in events)
-            self.threads.extend(threading.get_ident() for _ in events)
-        return True
-
-    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
-        with self.lock:
-            for _, body in frames:
-                self.events.append(msgpack.unpackb(body, raw=False))
-                self.threads.append(threading.get_ident())
-        return True
 
 
 def _delta(sid: str, turn_id: str, text: str) -> StreamDelta:
@@ -99,30 +66,18 @@ def _publisher(daemon: Daemon, sink: Sink) -> EventPublisher:
     return publisher
 
 
-def _run(publisher: EventPublisher) -> threading.Thread:
-    thread = threading.Thread(target=publisher.run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _stop(publisher: EventPublisher, thread: threading.Thread) -> None:
-    publisher.queue.put(None)
-    thread.join(10)
-    assert not thread.is_alive()
-
-
 def test_a_delta_with_nothing_queued_is_handed_over_on_its_own_thread(
     running: tuple[Daemon, Client],
 ) -> None:
     daemon, _ = running
     sink = Sink()
     publisher = _publisher(daemon, sink)
-    thread = _run(publisher)
+    thread = run_publisher(publisher)
     try:
         publisher.offer_delta(_delta("s1", "t1", "hel"))
         publisher.offer_delta(_delta("s1", "t1", "lo"))
     finally:
-        _stop(publisher, thread)
+        stop_publisher(publisher, thread)
     # Encoded once, on the caller's thread, and never through the publishing thread.
     assert publisher.direct == 2 and publisher.batches == 1  # the stop marker's
     assert sink.threads == [threading.get_ident()] * 2
@@ -161,7 +116,7 @@ def test_a_delta_waits_behind_a_change_queued_or_in_hand_then_goes_direct_again(
     assert publisher.direct == 0
     # In hand: the thread has taken the batch and is handing it over (held by the sink).
     sink.hold = threading.Event()
-    thread = _run(publisher)
+    thread = run_publisher(publisher)
     try:
         assert sink.holding.wait(10)
         publisher.offer_delta(_delta("s1", "a", "2"))
@@ -175,7 +130,7 @@ def test_a_delta_waits_behind_a_change_queued_or_in_hand_then_goes_direct_again(
         assert publisher.direct == 1
     finally:
         sink.hold = None
-        _stop(publisher, thread)
+        stop_publisher(publisher, thread)
     said = [e.get("delta") or e["turn"]["turnId"] for e in sink.events]
     assert said == ["a", "1", "2", "b", "3", "4"]
     assert sink.threads[-1] == threading.get_ident()
@@ -191,7 +146,7 @@ def test_deltas_from_many_threads_keep_their_order_against_every_change_and_none
     daemon, _ = running
     sink = Sink()
     publisher = _publisher(daemon, sink)
-    thread = _run(publisher)
+    thread = run_publisher(publisher)
     rounds, mixers = 400, 3
     start = threading.Barrier(mixers + 1)
 
@@ -215,7 +170,7 @@ def test_deltas_from_many_threads_keep_their_order_against_every_change_and_none
             w.join(60)
         wait_for(lambda: len(sink.events) == rounds * 2 * mixers + rounds * 2, 30)
     finally:
-        _stop(publisher, thread)
+        stop_publisher(publisher, thread)
     by_source: dict[str, list[str]] = {}
     for event in sink.events:
         sid = str(event["agentSessionId"])

@@ -13,14 +13,21 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import msgpack
 import pytest
 
 from agenthost.daemon import Daemon
 from agenthost.publisher import EventPublisher
 from storage.models import ChangeEvent, NewMessage, Turn, TurnChanged
 from storage.store import Store
-from tests.support.carried import Heard, hear_settled, new_session
+from tests.support.carried import (
+    Heard,
+    Sink,
+    hear_settled,
+    new_session,
+    read_counting_publisher,
+    run_publisher,
+    stop_publisher,
+)
 from tests.support.daemon import fork_params, run_turn, submit, wait_for
 from tests.support.in_process import in_process_daemon
 from tests.support.invariants import check_turn_events
@@ -35,38 +42,6 @@ WS = "ws-settle-direct"
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
     with in_process_daemon(tmp_path / "home") as running:
         yield running
-
-
-class Sink:
-    """Wants every workspace; keeps each event handed over and the thread that handed it. While
-    `hold` is an unset Event, a hand-over through the loop (`publish_many`) waits for it."""
-
-    def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
-        self.threads: list[int] = []
-        self.lock = threading.Lock()
-        self.hold: threading.Event | None = None
-        self.holding = threading.Event()
-
-    def wants(self, topic: str) -> bool:
-        return True
-
-    def publish_many(self, events: list[tuple[str, Any]]) -> bool:
-        hold = self.hold
-        if hold is not None:
-            self.holding.set()
-            hold.wait(30)
-        with self.lock:
-            self.events.extend(dict(e) for _, e in events)
-            self.threads.extend(threading.get_ident() for _ in events)
-        return True
-
-    def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
-        with self.lock:
-            for _, body in frames:
-                self.events.append(msgpack.unpackb(body, raw=False))
-                self.threads.append(threading.get_ident())
-        return True
 
 
 def _claim(store: Store, sid: str) -> tuple[list[ChangeEvent], Turn]:
@@ -100,18 +75,6 @@ def _publisher(daemon: Daemon, sink: Sink) -> EventPublisher:
     return EventPublisher(daemon.store, daemon.catalog, queue.SimpleQueue(), sink=sink)
 
 
-def _run(publisher: EventPublisher) -> threading.Thread:
-    thread = threading.Thread(target=publisher.run, daemon=True)
-    thread.start()
-    return thread
-
-
-def _stop(publisher: EventPublisher, thread: threading.Thread) -> None:
-    publisher.queue.put(None)
-    thread.join(10)
-    assert not thread.is_alive()
-
-
 def _said(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
     return [
         (e["type"], e["turn"]["phase"] if e["type"] == "turn.updated" else "")
@@ -129,16 +92,8 @@ def test_a_claim_and_a_settlement_with_nothing_queued_go_on_their_writers_thread
     daemon, client = running
     assert daemon.store is not None
     sink = Sink()
-    publisher = _publisher(daemon, sink)
-    read: list[Any] = []
-    project = publisher.project
-
-    def counted(change: Any) -> Any:
-        read.append(change)
-        return project(change)
-
-    publisher.project = counted  # type: ignore[method-assign]
-    thread = _run(publisher)
+    publisher, read = read_counting_publisher(daemon, sink, lambda change: type(change).__name__)
+    thread = run_publisher(publisher)
     try:
         claim, turn = _claim(daemon.store, new_session(client, WS))
         publisher.offer_many(claim)
@@ -147,7 +102,7 @@ def test_a_claim_and_a_settlement_with_nothing_queued_go_on_their_writers_thread
         assert publisher.direct_changes == 4
         assert publisher.batches == 0
     finally:
-        _stop(publisher, thread)
+        stop_publisher(publisher, thread)
     assert _said(sink.events) == [
         ("turn.updated", "active"),
         ("session.upserted", ""),
@@ -158,7 +113,7 @@ def test_a_claim_and_a_settlement_with_nothing_queued_go_on_their_writers_thread
     # Built from the rows the changes carried: the Session is read once (its first row this
     # publisher meets), the settlement's touch is applied to the claim's row.
     assert publisher.carried_turns == 2 and publisher.touched == 1
-    assert all(type(change) is not TurnChanged for change in read)
+    assert TurnChanged.__name__ not in read
     assert sink.events[1]["session"]["activeTurnId"] == turn.turn_id
     assert sink.events[3]["session"]["activeTurnId"] is None
     assert sink.events[2]["turn"]["messages"][-1]["text"] == "the reply"
@@ -176,8 +131,8 @@ def test_a_turn_change_without_its_row_is_queued(
     publisher = _publisher(daemon, sink)
     publisher.offer_many([TurnChanged(WS, turn.session_id, turn.turn_id)])
     assert publisher.direct_changes == 0 and sink.events == []
-    thread = _run(publisher)
-    _stop(publisher, thread)
+    thread = run_publisher(publisher)
+    stop_publisher(publisher, thread)
     assert sink.threads == [thread.ident]
 
 
@@ -201,7 +156,7 @@ def test_a_turn_behind_a_change_queued_or_in_hand_is_queued_behind_it(
     assert publisher.direct_changes == 0 and sink.events == []
     # In hand: the thread took a batch and is handing it over (held by the sink).
     sink.hold = threading.Event()
-    thread = _run(publisher)
+    thread = run_publisher(publisher)
     try:
         assert sink.holding.wait(10)
         claim, turn = _claim(store, second)
@@ -220,7 +175,7 @@ def test_a_turn_behind_a_change_queued_or_in_hand_is_queued_behind_it(
         if sink.hold is not None:
             sink.hold.set()
         sink.hold = None
-        _stop(publisher, thread)
+        stop_publisher(publisher, thread)
     owners = [
         e["agentSessionId"] if e["type"] == "turn.updated" else e["session"]["agentSessionId"]
         for e in sink.events

@@ -1,10 +1,13 @@
-"""What the carried-row tests share (tests/daemon/test_carried_*.py): a sink that keeps every
-event handed to it, a publisher counting its read-backs, the store's deliveries as a subscriber
-gets them, and a Session made through the daemon."""
+"""What the carried-row tests share (tests/daemon/test_carried_*.py, and the publisher's
+direct-path tests: test_settle_direct.py, test_delta_path.py): a sink that keeps every event
+handed to it and the thread that handed it, a publishing thread to start and stop, a publisher
+counting its read-backs, the store's deliveries as a subscriber gets them, and a Session made
+through the daemon."""
 
 from __future__ import annotations
 
 import queue
+import threading
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -20,23 +23,53 @@ from transport.client import Client, EventSubscriber
 
 
 class Sink:
-    """Wants every workspace (while `wanted`); keeps every event handed over."""
+    """An `EventSink` that wants every workspace (while `wanted`) and keeps, in the order the
+    transport loop would get them, each event handed over and the thread that handed it. While
+    `hold` is an unset Event, a hand-over through the loop (`publish_many`) of anything but
+    deltas waits for it, `holding` set."""
 
     def __init__(self) -> None:
         self.events: list[dict[str, Any]] = []
+        self.threads: list[int] = []
         self.wanted = True
+        self.lock = threading.Lock()
+        self.hold: threading.Event | None = None
+        self.holding = threading.Event()
 
     def wants(self, topic: str) -> bool:
         return self.wanted
 
     def publish_many(self, events: list[tuple[str, Any]]) -> bool:
-        self.events.extend(dict(e) for _, e in events)
+        hold = self.hold
+        if hold is not None and any(e["type"] != "message.delta" for _, e in events):
+            self.holding.set()
+            hold.wait(30)
+        with self.lock:
+            self.events.extend(dict(e) for _, e in events)
+            self.threads.extend(threading.get_ident() for _ in events)
         return True
 
     def publish_now(self, frames: list[tuple[bytes, bytes]]) -> bool:
         """A hand-over on its caller's thread (a delta's, a settlement's): decoded, kept."""
-        self.events.extend(msgpack.unpackb(body, raw=False) for _, body in frames)
+        with self.lock:
+            for _, body in frames:
+                self.events.append(msgpack.unpackb(body, raw=False))
+                self.threads.append(threading.get_ident())
         return True
+
+
+def run_publisher(publisher: EventPublisher) -> threading.Thread:
+    """`publisher`'s publishing thread, started."""
+    thread = threading.Thread(target=publisher.run, daemon=True)
+    thread.start()
+    return thread
+
+
+def stop_publisher(publisher: EventPublisher, thread: threading.Thread) -> None:
+    """Stop `run_publisher`'s thread (after what is queued) and check it ended."""
+    publisher.queue.put(None)
+    thread.join(10)
+    assert not thread.is_alive()
 
 
 def read_counting_publisher(
