@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import DaemonProcess, create_session, run_turn
-from tests.workspace.stalling_git import path_with, stalling_git
+from tests.support.daemon import create_session, run_turn
+from tests.support.stalling_git_home import stalling_git_home
 from workspace.shadow import Checkpoint, ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -21,16 +21,9 @@ pytestmark = pytest.mark.timeout(120)
 def test_a_turn_after_one_whose_capture_git_was_killed_gets_its_checkpoints(
     tmp_path: Path,
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 3.0\n")
-    folder = tmp_path / "work"
-    folder.mkdir()
-    (folder / "a.txt").write_text("a\n")
-    stall = stalling_git(tmp_path / "stall", "add")
-    daemon = DaemonProcess(home, env={"PATH": path_with(stall.bin)}).start()
-    try:
-        client = daemon.client()
+    with stalling_git_home(tmp_path, "add", timeout_s=3.0) as at:
+        folder, stall = at.folder, at.stall
+        client = at.daemon.client()
         sid = create_session(client, cwd=str(folder))["agentSessionId"]
         first = run_turn(client, sid, "hello")
         assert first["workspace"]["after"], first["workspace"]
@@ -52,6 +45,3 @@ def test_a_turn_after_one_whose_capture_git_was_killed_gets_its_checkpoints(
         fresh = ShadowStore(tmp_path / "fresh" / "checkpoints").capture(folder)
         assert isinstance(fresh, Checkpoint) and ws["after"] == fresh.tree
         assert ws["cwd"] == os.path.realpath(folder)
-    finally:
-        daemon.stop()
-        stall.kill_left()

@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
-from tests.workspace.stalling_git import path_with, running, stalling_git
+from tests.support.daemon import WS, create_session, run_turn
+from tests.support.stalling_git_home import stalling_git_home
+from tests.workspace.stalling_git import running
 from transport.client import ApiError
 from workspace.shadow import ShadowStore
 
@@ -26,17 +27,10 @@ def _locks(repo: Path) -> list[str]:
 def test_a_restore_whose_git_was_killed_leaves_no_lock_and_the_folder_works_on(
     tmp_path: Path,
 ) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "agenthost.toml").write_text("[workspace]\ntimeout_s = 2.0\n")
-    folder = tmp_path / "work"
-    folder.mkdir()
-    (folder / "a.txt").write_text("a\n")
-    stall = stalling_git(tmp_path / "stall", "read-tree")
-    daemon = DaemonProcess(home, env={"PATH": path_with(stall.bin)}).start()
-    repo = ShadowStore(home / "checkpoints").repo_dir(folder)
-    try:
-        client = daemon.client()
+    with stalling_git_home(tmp_path, "read-tree", timeout_s=2.0) as at:
+        folder, stall = at.folder, at.stall
+        repo = ShadowStore(at.home / "checkpoints").repo_dir(folder)
+        client = at.daemon.client()
         sid = create_session(client, cwd=str(folder))["agentSessionId"]
         turn = run_turn(client, sid, "hello")
         assert turn["workspace"]["before"] and turn["workspace"]["after"], turn
@@ -62,6 +56,3 @@ def test_a_restore_whose_git_was_killed_leaves_no_lock_and_the_folder_works_on(
         (folder / "b.txt").write_text("b\n")
         nxt = run_turn(client, sid, "again")
         assert nxt["workspace"].get("before") and nxt["workspace"].get("after"), nxt
-    finally:
-        daemon.stop()
-        stall.kill_left()
