@@ -488,12 +488,27 @@ class TurnCheckpoints:
         """How long a Turn waits for a capture before it is recorded `timed_out`."""
         return self.shadow.timeout_s
 
+    @staticmethod
+    def resolve(cwd: str) -> str:
+        """`cwd`'s real path: the key of its folder's lock and shadow repository. A Turn's
+        capture resolves it once (an `lstat` a path component) and passes it to
+        `capture_*_here` and, if they refuse, to `capture`."""
+        return os.path.realpath(cwd)
+
     def capture(
-        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None = None
+        self,
+        cwd: str,
+        session_id: str,
+        turn_id: str,
+        which: str,
+        before: str | None = None,
+        *,
+        real: str | None = None,
     ) -> Future[Capture]:
         """Capture `cwd` on the pool and keep it under its Turn's ref; `before` (a tree):
-        the answer lists the files changed since it. The future never fails."""
-        real = os.path.realpath(cwd)
+        the answer lists the files changed since it; `real`: `resolve(cwd)` when the caller
+        has it. The future never fails."""
+        real = os.path.realpath(cwd) if real is None else real
         args = (real, session_id, turn_id, which, before)
         if self._point_armed(f"host.checkpoint.{which}"):
             fut = self._past_failpoint(args)
@@ -508,7 +523,7 @@ class TurnCheckpoints:
         return fut
 
     def capture_after_here(
-        self, cwd: str, session_id: str, turn_id: str, before: str | None
+        self, cwd: str, session_id: str, turn_id: str, before: str | None, real: str | None = None
     ) -> Capture | None:
         """A Turn's `after` capture taken on the caller's thread when it is cheap and certain:
         the directory is free (no other job of it runs), its stat snapshot is small
@@ -518,9 +533,11 @@ class TurnCheckpoints:
         failpoint is armed or the directory's last captures here were slow (`HERE_BUDGET_S`,
         `HERE_SLOW_RUN`). The Session actor asks here first: on the pool the capture costs
         two thread hops on the settlement's path (actor → pool → actor)."""
-        return self._here(cwd, session_id, turn_id, "after", before)
+        return self._here(cwd, session_id, turn_id, "after", before, real)
 
-    def capture_before_here(self, cwd: str, session_id: str, turn_id: str) -> Capture | None:
+    def capture_before_here(
+        self, cwd: str, session_id: str, turn_id: str, real: str | None = None
+    ) -> Capture | None:
         """A Turn's `before` capture taken on the caller's thread when it is as cheap and
         certain as `capture_after_here`'s: the directory free, its small stat snapshot
         unchanged (no process), and the Session's ref of that tree known to be there (its
@@ -528,16 +545,22 @@ class TurnCheckpoints:
         always when `host.checkpoint.before` is armed. The Session actor asks here before
         the claim: on the pool, beside the claim's COMMIT, it costs a thread's wake-up and
         the interpreter's hand-offs; here ~0.1 ms of `lstat`s."""
-        return self._here(cwd, session_id, turn_id, "before", None)
+        return self._here(cwd, session_id, turn_id, "before", None, real)
 
     def _here(
-        self, cwd: str, session_id: str, turn_id: str, which: str, before: str | None
+        self,
+        cwd: str,
+        session_id: str,
+        turn_id: str,
+        which: str,
+        before: str | None,
+        real: str | None = None,
     ) -> Capture | None:
         if self._point_armed(f"host.checkpoint.{which}") or self._here_paused.get(cwd, 0.0) > (
             time.monotonic()
         ):
             return None  # a paused folder is refused before it is resolved (ckpt)
-        real = os.path.realpath(cwd)
+        real = os.path.realpath(cwd) if real is None else real
         if not self.locks.cleared(real):
             return None
         lock = self.locks.resolved(real)

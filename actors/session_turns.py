@@ -378,9 +378,11 @@ class TurnRunner:
         turn_id = str(uuid.uuid4())
         # An unchanged small folder whose tree the Session's ref keeps already: taken here,
         # with no pool thread woken beside the claim's COMMIT.
-        here = checkpoints.capture_before_here(cwd, self._core.sid, turn_id)
+        real = checkpoints.resolve(cwd)  # once: the pool's capture reuses it
+        here = checkpoints.capture_before_here(cwd, self._core.sid, turn_id, real)
         if here is None:
-            return cwd, turn_id, checkpoints.capture(cwd, self._core.sid, turn_id, "before")
+            fut = checkpoints.capture(cwd, self._core.sid, turn_id, "before", real=real)
+            return cwd, turn_id, fut
         done: Future[Capture] = Future()
         done.set_result(here)
         return cwd, turn_id, done
@@ -457,12 +459,13 @@ class TurnRunner:
             before = state.before.checkpoint if state.before is not None else None
             tree = getattr(before, "tree", None)
             # An unchanged small folder: taken here, with no hop to the pool and back.
-            here = checkpoints_.capture_after_here(cwd, self._core.sid, state.turn_id, tree)
+            real = checkpoints_.resolve(cwd)  # once: the pool's capture reuses it
+            here = checkpoints_.capture_after_here(cwd, self._core.sid, state.turn_id, tree, real)
             if here is not None:
                 state.after = here
                 _release()
                 return
-            fut = checkpoints_.capture(cwd, self._core.sid, state.turn_id, "after", tree)
+            fut = checkpoints_.capture(cwd, self._core.sid, state.turn_id, "after", tree, real=real)
             bound = checkpoints_.bound_s
             done = [False]
 

@@ -9,6 +9,9 @@ An in-process daemon (real store, worker and tutti-agent app-server); the home's
 
 from __future__ import annotations
 
+import os
+import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -73,3 +76,35 @@ def test_a_quiet_turn_takes_no_pool_job_and_a_changed_folders_before_is_captured
     text, _ = shadow.diff(repo, tree, ws["before"])
     assert "+one, changed between the Turns" in text
     assert f"{sid}/+{ws['before']}" in shadow.refs(repo)
+
+
+def test_a_changed_folders_captures_resolve_it_once_each_on_the_actor(
+    running: tuple[Daemon, Client], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A capture the actor's thread refuses (the folder changed) goes to the pool with the
+    real path the refusal resolved: one `realpath` (an `lstat` a path component) a capture on
+    the Session actor's thread, not one to ask here and another to queue the job."""
+    daemon, c = running
+    repo = make_repo(tmp_path / "repo")
+    time.sleep(2.5)  # past the 2 s racy margin: the captures keep a stat snapshot
+    sid = create_session(c, cwd=str(repo))["agentSessionId"]
+    run_turn(c, sid, "hello")
+    run_turn(c, sid, "again")  # both captures on the actor: the snapshot is warm
+    calls: list[str] = []
+    real = os.path.realpath
+
+    def counted(path: Any, *args: Any, **kwargs: Any) -> str:
+        caller = sys._getframe(1).f_globals.get("__name__", "")
+        if caller.startswith("actors.") and not threading.current_thread().name.startswith(
+            "agenthost-checkpoint"
+        ):
+            calls.append(caller)
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os.path, "realpath", counted)
+    (repo / "a.txt").write_text("one, changed between the Turns\n")
+    changed = run_turn(c, sid, "and now?")
+    assert changed["workspace"]["before"] is not None, changed["workspace"]
+    # The `before` (refused here, then queued) and the `after` (here, the tree unchanged since
+    # the `before`): one resolution each on the actor's thread.
+    assert calls == ["actors.checkpoints", "actors.checkpoints"], calls
