@@ -728,7 +728,8 @@ class CheckpointJanitor:
     _size_known: int | None = None
     """The last size a walk measured (kept past `SIZE_CACHE_S`: `size_bytes`'s late answer)."""
     _walk: threading.Event | None = None
-    """The size walk running now (set when it ends), if one is."""
+    """The size walk running now (set when it ends), if one is, and when it started."""
+    _walk_started: float = 0.0
     _closed: bool = False
     sweeps: int = 0
     capped: int = 0
@@ -895,8 +896,8 @@ class CheckpointJanitor:
         """The checkpoint store's size on disk (walked at most every few seconds). With
         `wait`, the bounded form `host.status` uses: a walk runs on a thread of its own, one
         at a time (never two walks of one store at once, whoever asks), and is waited for
-        `wait` seconds at most; past that the last size measured is answered (None: never
-        measured yet) and `size_late` is True until a walk ends."""
+        until `wait` seconds after its start at most; past that the last size measured is
+        answered (None: never measured yet) and `size_late` is True until a walk ends."""
         now = time.monotonic()
         cached = self._size
         if cached is not None and now - cached[0] < SIZE_CACHE_S:
@@ -910,10 +911,13 @@ class CheckpointJanitor:
             walk = self._walk
             if walk is None:
                 walk = self._walk = threading.Event()
+                self._walk_started = now
                 threading.Thread(
                     target=self._walk_size, args=(walk,), name="agenthost-ck-size", daemon=True
                 ).start()
-        walk.wait(wait)
+            started = self._walk_started
+        # Waited `wait` from the walk's start, not from this ask: once late, at once.
+        walk.wait(max(0.0, started + wait - now))
         return self._size_known
 
     @property

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,8 +64,9 @@ def program(provider: str, config: Mapping[str, Any]) -> tuple[str | None, str]:
 
 _versions: dict[tuple[str, str], str | None] = {}
 _versions_lock = threading.Lock()
-_probes: dict[tuple[str, str], threading.Event] = {}
-"""Version probes started (set once the version is in `_versions`): one per program."""
+_probes: dict[tuple[str, str], tuple[threading.Event, float]] = {}
+"""Version probes started (set once the version is in `_versions`), with when: one per
+program."""
 
 
 def installed_version(provider: str, path: str) -> str | None:
@@ -81,22 +83,25 @@ def installed_version(provider: str, path: str) -> str | None:
 
 
 def version_within(provider: str, path: str, wait: float) -> tuple[str | None, bool]:
-    """`(version, known)`: the version if it is told within `wait` seconds, else `(None,
-    False)`. The probe runs once per program, on a thread of its own, and is never waited
-    on beyond `wait` (a stalled `--version` holds its own thread, not the caller's)."""
+    """`(version, known)`: the version if it is told within `wait` seconds of its probe's
+    start, else `(None, False)`. The probe runs once per program, on a thread of its own, and
+    is never waited on past that (a stalled `--version` holds its own thread, not the
+    caller's; once late, every caller is answered at once)."""
     key = (provider, path)
+    now = time.monotonic()
     with _versions_lock:
         if key in _versions:
             return _versions[key], True
-        done = _probes.get(key)
-        start = done is None
-        if done is None:
-            done = _probes[key] = threading.Event()
+        probe = _probes.get(key)
+        start = probe is None
+        if probe is None:
+            probe = _probes[key] = (threading.Event(), now)
+    done, started = probe
     if start:
         threading.Thread(
             target=_probe_into, args=(key, done), name="agenthost-version", daemon=True
         ).start()
-    if not done.wait(wait):
+    if not done.wait(max(0.0, started + wait - now)):
         return None, False
     with _versions_lock:
         return _versions.get(key), True
@@ -151,6 +156,18 @@ def check_installed(provider: str, config: Mapping[str, Any]) -> None:
         raise ProviderNotInstalled(
             f"provider {provider} is not installed: {wanted} not found{how} (see {guide})"
         )
+
+
+def describe_all(
+    providers: Sequence[tuple[str, Mapping[str, Any]]], version_wait: float
+) -> list[dict[str, Any]]:
+    """`describe` of each provider, their version probes started together first (so their
+    waits overlap: `version_wait` bounds them all, not each)."""
+    for provider, config in providers:
+        path, _ = program(provider, config)
+        if path is not None:
+            version_within(provider, path, 0.0)
+    return [describe(p, c, version_wait=version_wait) for p, c in providers]
 
 
 def describe(

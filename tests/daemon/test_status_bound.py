@@ -132,6 +132,38 @@ def test_a_stalled_provider_version_is_answered_late_not_waited_for(tmp_path: Pa
         assert all(not p["versionPending"] for p in others)
 
 
+def test_statuses_asked_together_while_a_version_stalls_are_all_answered(
+    tmp_path: Path,
+) -> None:
+    """20 at once on 20 clients while the version probe stalls: a part late past its wait
+    is answered at once to every later ask (waited from its probe's start, not per ask), so
+    none waits in line behind the status threads (20 × 1 s over 2 threads would be 10 s)."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    stall = tmp_path / "stalling-codex"
+    stall.write_text("#!/bin/sh\nexec sleep 60\n")
+    stall.chmod(stall.stat().st_mode | stat.S_IXUSR)
+    (home / "agenthost.toml").write_text(f'[providers.codex]\ncommand = "{stall}"\n')
+    with in_process_daemon(home, timeout=30.0) as (daemon, _client):
+        answers: list[list[str]] = []
+        failures: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                answers.append(_status(daemon)["late"])
+            except BaseException as exc:  # noqa: BLE001 - reported below
+                failures.append(exc)
+
+        askers = [threading.Thread(target=ask, daemon=True) for _ in range(20)]
+        for t in askers:
+            t.start()
+        for t in askers:
+            t.join(30)
+        assert failures == []
+        assert len(answers) == 20
+        assert all("providers.codex.version" in late for late in answers)
+
+
 def test_a_stalled_checkpoint_size_walk_is_answered_as_last_known(
     running: tuple[Daemon, Client],
 ) -> None:
