@@ -748,6 +748,11 @@ class CheckpointJanitor:
     _dirty: set[str] = field(default_factory=set)
     _guard: threading.Lock = field(default_factory=threading.Lock)
     _size: tuple[float, int] | None = None
+    _size_known: int | None = None
+    """The last size a walk measured (kept past `SIZE_CACHE_S`: `size_bytes`'s late answer)."""
+    _walk: threading.Event | None = None
+    """The size walk running now (set when it ends), if one is, and when it started."""
+    _walk_started: float = 0.0
     _closed: bool = False
     sweeps: int = 0
     capped: int = 0
@@ -910,15 +915,52 @@ class CheckpointJanitor:
         with self._guard:
             self._dirty.add(cwd)
 
-    def size_bytes(self) -> int:
-        """The checkpoint store's size on disk (walked at most every few seconds)."""
+    def size_bytes(self, wait: float | None = None) -> int | None:
+        """The checkpoint store's size on disk (walked at most every few seconds). With
+        `wait`, the bounded form `host.status` uses: a walk runs on a thread of its own, one
+        at a time (never two walks of one store at once, whoever asks), and is waited for
+        until `wait` seconds after its start at most; past that the last size measured is
+        answered (None: never measured yet) and `size_late` is True until a walk ends."""
         now = time.monotonic()
         cached = self._size
         if cached is not None and now - cached[0] < SIZE_CACHE_S:
             return cached[1]
-        size = self.shadow.size_bytes()
-        self._size = (now, size)
-        return size
+        if wait is None:
+            size = self.shadow.size_bytes()
+            self._size = (now, size)
+            self._size_known = size
+            return size
+        with self._guard:
+            walk = self._walk
+            if walk is None:
+                walk = self._walk = threading.Event()
+                self._walk_started = now
+                threading.Thread(
+                    target=self._walk_size, args=(walk,), name="agenthost-ck-size", daemon=True
+                ).start()
+            started = self._walk_started
+        # Waited `wait` from the walk's start, not from this ask: once late, at once.
+        walk.wait(max(0.0, started + wait - now))
+        return self._size_known
+
+    @property
+    def size_late(self) -> bool:
+        """Whether a walk of the store's size is running past `size_bytes`'s wait."""
+        walk = self._walk
+        return walk is not None and not walk.is_set()
+
+    def _walk_size(self, walk: threading.Event) -> None:
+        size: int | None = None
+        try:
+            size = self.shadow.size_bytes()
+        except Exception as exc:  # noqa: BLE001 - the last size stands; the next ask walks again
+            log.warning("measuring the checkpoint store failed: %s", exc)
+        if size is not None:
+            self._size = (time.monotonic(), size)
+            self._size_known = size
+        with self._guard:
+            self._walk = None
+        walk.set()
 
     def close(self) -> None:
         self._closed = True

@@ -41,6 +41,7 @@ from domain.errors import (
     Unavailable,
 )
 from domain.interrupts import ANSWERED_BY, INTERRUPTED_BY, REASON_MAX, interrupt_error
+from domain.wake_one import WakeOneThreads
 from protocol.envelope import Request
 from protocol.methods import (
     DEBUG_FAILPOINTS,
@@ -133,6 +134,9 @@ LIST_PAGE_BYTES = 1 << 20
 """A `session.list` page ends before the Session that would take it past ~1 MiB (never before
 its first): a page of Sessions with huge settings is a few of them and a `nextCursor`, not
 hundreds of MB for a client that may never read it."""
+STATUS_THREADS = 2
+"""`host.status`'s own threads (each status bounded: two keep a second answered while one
+waits out a part's bound)."""
 
 
 class Api:
@@ -174,12 +178,17 @@ class Api:
             readers=readers,
             reply_cache=reply_cache,
         )
+        # `host.status` runs on threads of its own, never queued on the reader pool behind
+        # reads that wait (a `session.create` on a store whose writer is held, for its busy
+        # timeout each): it answers within its bound whatever the other requests wait for.
+        self._status_threads = WakeOneThreads(STATUS_THREADS, "agenthost-status")
 
     def __call__(self, request: Request, responder: Responder) -> None:
         self.plumbing(request, responder)
 
     def close(self) -> None:
         self.plumbing.close()
+        self._status_threads.shutdown(wait=True, drop=True)
 
     def method_table(self) -> dict[str, Handler]:
         return {method.name: handler for method, handler in self.handlers().items()}
@@ -216,7 +225,20 @@ class Api:
     # -- methods ---------------------------------------------------------------------------
 
     def host_status(self, params: HostStatusParams, responder: Answer[HostStatusResult]) -> None:
-        self.plumbing.read(responder, self._status)
+        status = self._status
+
+        def _run() -> None:
+            try:
+                responder.result(200, status())
+            except HostError as exc:
+                responder.error(exc)
+            except Exception as exc:  # noqa: BLE001 - law 7: never a bare exception
+                responder.error(host_error_of(exc, HOST_STATUS.name, logger=log))
+
+        try:
+            self._status_threads.submit(_run)
+        except RuntimeError:
+            responder.error(Unavailable("daemon is shutting down", reason="shutting_down"))
 
     def session_create(self, params: SessionCreateParams, responder: Answer[SessionResult]) -> None:
         ws = _workspace(params)

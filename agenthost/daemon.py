@@ -13,7 +13,6 @@ import stat
 import threading
 import time
 from collections.abc import Mapping
-from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -32,7 +31,7 @@ from actors.context import (
     parse_runtime_key,
 )
 from actors.fork_workspace import remove_failed_trees
-from actors.host_actor import CountActors, HostActor, SessionRoutes, driver_event, route
+from actors.host_actor import HostActor, SessionRoutes, driver_event, route
 from actors.messages import DriverEvent, RuntimeLost
 from actors.pool import ActorPool
 from actors.recovery import (
@@ -89,6 +88,9 @@ KEYS_KEPT = 4096
 """Parsed runtime keys the worker events' sink keeps (a host with more parses again)."""
 RUN_DIR_CHECK_S = 0.5
 """How often the daemon looks for its `run/` (removed under it: made again) and its home."""
+STATUS_PART_WAIT_S = 1.0
+"""How long `host.status` waits for a part that can take long (the checkpoint store's size
+walk, a provider's `--version`) before answering it as last known and naming it in `late`."""
 
 
 class Daemon:
@@ -594,8 +596,25 @@ class Daemon:
     # -- host.status, failpoints ------------------------------------------------------------
 
     def _status(self) -> HostStatusResult:
-        actors: Future[int] = Future()
-        self.host.tell(CountActors(actors.set_result))
+        """`host.status`: answered within its bound whatever part is stuck
+        (docs/reliability.md). Every part is read in memory under a short lock, but for the
+        two that can take long — the checkpoint store's size walk and a provider's
+        `--version` — which are waited for `STATUS_PART_WAIT_S` at most and then answered as
+        last known (named in `late`). No part goes through an actor's inbox: the live Session
+        actors are counted from the routes themselves, not asked of a HostActor that may be
+        busy (a worker's death, a fork's recovery)."""
+        late: list[str] = []
+        janitor = self.ctx.checkpoint_janitor
+        if janitor is not None:
+            # The size walk started (or the cached size read) before the versions are waited
+            # for: the two slow parts' waits overlap, one `STATUS_PART_WAIT_S` in all.
+            janitor.size_bytes(wait=0.0)
+        providers = providers_info.describe_all(
+            [(name, self.providers.get(name, {})) for name in self.catalog.providers()],
+            version_wait=STATUS_PART_WAIT_S,
+        )
+        late += [f"providers.{p['provider']}.version" for p in providers if p["versionPending"]]
+        checkpoints = self._checkpoint_status(late)
         return {
             "version": __version__,
             "protocol": 1,
@@ -603,7 +622,7 @@ class Daemon:
             "workers": self.supervisor.status(),
             "uptimeMs": int((time.monotonic() - self._started) * 1000),
             # Extensions: live Session actors and daemon threads (idle actors are stopped).
-            "sessionActors": actors.result(timeout=10),
+            "sessionActors": len(self.routes),
             "threads": threading.active_count(),
             "storeConnections": self.store.db.open_connections() if self.store else 0,
             # Delayed messages pending on the shared timer thread (watchdogs, retries, fork
@@ -612,7 +631,7 @@ class Daemon:
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
             # The workspace checkpoint store (docs/design/workspace.md): its size on disk.
-            "checkpoints": self._checkpoint_status(),
+            "checkpoints": checkpoints,
             # What the listeners hold, refused and shed, and the descriptor limit and reserve.
             "connections": (
                 guard.stats() | {"acceptShim": accept_shim.status()}
@@ -620,18 +639,22 @@ class Daemon:
                 else None
             ),
             # Each provider's program, endpoint, model and credential source (never a key).
-            "providers": [
-                providers_info.describe(name, self.providers.get(name, {}))
-                for name in self.catalog.providers()
-            ],
+            "providers": providers,
+            # The parts answered as last known (or null) because they did not answer in time.
+            "late": late,
         }
 
-    def _checkpoint_status(self) -> dict[str, Any]:
+    def _checkpoint_status(self, late: list[str]) -> dict[str, Any]:
         janitor = self.ctx.checkpoint_janitor
+        size: int | None = 0
+        if janitor is not None:
+            size = janitor.size_bytes(wait=STATUS_PART_WAIT_S)
+            if janitor.size_late:
+                late.append("checkpoints.bytes")
         return {
             "enabled": self.ctx.turn_checkpoints is not None,
             "path": str(self.config.checkpoints_dir),
-            "bytes": janitor.size_bytes() if janitor is not None else 0,
+            "bytes": size,
             "sweeps": janitor.sweeps if janitor is not None else 0,
             "maxBytes": self.config.checkpoint_max_store_bytes,
             "droppedForCap": janitor.capped if janitor is not None else 0,

@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -63,40 +64,78 @@ def program(provider: str, config: Mapping[str, Any]) -> tuple[str | None, str]:
 
 _versions: dict[tuple[str, str], str | None] = {}
 _versions_lock = threading.Lock()
+_probes: dict[tuple[str, str], tuple[threading.Event, float]] = {}
+"""Version probes started (set once the version is in `_versions`), with when: one per
+program."""
 
 
 def installed_version(provider: str, path: str) -> str | None:
-    """The provider's version (cached per program path); None when it cannot be told."""
+    """The provider's version (cached per program path); None when it cannot be told. It may
+    run `path --version` (up to 10 s): `version_within` is the bounded form."""
     key = (provider, path)
     with _versions_lock:
         if key in _versions:
             return _versions[key]
-    version: str | None = None
+    version = _probe_version(provider, path)
+    with _versions_lock:
+        _versions[key] = version
+    return version
+
+
+def version_within(provider: str, path: str, wait: float) -> tuple[str | None, bool]:
+    """`(version, known)`: the version if it is told within `wait` seconds of its probe's
+    start, else `(None, False)`. The probe runs once per program, on a thread of its own, and
+    is never waited on past that (a stalled `--version` holds its own thread, not the
+    caller's; once late, every caller is answered at once)."""
+    key = (provider, path)
+    now = time.monotonic()
+    with _versions_lock:
+        if key in _versions:
+            return _versions[key], True
+        probe = _probes.get(key)
+        start = probe is None
+        if probe is None:
+            probe = _probes[key] = (threading.Event(), now)
+    done, started = probe
+    if start:
+        threading.Thread(
+            target=_probe_into, args=(key, done), name="agenthost-version", daemon=True
+        ).start()
+    if not done.wait(max(0.0, started + wait - now)):
+        return None, False
+    with _versions_lock:
+        return _versions.get(key), True
+
+
+def _probe_into(key: tuple[str, str], done: threading.Event) -> None:
+    version = _probe_version(*key)
+    with _versions_lock:
+        _versions[key] = version
+    done.set()
+
+
+def _probe_version(provider: str, path: str) -> str | None:
     try:
         if provider == "tutti-agent":
             from tutti_agent import __version__
 
-            version = __version__
-        elif provider == "claude-code":
+            return __version__
+        if provider == "claude-code":
             # Imported here: importlib.metadata (and the email parser it loads) is a part of
             # every start's time to ready that only a claude-code version probe uses.
             import importlib.metadata
 
             try:
-                version = importlib.metadata.version("claude-agent-sdk")
+                return importlib.metadata.version("claude-agent-sdk")
             except importlib.metadata.PackageNotFoundError:
-                version = None
-        else:
-            out = subprocess.run(
-                [path, "--version"], capture_output=True, text=True, timeout=10, check=False
-            )
-            words = out.stdout.strip().split()
-            version = words[-1] if words else None
+                return None
+        out = subprocess.run(
+            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
+        )
+        words = out.stdout.strip().split()
+        return words[-1] if words else None
     except (OSError, subprocess.SubprocessError):
-        version = None
-    with _versions_lock:
-        _versions[key] = version
-    return version
+        return None
 
 
 def install_hint(provider: str) -> str | None:
@@ -119,14 +158,37 @@ def check_installed(provider: str, config: Mapping[str, Any]) -> None:
         )
 
 
-def describe(provider: str, config: Mapping[str, Any]) -> dict[str, Any]:
+def describe_all(
+    providers: Sequence[tuple[str, Mapping[str, Any]]], version_wait: float
+) -> list[dict[str, Any]]:
+    """`describe` of each provider, their version probes started together first (so their
+    waits overlap: `version_wait` bounds them all, not each)."""
+    for provider, config in providers:
+        path, _ = program(provider, config)
+        if path is not None:
+            version_within(provider, path, 0.0)
+    return [describe(p, c, version_wait=version_wait) for p, c in providers]
+
+
+def describe(
+    provider: str, config: Mapping[str, Any], version_wait: float | None = None
+) -> dict[str, Any]:
+    """The provider's entry; with `version_wait`, its version waited for that long at most
+    (`version_within`): `versionPending` says it was not told in time (null for now)."""
     path, wanted = program(provider, config)
     endpoint = config.get("model_base_url")
+    version, known = None, True
+    if path is not None:
+        if version_wait is None:
+            version = installed_version(provider, path)
+        else:
+            version, known = version_within(provider, path, version_wait)
     entry: dict[str, Any] = {
         "provider": provider,
         "installed": path is not None,
         "program": path or wanted,
-        "version": installed_version(provider, path) if path else None,
+        "version": version,
+        "versionPending": not known,
         "endpoint": str(endpoint) if endpoint else None,
         "model": str(config["model"]) if config.get("model") else None,
         "credential": credential_plan(provider, config).describe(),

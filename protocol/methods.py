@@ -87,6 +87,9 @@ class HostStatusResult(TypedDict):
     connections: NotRequired[JsonObject | None]
     """Null when the daemon serves no listener yet."""
     checkpoints: NotRequired[JsonObject]
+    late: NotRequired[list[str]]
+    """The parts answered as last known (or null) because they did not answer within the
+    status's bound, e.g. `checkpoints.bytes`, `providers.codex.version`."""
 
 
 class SessionCreateParams(WorkspaceParams):

@@ -21,6 +21,7 @@ from model_fakes.silent import SilentServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.models.streams import assert_streamed, key_leaks, settle_with_events
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.host_status import status_with_versions
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(180)]
 
@@ -67,7 +68,7 @@ def test_claude_turns_fork_and_stream_with_the_key_from_the_daemon_env(tmp_path:
                 ("user", "four"),
             ]
             replies.append(timeline(c, child))
-            status = c.call("host.status", {})
+            status = status_with_versions(c)
             replies.append(status)
             line = next(p for p in status["providers"] if p["provider"] == "claude-code")
             assert line["installed"] is True and line["version"]

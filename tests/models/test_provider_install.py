@@ -17,6 +17,7 @@ import pytest
 
 from agenthost import provider_install as pi
 from tests.support.daemon import WS, DaemonProcess
+from tests.support.host_status import status_with_versions
 from transport.client import ApiError
 
 pytestmark = pytest.mark.timeout(120)
@@ -131,7 +132,7 @@ def test_install_codex_records_it_and_the_daemon_runs_the_recorded_program(
     assert f"codex 0.171.0 installed: {program}" in done.stdout
     d = DaemonProcess(home).start()  # no [providers.codex] command: the record is used
     try:
-        status = d.client().call("host.status", {})
+        status = status_with_versions(d.client())
         line = next(p for p in status["providers"] if p["provider"] == "codex")
         assert line["installed"] is True and line["program"] == program, line
         assert line["version"] == "0.171.0" and line["install"] is None
