@@ -38,7 +38,6 @@ from storage.sqlite import (
     BUSY_TIMEOUT_MS,
     CHECKPOINT_PAGES,
     CHECKPOINT_RETRY_PAGES,
-    GROUP_FOREGROUND_AGE_S,
     GROUP_MAX_AGE_S,
     GROUP_MAX_MEMBERS,
     RESTART_BUSY_MS,
@@ -173,7 +172,6 @@ class Database:
         self._checkpoint_due = threading.Event()
         self._checkpointer: threading.Thread | None = None
         self.group_max_age_s = GROUP_MAX_AGE_S
-        self.group_foreground_age_s = GROUP_FOREGROUND_AGE_S
         timing = os.environ.get(TIMING_ENV)
         self._timings = WriteTimings(timing) if timing else None
         self.busy_waits = BusyWaits(busy_timeout_ms)
@@ -603,15 +601,10 @@ class Database:
         """Whether the baton holder leaves the group open for the writer queued behind it."""
         if group.lazy:
             return False  # a durable write never joins a COMMIT that is not fsync'd
-        now = time.monotonic()
         return (
             self._fifo.waiting > 0
             and group.members < self.group_max_members
-            and now - group.opened < self.group_max_age_s
-            and (
-                group.foreground_at is None
-                or now - group.foreground_at < self.group_foreground_age_s
-            )
+            and time.monotonic() - group.opened < self.group_max_age_s
         )
 
     def _finish_turn(self) -> None:
@@ -657,8 +650,6 @@ class Database:
         finally:
             self._local.conn = held
         group.members += 1
-        if group.foreground_at is None and not sub.background:
-            group.foreground_at = time.monotonic()
         sub.tx = tx
         sub.group = group
         group.combined.append(sub)
@@ -807,8 +798,6 @@ class Database:
                 # member but a group's first (each call lets the interpreter go while the
                 # queued writers wait on the baton).
                 group.members += 1
-                if group.foreground_at is None and not self._fifo.is_background():
-                    group.foreground_at = time.monotonic()
                 if group.lazy:
                     group.held.extend(tx.events)
                 self.write_stats.transactions += 1

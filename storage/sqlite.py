@@ -246,7 +246,6 @@ class Submission:
         "tx",
         "group",
         "wake",
-        "background",
     )
 
     def __init__(
@@ -267,8 +266,6 @@ class Submission:
         self.group: WriteGroup | None = None
         self.wake: threading.Lock | None = None
         """Its caller's lock in the baton's queue (None: it never queued)."""
-        self.background = False
-        """Queued by a background writer (`Baton.background`)."""
 
     def done(self) -> None:
         """Wake the caller: its result, its error or its group's end is set."""
@@ -332,17 +329,12 @@ class Baton:
         finally:
             self._local.background = held
 
-    def is_background(self) -> bool:
-        """Whether this thread writes as a background writer now (`background`)."""
-        return bool(getattr(self._local, "background", False))
-
     def _enqueue(self, me: int, sub: Submission | None) -> _Entry:
         """Under `lock`: a place at the end of this thread's queue."""
         entry = _Entry(me, time.monotonic(), sub)
-        background = getattr(self._local, "background", False)
         if sub is not None:
             sub.wake = entry.wake
-            sub.background = background
+        background = getattr(self._local, "background", False)
         (self._background if background else self._queue).append(entry)
         return entry
 
@@ -430,10 +422,6 @@ GROUP_MAX_MEMBERS = 32
 GROUP_MAX_AGE_S = 0.020
 """A group open longer than this commits at its next member's end instead of taking more (a
 long body, e.g. a 1,000-Turn fork commit, does not hold the writes before it much longer)."""
-GROUP_FOREGROUND_AGE_S = 0.005
-"""A group holding a foreground (client's) member commits at its next member's end once that
-member has waited this long, however young the group: background members (a fork saga's later
-steps) keep a group open to `GROUP_MAX_AGE_S` only while no client waits in it."""
 CHECKPOINT_PAGES = 1000
 """WAL pages after which the background checkpointer copies the WAL into the database (the
 size SQLite's own auto-checkpoint uses; it would run inside the COMMIT that crossed it)."""
@@ -477,13 +465,10 @@ class WriteGroup:
         "held",
         "released",
         "combined",
-        "foreground_at",
     )
 
     def __init__(self, lazy: bool = False) -> None:
         self.members = 0
-        self.foreground_at: float | None = None
-        """When its first foreground (client's) member landed; None: background members only."""
         self.lazy = lazy
         """Opened by a `durable=False` write: committed alone, without an fsync."""
         self.held: list[ChangeEvent] = []
