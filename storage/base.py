@@ -135,6 +135,9 @@ class Database:
         self._max_connections = max(1, int(max_connections))
         self._pool = threading.Condition(threading.Lock())
         self._idle: list[apsw.Connection] = []
+        # Connections being opened (outside the pool lock: an open may wait out the busy
+        # timeout): counted against `max_connections` with the open ones.
+        self._opening = 0
         # Which thread leased each connection (by `id`): named, with its stack, when the pool
         # runs dry, so a holder that never gives one back can be found from the log.
         self._holders: dict[int, tuple[int, str]] = {}
@@ -203,7 +206,8 @@ class Database:
                     conn = self._idle.pop()
                     self._holders[id(conn)] = (threading.get_ident(), _lease_site())
                     return conn
-                if len(self._connections) < self._max_connections:
+                if len(self._connections) + self._opening < self._max_connections:
+                    self._opening += 1
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -213,11 +217,26 @@ class Database:
                         f" {LEASE_TIMEOUT_S:.0f} s"
                     )
                 self._pool.wait(remaining)
-            # Opened under the pool lock, so the bound holds.
+        # Opened outside the pool lock (its slot reserved, so the bound holds): an open that
+        # waits out the busy timeout (a store another process locks, a WAL being recovered)
+        # must not hold every other lease's checkout and checkin — every read — nor
+        # `open_connections` (`host.status`) behind it.
+        try:
             conn = open_connection(self.path, self.busy_timeout_ms, self.busy_waits)
-            self._connections.append(conn)
-            self._holders[id(conn)] = (threading.get_ident(), _lease_site())
-            return conn
+        except BaseException:
+            with self._pool:
+                self._opening -= 1
+                self._pool.notify()
+            raise
+        with self._pool:
+            self._opening -= 1
+            if not self._closed:
+                self._connections.append(conn)
+                self._holders[id(conn)] = (threading.get_ident(), _lease_site())
+                return conn
+            self._pool.notify()
+        conn.close()
+        raise RuntimeError("store is closed")
 
     def _log_holders(self) -> None:
         """Under the pool lock, at most once a minute: each thread holding a connection, by

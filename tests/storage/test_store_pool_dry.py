@@ -101,3 +101,78 @@ def test_no_production_module_pins_a_connection_to_its_thread() -> None:
         if ".connection()" in (text := path.read_text()) or "db.connection\n" in text
     ]
     assert offenders == []
+
+
+def test_a_slow_open_holds_no_other_lease_nor_the_connection_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A connection's open may wait out the busy timeout (a store another process locks, a
+    WAL being recovered): meanwhile another thread gives its connection back, leases an idle
+    one and the count `host.status` reads answers — the open holds only its reserved slot."""
+    db = Database(tmp_path / "store.sqlite3", max_connections=3)
+    with db.lease():  # one connection opened, now idle
+        pass
+    opening = threading.Event()
+    gate = threading.Event()
+    real_open = base.open_connection
+
+    def gated_open(*args: object, **kwargs: object) -> object:
+        opening.set()
+        assert gate.wait(20), "the gate was never opened"
+        return real_open(*args, **kwargs)  # type: ignore[arg-type]
+
+    taken = threading.Event()
+    give_back = threading.Event()
+
+    def hold_the_idle_one() -> None:
+        with db.lease():
+            taken.set()
+            give_back.wait(20)
+
+    holder = threading.Thread(target=hold_the_idle_one)
+    holder.start()
+    assert taken.wait(10)
+    monkeypatch.setattr(base, "open_connection", gated_open)
+    opener = threading.Thread(target=lambda: db.with_conn(lambda conn: None))
+    opener.start()
+    try:
+        assert opening.wait(10)  # the opener is inside its open, the pool's idle list empty
+        counted: list[int] = []
+        others = threading.Thread(
+            target=lambda: (give_back.set(), holder.join(10), counted.append(db.open_connections()))
+        )
+        others.start()
+        others.join(10)
+        # The holder's checkin and the count went through while the open is still held.
+        assert not holder.is_alive() and counted == [1], counted
+        with db.lease():  # the connection given back, leased again beside the open
+            pass
+        assert opener.is_alive()
+    finally:
+        gate.set()
+        give_back.set()
+        opener.join(10)
+        holder.join(10)
+    assert db.open_connections() == 2
+    db.close()
+
+
+def test_no_more_connections_open_than_the_bound_while_some_are_being_opened(
+    tmp_path: Path,
+) -> None:
+    db = Database(tmp_path / "store.sqlite3", max_connections=2)
+    start = threading.Barrier(6)
+    peak: list[int] = []
+
+    def read() -> None:
+        start.wait(10)
+        for _ in range(20):
+            db.with_conn(lambda conn: peak.append(db.open_connections()))
+
+    threads = [threading.Thread(target=read) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert max(peak) <= 2 and db.open_connections() <= 2, max(peak)
+    db.close()
