@@ -650,7 +650,14 @@ def stall_after(w: World, command: str, probe: str) -> None:
 
 
 def _lock_files(repo: Path) -> list[str]:
-    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*.lock"))
+    """The repository's lock files; a directory the janitor's `gc` removes meanwhile (a
+    dropped Session's emptied refs) is passed over (`os.walk` ignores it)."""
+    return sorted(
+        os.path.relpath(os.path.join(top, f), repo)
+        for top, _, files in os.walk(repo)
+        for f in files
+        if f.endswith(".lock")
+    )
 
 
 def revive(w: World) -> bool:
