@@ -192,6 +192,14 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key(
         "workspace",
+        "long_timeout_s",
+        Number(0.1, 3600.0, "seconds"),
+        120.0,
+        "a git writing a whole tree or store (`gc`, a restore's or fork tree's checkout) taking "
+        "longer is killed and the call fails",
+    ),
+    Key(
+        "workspace",
         "gc_interval_s",
         Number(0.1, 604_800.0, "seconds"),
         3600.0,
@@ -438,6 +446,10 @@ class Config:
     @property
     def checkpoint_timeout_s(self) -> float:
         return float(self.get("workspace", "timeout_s"))
+
+    @property
+    def checkpoint_long_timeout_s(self) -> float:
+        return float(self.get("workspace", "long_timeout_s"))
 
     @property
     def checkpoint_gc_interval_s(self) -> float:

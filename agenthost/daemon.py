@@ -75,6 +75,7 @@ from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
+from workspace.git import kill_left_gits
 from workspace.shadow import ShadowStore
 from workspace.worktree import ForkTrees
 
@@ -140,6 +141,8 @@ class Daemon:
         self.stop_requested = threading.Event()
         """Set when the daemon cannot go on serving its home (`serve` then stops it)."""
         self.run_dir_restored = 0
+        self.left_gits = (0, 0)
+        """(killed, still alive) of the gits a previous daemon on the home left running."""
         self._closing = threading.Event()
         self._keeper: threading.Thread | None = None
         self._run_id: tuple[int, int] | None = None
@@ -161,6 +164,15 @@ class Daemon:
             check_ipc_endpoint(endpoint)  # no abstract sockets, no foreign socket dirs
         prepare_home(cfg.home)
         self._home_lock = acquire_home(cfg.home)
+        # A git a killed daemon left (its own session: not killed with it) may still hold
+        # lock files and write in a shadow repository: it dies before any git runs here, so
+        # `clear_stale_once` removes only lock files nothing writes behind.
+        self.left_gits = kill_left_gits(cfg.checkpoints_dir, cfg.checkpoint_long_timeout_s)
+        if self.left_gits[0]:
+            log.warning(
+                "killed %d git process(es) a previous daemon left (%d still alive)",
+                *self.left_gits,
+            )
         make_private_dir(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
@@ -187,6 +199,7 @@ class Daemon:
             excludes=cfg.checkpoint_excludes,
             size_limit=cfg.checkpoint_max_file_bytes,
             timeout_s=cfg.checkpoint_timeout_s,
+            long_timeout_s=cfg.checkpoint_long_timeout_s,
         )
         # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)

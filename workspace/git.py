@@ -2,19 +2,23 @@
 or global config, no hooks, no pager, no prompts, no editor, a fixed identity, and a time
 bound on every call (a git past it is killed with everything it started). The user's
 repository is only ever read through this runner, except where a worktree fork adds its
-worktree and branch (law 10).
+worktree and branch (law 10). A git (and what it started) of a daemon that was killed lives on
+in a session of its own; the next daemon on the home kills it before it works on any folder
+(`kill_left_gits`).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import select
 import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from time import monotonic
 
 
 class GitUnavailable(Exception):
@@ -164,3 +168,66 @@ def _kill_group(proc: subprocess.Popen[bytes], bound: float) -> None:
                 with contextlib.suppress(OSError):
                     pipe.close()
         proc.wait()
+
+
+def gits_of(home: Path) -> list[int]:
+    """The processes running with `home` as their HOME: every git a `Git(home)` ran and what
+    it started (each inherits the environment), here or of an earlier daemon on the same home."""
+    found = _open_gits_of(home)
+    for _, fd in found:
+        os.close(fd)
+    return [pid for pid, _ in found]
+
+
+def kill_left_gits(home: Path, wait_s: float) -> tuple[int, int]:
+    """Kill every process left running with `home` as its HOME (`gits_of`): a git of a daemon
+    that was killed, still holding its lock files and maybe still writing in a shadow
+    repository. Called at start-up, once the home is held and before anything runs git, so
+    the lock files `clear_stale_once` removes have no writer any more. Each is addressed by a
+    pidfd opened before its environment is read (a reused pid is never signalled), and
+    waited for up to `wait_s` (a process in the kernel on a stalled disk dies when that ends).
+    Returns (killed, still alive after `wait_s`)."""
+    found = _open_gits_of(home)
+    try:
+        for _, fd in found:
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(fd, signal.SIGKILL)
+        poll = select.poll()
+        for _, fd in found:
+            poll.register(fd, select.POLLIN)
+        alive = {fd for _, fd in found}
+        deadline = monotonic() + wait_s
+        while alive and (left := deadline - monotonic()) > 0:
+            for fd, _ in poll.poll(left * 1000):
+                alive.discard(fd)
+                poll.unregister(fd)
+        return len(found), len(alive)
+    finally:
+        for _, fd in found:
+            os.close(fd)
+
+
+def _open_gits_of(home: Path) -> list[tuple[int, int]]:
+    """(pid, pidfd) of each live process whose environment has HOME=`home` (not this one)."""
+    want = b"HOME=" + os.fsencode(home)
+    me = os.getpid()
+    found: list[tuple[int, int]] = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == me:
+            continue
+        pid = int(name)
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            continue  # gone already
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                env = f.read()
+        except OSError:
+            env = b""  # gone, or not ours to read (another user's)
+        # Read while the pidfd's process lived: the environment was its own, not a reuser's.
+        if want in env.split(b"\0") and not select.select([fd], [], [], 0)[0]:
+            found.append((pid, fd))
+        else:
+            os.close(fd)
+    return found

@@ -58,8 +58,9 @@ SNAPSHOT_BACKOFF_MAX = 16
 wasted (it changed before the snapshot was used, or cannot have one). A walk that found an
 entry too young to take is tried again once that entry is old enough, not counted."""
 LONG_TIMEOUT_S = 120.0
-"""The bound of the git calls that write a whole tree or store (`gc`, `materialize`'s and
-`restore`'s `checkout-index`), where a capture's is `timeout_s`."""
+"""The default bound of the git calls that write a whole tree or store (`gc`, `materialize`'s
+and `restore`'s `checkout-index`; `[workspace] long_timeout_s`), where a capture's is
+`timeout_s`."""
 RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
@@ -357,11 +358,13 @@ class ShadowStore:
         excludes: Sequence[str] = DEFAULT_EXCLUDES,
         size_limit: int = DEFAULT_SIZE_LIMIT,
         timeout_s: float = 5.0,
+        long_timeout_s: float = LONG_TIMEOUT_S,
     ) -> None:
         self.root = root
         self.excludes = tuple(excludes)
         self.size_limit = size_limit
         self.timeout_s = timeout_s
+        self.long_timeout_s = long_timeout_s
         # Per shadow repository: the tree its index last wrote, keyed by the index's content
         # (`_index_key`); per working directory: where its repository lies.
         self._trees: dict[Path, tuple[bytes, str]] = {}
@@ -995,7 +998,9 @@ class ShadowStore:
         repo = self.repo_dir(cwd)
         if (repo / "HEAD").is_file():
             self._git().run(
-                ["gc", "-q", "--prune=now"], env={"GIT_DIR": str(repo)}, timeout_s=LONG_TIMEOUT_S
+                ["gc", "-q", "--prune=now"],
+                env={"GIT_DIR": str(repo)},
+                timeout_s=self.long_timeout_s,
             )
 
     def size_bytes(self) -> int:
@@ -1059,7 +1064,7 @@ class ShadowStore:
         try:
             env = self._env(repo, tmp, index)
             git.run(["read-tree", commit], env=env, cwd=tmp)
-            git.run(["checkout-index", "-a", "-f"], env=env, cwd=tmp, timeout_s=LONG_TIMEOUT_S)
+            git.run(["checkout-index", "-a", "-f"], env=env, cwd=tmp, timeout_s=self.long_timeout_s)
             os.rename(tmp, dest)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -1099,7 +1104,7 @@ class ShadowStore:
                     env=env,
                     cwd=cwd,
                     input_bytes=_nul(wanted),
-                    timeout_s=LONG_TIMEOUT_S,
+                    timeout_s=self.long_timeout_s,
                 )
         finally:
             index.unlink(missing_ok=True)

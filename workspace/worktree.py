@@ -151,9 +151,10 @@ def _no_hit(_: str) -> None:
 class Worktrees:
     """Makes and removes fork trees from checkpoints in `shadow` (its git runner and store)."""
 
-    def __init__(self, shadow: ShadowStore, *, timeout_s: float = 120.0) -> None:
+    def __init__(self, shadow: ShadowStore, *, timeout_s: float | None = None) -> None:
         self.shadow = shadow
-        self.timeout_s = timeout_s
+        # Each git here writes a whole tree: the shadow store's long bound unless given.
+        self.timeout_s = shadow.long_timeout_s if timeout_s is None else timeout_s
 
     def _git(self) -> Git:
         self.shadow.root.mkdir(parents=True, exist_ok=True, mode=0o700)

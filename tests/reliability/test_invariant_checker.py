@@ -818,6 +818,30 @@ def test_processes_of_a_home_outside_its_daemon_are_orphans(tmp_path: Path) -> N
     assert check_processes(home, None, grace_s=0) == []
 
 
+def test_a_git_a_killed_daemon_left_is_an_orphan_to_the_next_daemon(tmp_path: Path) -> None:
+    """A git of a daemon's shadow store names the home only by its HOME (the store's root,
+    not `AGENTHOST_HOME`), in a session of its own: left by a killed daemon, it runs outside
+    the next daemon's tree, and the check names it."""
+    import os
+
+    from tests.support.invariants import check_processes
+
+    home = tmp_path / "home"
+    daemon = _sleeper(None)  # the live daemon: the git below is no child of it
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home / "checkpoints")}
+    git = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    try:
+        found = check_processes(home, daemon.pid, grace_s=0)
+        assert [v.law for v in found] == [Law.PROCESS_OWNED], found
+        assert f"process {git.pid} " in found[0].detail
+    finally:
+        os.killpg(git.pid, 9)
+        git.wait(10)
+    assert check_processes(home, daemon.pid, grace_s=0) == []
+    daemon.kill()
+    daemon.wait(10)
+
+
 def test_two_workers_of_one_provider_under_a_daemon_are_reported(tmp_path: Path) -> None:
     import sys
 

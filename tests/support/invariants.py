@@ -171,8 +171,10 @@ class Law(StrEnum):
     names."""
     PROCESS_OWNED = "process_owned"
     """A process of the home (its environment names the home: a worker, an app-server, a
-    Claude CLI) runs outside the live daemon's tree, or after the daemon stopped: an orphan
-    (docs/design/drivers.md "No orphans"; the workers started ahead included); or the daemon
+    Claude CLI, a git of the shadow store by its HOME) runs outside the live daemon's tree, or
+    after the daemon stopped: an orphan (docs/design/drivers.md "No orphans"; the workers
+    started ahead included; a git a killed daemon left, which its next start kills:
+    docs/design/workspace.md "no git outlives its daemon's next start"); or the daemon
     has two workers of one provider (a worker started ahead and one spawned by a request:
     `WorkerSupervisor` keeps one per provider). `check_processes`, on a live or stopped
     daemon, by the soaks."""

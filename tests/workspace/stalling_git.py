@@ -78,8 +78,13 @@ class StallingGit:
         return self.taken_file.exists()
 
     def pids(self) -> list[int]:
-        """The stalled git's pid and its child's (those written so far)."""
-        return [int(f.read_text()) for f in (self.stalled_file, self.child_file) if f.exists()]
+        """The stalled git's pid and its child's (those written so far: a file the shell has
+        made but not yet written is not read)."""
+        out: list[int] = []
+        for f in (self.stalled_file, self.child_file):
+            with contextlib.suppress(FileNotFoundError, ValueError):
+                out.append(int(f.read_text()))
+        return out
 
     def kill_left(self) -> None:
         """At a test's end: kill what of the stall is still running (a daemon whose kill

@@ -13,7 +13,6 @@ from pathlib import Path
 
 import pytest
 
-import workspace.shadow as shadow_module
 from actors.checkpoints import (
     CheckpointJanitor,
     CheckpointPool,
@@ -53,7 +52,6 @@ def _folder(path: Path, text: str) -> str:
 def stall(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[StallingGit]:
     made = stalling_git(tmp_path / "stall", "gc")
     monkeypatch.setenv("PATH", path_with(made.bin))
-    monkeypatch.setattr(shadow_module, "LONG_TIMEOUT_S", GC_BOUND_S)
     yield made
     made.kill_left()
 
@@ -63,7 +61,9 @@ def test_a_stalled_collection_of_one_folder_leaves_the_pool_to_another_folders_c
 ) -> None:
     x = _folder(tmp_path / "x", "x\n")
     y = _folder(tmp_path / "y", "y\n")
-    shadow = ShadowStore(tmp_path / "home" / "checkpoints", timeout_s=5.0)
+    shadow = ShadowStore(
+        tmp_path / "home" / "checkpoints", timeout_s=5.0, long_timeout_s=GC_BOUND_S
+    )
     pool = CheckpointPool()
     locks = DirectoryLocks()
     turns = TurnCheckpoints(shadow, pool, locks)
@@ -98,7 +98,9 @@ def test_a_stalled_collection_of_one_folder_leaves_the_pool_to_another_folders_c
 
 def test_a_job_parked_on_a_busy_folder_and_cancelled_never_runs(tmp_path: Path) -> None:
     x = _folder(tmp_path / "x", "x\n")
-    shadow = ShadowStore(tmp_path / "home" / "checkpoints", timeout_s=5.0)
+    shadow = ShadowStore(
+        tmp_path / "home" / "checkpoints", timeout_s=5.0, long_timeout_s=GC_BOUND_S
+    )
     pool = CheckpointPool()
     locks = DirectoryLocks()
     turns = TurnCheckpoints(shadow, pool, locks)

@@ -13,7 +13,6 @@ from typing import Any
 
 import pytest
 
-import workspace.shadow as shadow_module
 from actors.checkpoints import CheckpointJanitor, DirectoryLocks, TurnCheckpoints
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from workspace.git import Git, GitUnavailable
@@ -116,18 +115,13 @@ class _Inline(Executor):
         return done
 
 
-@pytest.fixture
-def long_bound(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    monkeypatch.setattr(shadow_module, "LONG_TIMEOUT_S", BOUND_S)
-    yield
-
-
-@pytest.mark.usefixtures("long_bound")
 def test_a_collection_killed_past_its_bound_lets_the_next_one_and_the_drops_through(
     tmp_path: Path, folder: Path, stall_on: Callable[[str], StallingGit]
 ) -> None:
     stall = stall_on("gc")
-    store = ShadowStore(tmp_path / "home" / "checkpoints", timeout_s=BOUND_S)
+    store = ShadowStore(
+        tmp_path / "home" / "checkpoints", timeout_s=BOUND_S, long_timeout_s=BOUND_S
+    )
     locks = DirectoryLocks()
     turns = TurnCheckpoints(store, pool=_Inline(), locks=locks)
     kept = turns.capture(str(folder), "s1", "t1", "before").result()
