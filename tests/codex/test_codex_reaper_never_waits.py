@@ -1,0 +1,119 @@
+"""The driver's reaper checks every Session of the worker on one thread, so no check of one
+app-server may wait on it: a real `codex app-server`, SIGSTOPped mid-Turn, with a writer stuck
+on its full stdin (holding the write lock), is still found stopped and killed, its Turn failed
+(stopped, in words), and the stuck writer let go — the liveness request that the same tick
+would send never waits behind that writer."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from codex_helpers import EventLog, codex_bin, codex_pids, completed, home_of, run_turns, start
+
+from drivers.app_server.process import AppServerClosed
+from drivers.codex.driver import create_driver as codex_driver
+from drivers.failpoints import Failpoints
+from model_fakes.responses import ResponsesServer
+from tests.support.freezer import freezer_group
+
+pytestmark = [pytest.mark.timeout(120)]
+
+PROBE = "thread/loaded/list"
+
+
+def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        assert time.monotonic() < deadline, "never happened"
+        time.sleep(0.01)
+
+
+def test_a_stopped_app_server_with_a_writer_stuck_on_its_stdin_is_still_killed(
+    tmp_path: Path, log: EventLog
+) -> None:
+    _stuck_writer_then_killed(tmp_path, log, freeze=None)
+
+
+def test_a_frozen_app_server_with_a_writer_stuck_on_its_stdin_is_killed_unresponsive(
+    tmp_path: Path, log: EventLog
+) -> None:
+    """Frozen (cgroup freezer: not stopped, its process state says nothing), the liveness
+    request cannot leave past the stuck writer: that counts as no answer, from the first try,
+    and past `stopped_limit_s` the Turn fails unresponsive and the app-server is killed."""
+    with freezer_group() as group:
+        _stuck_writer_then_killed(tmp_path, log, freeze=group)
+
+
+def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, freeze: Path | None) -> None:
+    gate = threading.Event()
+    gate.set()
+    pids: list[int] = []
+    with ResponsesServer(gate=gate, hold_after=1) as server:
+        driver = codex_driver(
+            {
+                "command": [codex_bin()],
+                "model": "mock-model",
+                "model_base_url": server.base_url,
+                "stopped_limit_s": 2.0,
+            },
+            Failpoints(None),
+        )
+        try:
+            start(driver, tmp_path, "s")
+            run_turns(driver, log, "s", ("warm",))
+            session = driver._sessions.get("s")
+            assert session is not None and session.runtime is not None
+            proc = session.runtime.proc
+            # No liveness request until the fault is in place (then the next tick sends one).
+            driver.provider.liveness_probe = None  # type: ignore[misc]
+            gate.clear()
+            driver.start_turn({"agentSessionId": "s", "turnId": "held", "text": "held"}, log)
+            _until(lambda: bool(session.active))
+            pids = codex_pids(home_of(tmp_path, "s"))
+            assert pids
+            if freeze is None:
+                for pid in pids:
+                    os.kill(pid, signal.SIGSTOP)
+            else:
+                for pid in pids:
+                    (freeze / "cgroup.procs").write_text(str(pid))
+                (freeze / "freezer.state").write_text("FROZEN")
+                _until(lambda: (freeze / "freezer.state").read_text().strip() == "FROZEN")
+            closed: list[AppServerClosed] = []
+
+            def write_more_than_its_pipe_holds() -> None:
+                try:
+                    proc.notify("agenthost/padding", {"pad": "x" * (1 << 20)})
+                except AppServerClosed as exc:
+                    closed.append(exc)
+
+            writer = threading.Thread(target=write_more_than_its_pipe_holds)
+            writer.start()
+            _until(proc._write_lock.locked)  # the writer waits on the full pipe, holding it
+            driver.provider.liveness_probe = PROBE  # type: ignore[misc]
+            done = log.wait_for(completed("held"), timeout=30)
+            assert done["outcome"] == "failed", done
+            assert "the codex app-server (pid " in done["error"], done
+            if freeze is None:
+                assert "process state stopped" in done["error"], done
+            else:
+                assert PROBE in done["error"], done
+                (freeze / "freezer.state").write_text("THAWED")  # the SIGKILL sent lands
+            writer.join(30)
+            assert not writer.is_alive() and len(closed) == 1
+        finally:
+            gate.set()
+            if freeze is not None:
+                with contextlib.suppress(OSError):
+                    (freeze / "freezer.state").write_text("THAWED")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            driver.close()
