@@ -1,8 +1,9 @@
-"""The driver's reaper checks every Session of the worker on one thread, so no check of one
-app-server may wait on it: a real `codex app-server`, SIGSTOPped mid-Turn, with a writer stuck
-on its full stdin (holding the write lock), is still found stopped and killed, its Turn failed
-(stopped, in words), and the stuck writer let go — the liveness request that the same tick
-would send never waits behind that writer."""
+"""No check or close of one app-server waits for good on a writer stuck on its stdin. The
+driver's reaper checks every Session of the worker on one thread: a real `codex app-server`,
+SIGSTOPped (or frozen) mid-Turn, with a writer stuck on its full stdin (holding the write
+lock), is still found stopped (or unresponsive) and killed, its Turn failed, the writer let
+go — the liveness request the same tick would send never waits behind that writer. The
+worker's close ends such a server after a bounded wait for the lock, and the other Sessions'."""
 
 from __future__ import annotations
 
@@ -117,3 +118,61 @@ def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, freeze: Path | None
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
             driver.close()
+
+
+def test_closing_the_driver_ends_a_stopped_app_server_that_a_writer_waits_on(
+    tmp_path: Path, log: EventLog
+) -> None:
+    """The worker's close (its shutdown) closes every Session's app-server; one SIGSTOPped with
+    a writer stuck on its full stdin holds the write lock the EOF is sent under: the close
+    waits for it a bounded time, then ends that server (terminate, kill), which lets the
+    writer go — it never waits on the writer for good, nor leaves the other Sessions open."""
+    driver = codex_driver(
+        {"command": [codex_bin()], "model": "mock-model", "model_base_url": _URL},
+        Failpoints(None),
+    )
+    pids: list[int] = []
+    try:
+        for name in ("stuck", "other"):
+            start(driver, tmp_path, name)
+        sessions = [driver._sessions.get(name) for name in ("stuck", "other")]
+        procs = [s.runtime.proc for s in sessions if s is not None and s.runtime is not None]
+        assert len(procs) == 2
+        pids = codex_pids(home_of(tmp_path, "stuck"))
+        assert pids
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        closed: list[AppServerClosed] = []
+
+        def write_more_than_its_pipe_holds() -> None:
+            try:
+                procs[0].notify("agenthost/padding", {"pad": "x" * (1 << 20)})
+            except AppServerClosed as exc:
+                closed.append(exc)
+
+        writer = threading.Thread(target=write_more_than_its_pipe_holds)
+        writer.start()
+        _until(procs[0]._write_lock.locked)  # the writer waits on the full pipe, holding it
+        closer = threading.Thread(target=driver.close)
+        closer.start()
+        closer.join(30)
+        assert not closer.is_alive()
+        writer.join(30)
+        assert not writer.is_alive() and len(closed) == 1
+        assert [p.pid for p in procs if p.pid is not None and _running(p.pid)] == []
+    finally:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        driver.close()
+
+
+_URL = "http://127.0.0.1:9/v1"  # no model call is made: the Sessions only start
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
