@@ -676,7 +676,9 @@ class AppServerDriver:
             self._kill_unresponsive(session, runtime, pid, probe, now)
             return True
         with session.state_lock:
-            busy = bool(session.active)
+            # A `turn/start` written or being written is waited on as a Turn is (its write
+            # waits on a server that stopped reading).
+            busy = bool(session.active or session.awaiting_turn is not None)
         if not busy or now - runtime.proc.last_read < self._tick:
             runtime.probe_unsent = None
             return False

@@ -18,8 +18,10 @@ from pathlib import Path
 import pytest
 from codex_helpers import EventLog, codex_bin, codex_pids, completed, home_of, run_turns, start
 
+from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerClosed
 from drivers.codex.driver import create_driver as codex_driver
+from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
 from tests.support.freezer import freezer_group
@@ -176,3 +178,61 @@ def _running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def test_a_turn_start_stuck_on_a_frozen_app_servers_stdin_fails_unresponsive(
+    tmp_path: Path, log: EventLog
+) -> None:
+    """A `turn/start` larger than the pipe, written to a frozen app-server (it reads nothing;
+    its process state says nothing), waits in its write, holding the Session: the liveness
+    request is asked while a Turn is awaited too, cannot leave, and past `stopped_limit_s`
+    the server is killed and the start fails in words, instead of waiting for good."""
+    with freezer_group() as group:
+        driver = codex_driver(
+            {
+                "command": [codex_bin()],
+                "model": "mock-model",
+                "model_base_url": _URL,
+                "stopped_limit_s": 1.0,
+            },
+            Failpoints(None),
+        )
+        pids: list[int] = []
+        try:
+            start(driver, tmp_path, "s")
+            pids = codex_pids(home_of(tmp_path, "s"))
+            assert pids
+            for pid in pids:
+                (group / "cgroup.procs").write_text(str(pid))
+            (group / "freezer.state").write_text("FROZEN")
+            _until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN")
+            failed: list[DriverError] = []
+
+            def start_a_large_turn() -> None:
+                params = {"agentSessionId": "s", "turnId": "big", "text": "x" * (1 << 20)}
+                try:
+                    driver.start_turn(params, log)
+                except DriverError as exc:
+                    failed.append(exc)
+
+            starter = threading.Thread(target=start_a_large_turn)
+            starter.start()
+            # Killed while frozen, the server dies once thawed (the SIGKILL lands then).
+            _until(lambda: "the codex app-server (pid " in str(_stopped_error(driver)))
+            (group / "freezer.state").write_text("THAWED")
+            starter.join(30)
+            assert not starter.is_alive() and len(failed) == 1
+            assert PROBE in str(failed[0]), failed
+        finally:
+            with contextlib.suppress(OSError):
+                (group / "freezer.state").write_text("THAWED")
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            driver.close()
+
+
+def _stopped_error(driver: AppServerDriver) -> str | None:
+    session = driver._sessions.get("s")
+    runtime = None if session is None else session.runtime
+    return None if runtime is None else runtime.stopped_error
