@@ -198,6 +198,7 @@ class Database:
 
     def _checkout(self) -> apsw.Connection:
         deadline = time.monotonic() + LEASE_TIMEOUT_S
+        dry, report = False, None
         with self._pool:
             while True:
                 if self._closed:
@@ -211,12 +212,23 @@ class Database:
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    self._log_holders()
-                    raise StoreBusy(
-                        f"all {self._max_connections} store connections stayed in use for"
-                        f" {LEASE_TIMEOUT_S:.0f} s"
-                    )
+                    dry, report = True, self._holders_report()
+                    break
                 self._pool.wait(remaining)
+        if dry:
+            # Logged outside the pool lock: a handler that blocks (a stderr pipe nobody reads,
+            # a slow disk) must not hold every other lease's checkout and checkin behind it.
+            if report is not None:
+                log.error(
+                    "all %d store connections in use for %.0f s; held by:\n%s",
+                    self._max_connections,
+                    LEASE_TIMEOUT_S,
+                    report,
+                )
+            raise StoreBusy(
+                f"all {self._max_connections} store connections stayed in use for"
+                f" {LEASE_TIMEOUT_S:.0f} s"
+            )
         # Opened outside the pool lock (its slot reserved, so the bound holds): an open that
         # waits out the busy timeout (a store another process locks, a WAL being recovered)
         # must not hold every other lease's checkout and checkin — every read — nor
@@ -238,12 +250,13 @@ class Database:
         conn.close()
         raise RuntimeError("store is closed")
 
-    def _log_holders(self) -> None:
-        """Under the pool lock, at most once a minute: each thread holding a connection, by
-        name, with where it is now (the writer's own connection is held for good)."""
+    def _holders_report(self) -> str | None:
+        """Under the pool lock, at most once a minute (else None): each thread holding a
+        connection, by name, with where it is now (the writer's own connection is held for
+        good), for the caller to log once it has let the lock go."""
         now = time.monotonic()
         if now - self._dry_logged_at < 60.0:
-            return
+            return None
         self._dry_logged_at = now
         names = {t.ident: t.name for t in threading.enumerate()}
         frames = sys._current_frames()
@@ -256,12 +269,7 @@ class Database:
             lines.append(
                 f"{role} held by {names.get(ident, ident)}, leased at {site}; now at:\n{where}"
             )
-        log.error(
-            "all %d store connections in use for %.0f s; held by:\n%s",
-            self._max_connections,
-            LEASE_TIMEOUT_S,
-            "\n".join(lines),
-        )
+        return "\n".join(lines)
 
     def _checkin(self, conn: apsw.Connection) -> None:
         with contextlib.suppress(apsw.Error):

@@ -672,26 +672,50 @@ class AppServerDriver:
                 return False
             if now - runtime.probe_sent < self.stopped_limit:
                 return False
-            error = unresponsive_error(
-                self.kind, "app-server", pid, probe, now - runtime.proc.last_read
-            )
             runtime.probe = None
-            runtime.stopped_error = error
-            active = self.events.take_active(session)
-            kill_tree(pid)
-            self.events.send_failed(session, active, error)
+            self._kill_unresponsive(session, runtime, pid, probe, now)
             return True
         with session.state_lock:
-            busy = bool(session.active)
+            # A `turn/start` written or being written is waited on as a Turn is (its write
+            # waits on a server that stopped reading).
+            busy = bool(session.active or session.awaiting_turn is not None)
         if not busy or now - runtime.proc.last_read < self._tick:
+            runtime.probe_unsent = None
             return False
-        runtime.probe_sent = now
         try:
-            runtime.probe = runtime.proc.request_async(probe, {})
+            # Never a write that can wait: this thread checks every Session, and a server that
+            # stopped reading fills its stdin (a writer then waits on it, holding the write
+            # lock). A request that cannot leave is one it does not answer, from the first try.
+            sent = runtime.proc.try_request_async(probe, {})
         except AppServerFailure:
             return False  # gone: its exit fails the Turns
-        runtime.probe.add_done_callback(lambda f: f.exception())  # observed, never raised
+        if sent is None:
+            unsent = runtime.probe_unsent
+            if unsent is None or runtime.proc.last_read > unsent:
+                runtime.probe_unsent = now
+                return False
+            if now - unsent < self.stopped_limit:
+                return False
+            runtime.probe_unsent = None
+            self._kill_unresponsive(session, runtime, pid, probe, now)
+            return True
+        runtime.probe_unsent = None
+        runtime.probe, runtime.probe_sent = sent, now
+        sent.add_done_callback(lambda f: f.exception())  # observed, never raised
         return False
+
+    def _kill_unresponsive(
+        self, session: SessionState, runtime: Runtime, pid: int, probe: str, now: float
+    ) -> None:
+        """Fail the Turns of an app-server silent past `stopped_limit_s` to its liveness
+        request, `provider_unresponsive`, and kill it."""
+        error = unresponsive_error(
+            self.kind, "app-server", pid, probe, now - runtime.proc.last_read
+        )
+        runtime.stopped_error = error
+        active = self.events.take_active(session)
+        kill_tree(pid)
+        self.events.send_failed(session, active, error)
 
 
 TurnAnswer = Callable[[dict[str, Any] | None, BaseException | None], None]

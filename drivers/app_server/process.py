@@ -314,26 +314,36 @@ class AppServerProcess:
         return result
 
     def close(self, timeout: float = 3.0) -> None:
-        """Close stdin (app-servers exit on EOF), then terminate, then kill."""
+        """Close stdin (app-servers exit on EOF), then terminate, then kill. A writer stuck on
+        the server's full stdin (it stopped reading) holds the write lock: waited for up to
+        `timeout`, then the server is ended without the EOF (its exit lets the writer go)."""
         proc = self._proc
         if proc is None:
             return
-        with self._write_lock:
-            if proc.stdin is not None:
-                with contextlib.suppress(OSError):
-                    proc.stdin.close()
-        try:
-            proc.wait(timeout)
-        except subprocess.TimeoutExpired:
+        eof = self._close_stdin(proc, timeout)
+        if not (eof and _exited(proc, timeout)):
             proc.terminate()
-            try:
-                proc.wait(timeout)
-            except subprocess.TimeoutExpired:
+            if not _exited(proc, timeout):
                 proc.kill()
                 proc.wait()
+        if not eof:
+            self._close_stdin(proc, timeout)  # the writer let go by the exit
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
         self._mark_closed("app-server closed by the client")
+
+    def _close_stdin(self, proc: subprocess.Popen[bytes], timeout: float) -> bool:
+        """Close the server's stdin under the write lock, waited for up to `timeout`; False
+        when a writer held it all that time."""
+        if not self._write_lock.acquire(timeout=timeout):
+            return False
+        try:
+            if proc.stdin is not None:
+                with contextlib.suppress(OSError):
+                    proc.stdin.close()
+        finally:
+            self._write_lock.release()
+        return True
 
     def kill(self) -> None:
         """SIGKILL the process (tests and wedged servers); the reader reports the exit."""
@@ -558,3 +568,12 @@ def private_env(
     env["TMPDIR"] = str(tmp)
     env.update(extra or {})
     return env
+
+
+def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
+    """Whether `proc` exits within `timeout` seconds."""
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        return False
+    return True

@@ -42,6 +42,9 @@ class Runtime:
     # was sent (monotonic).
     probe: Future[dict[str, Any]] | None = None
     probe_sent: float = 0.0
+    # Since when the liveness request could not leave without waiting (its stdin full, or
+    # another writer waiting on it), None once one left.
+    probe_unsent: float | None = None
     # Its process tree, watched for a stopped state (made at the first check).
     watch: TreeWatch | None = None
 

@@ -3,10 +3,13 @@ connections and where each is, so a holder that never gives one back can be foun
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import TextIO
 
 import pytest
 
@@ -175,4 +178,89 @@ def test_no_more_connections_open_than_the_bound_while_some_are_being_opened(
     for t in threads:
         t.join(30)
     assert max(peak) <= 2 and db.open_connections() <= 2, max(peak)
+    db.close()
+
+
+def _drain(fd: int) -> None:
+    while os.read(fd, 1 << 16):
+        pass
+
+
+class _WatchedStream(logging.StreamHandler):  # type: ignore[type-arg]
+    """A plain stream handler that says when a record reaches it (the stream does the rest)."""
+
+    def __init__(self, stream: TextIO) -> None:
+        super().__init__(stream)
+        self.emitting = threading.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.emitting.set()
+        super().emit(record)
+
+
+def test_a_dry_pools_log_stuck_on_its_stream_holds_no_other_lease(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The dry pool's report goes to the log after the pool's lock is let go: a log stream
+    that blocks (here a pipe nobody reads, filled) holds the caller that logs, never another
+    thread's checkin, lease or `open_connections` (`host.status`'s storeConnections)."""
+    monkeypatch.setattr(base, "LEASE_TIMEOUT_S", 0.2)
+    db = Database(tmp_path / "store.sqlite3", max_connections=1)
+    read_end, write_end = os.pipe()
+    os.set_blocking(write_end, False)
+    with contextlib.suppress(BlockingIOError):
+        while True:
+            os.write(write_end, b"x" * 65536)
+    os.set_blocking(write_end, True)
+    stream = os.fdopen(write_end, "w")
+    handler = _WatchedStream(stream)
+    logger = logging.getLogger("storage.base")
+    logger.addHandler(handler)
+    leased, release = threading.Event(), threading.Event()
+
+    def hold_the_only_connection() -> None:
+        with db.lease():
+            leased.set()
+            release.wait(20)
+
+    busy: list[BaseException] = []
+
+    def lease_from_a_dry_pool() -> None:
+        try:
+            with db.lease():
+                pass
+        except StoreBusy as exc:
+            busy.append(exc)
+
+    holder = threading.Thread(target=hold_the_only_connection)
+    dry = threading.Thread(target=lease_from_a_dry_pool)
+    drainer = threading.Thread(target=lambda: _drain(read_end))
+    try:
+        holder.start()
+        assert leased.wait(10)
+        dry.start()
+        assert handler.emitting.wait(10)  # the report is on its way into the full pipe
+        counted: list[int] = []
+
+        def others() -> None:
+            release.set()
+            holder.join(10)  # its checkin
+            with db.lease():
+                counted.append(db.open_connections())
+
+        other = threading.Thread(target=others)
+        other.start()
+        other.join(10)
+        assert not holder.is_alive() and counted == [1], counted
+        assert dry.is_alive()  # still stuck on the stream
+    finally:
+        release.set()
+        drainer.start()
+        dry.join(10)
+        holder.join(10)
+        logger.removeHandler(handler)
+        stream.close()
+        drainer.join(10)
+        os.close(read_end)
+    assert len(busy) == 1
     db.close()
