@@ -706,7 +706,13 @@ def _refused(w: World) -> int:
 
 
 def _lock_files(repo: Path) -> list[str]:
-    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*.lock"))
+    """The lock files in `repo`, walked while its gits run: a directory one of them removes
+    under the walk (an `objects/xx` that a `gc` emptied) is skipped, not an error (`rglob`
+    raised FileNotFoundError for it: seed 17, short profile, a stall round)."""
+    found = []
+    for top, _, names in os.walk(repo):  # errors (a directory gone meanwhile) are skipped
+        found += [str(Path(top, n).relative_to(repo)) for n in names if n.endswith(".lock")]
+    return sorted(found)
 
 
 def revive(w: World) -> bool:
