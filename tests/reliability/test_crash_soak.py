@@ -29,6 +29,17 @@ last two. After the stalled git is killed at its bound: no process of it runs, e
 no lock file stays in the folder's shadow repository, and a later Turn of the round's own
 Session in the same folder records its `before` and `after` checkpoints (the folder's
 checkpoints work on, with no restart).
+A full disk among the faults: every fifth round from the 5th (the 5th, 10th, ...) makes
+the daemon's disk full at a random moment while the clients run — its RLIMIT_FSIZE set to
+`FULL_DISK_BYTES`, so every write past that offset of a file (the store's write-ahead log's
+next frames within a few commits at most) fails with EFBIG, as on a full file system (and the
+processes it starts meanwhile inherit the limit). At the round's end
+either the daemon is SIGKILLed with the disk still full (`full_disk_kill`), or space returns
+(the limit lifted on the daemon and every process under it, `full_disk`): then no request was
+answered 500 (a write refused answers 503 `store_busy`), and, the clients parked, every Turn
+and every operation in flight settles within 60 s with no restart (a saga's step, commit or
+abort refused by the full disk is retried until it lands) and the live laws hold
+(`active_turn_worked`, `fence_has_saga`).
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -38,6 +49,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import resource
 import signal
 import threading
 import time
@@ -47,6 +59,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from tests.reliability.reliability_harness import (
@@ -119,6 +132,11 @@ GIT_TIMEOUT_S = 2.0
 """`[workspace] timeout_s`: a stalled capture or ref transaction is killed this soon."""
 GC_INTERVAL_S = 2.0
 """`[workspace] gc_interval_s`: a deleted Session's refs are dropped and collected this soon."""
+FULL_DISK_BYTES = 64 * 1024
+"""A full disk's RLIMIT_FSIZE: the write-ahead log reaches it within a few commits (a log that
+holds more frames already, at its next one)."""
+FULL_DISK_SETTLE_S = 60
+"""After space returns, every Turn and operation in flight settles within this (no restart)."""
 
 
 class World:
@@ -401,6 +419,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             plan = rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
             stall = rounds % STALL_EVERY == 3
             command, probe = "", ""
+            full = rounds % STALL_EVERY == 0
+            if full:
+                plan = rng.choice(["full_disk", "full_disk_kill"])
             if stall:
                 plan = "stall_git"
                 probe = stall_probe(w)
@@ -423,12 +444,28 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             began_round = time.monotonic()
             deadline = began_round + rng.uniform(0.5, 2.5)
             arm_at = began_round + rng.uniform(0.0, 0.5) if stall else None
+            fill_at = began_round + rng.uniform(0.0, 0.5) if full else None
+            refused_before = _refused(w)
             while time.monotonic() < deadline and w.daemon.proc.poll() is None:
                 if arm_at is not None and time.monotonic() >= arm_at:
                     w.stall.arm(command)  # at a random moment of the clients' load
                     arm_at = None
+                if fill_at is not None and time.monotonic() >= fill_at:
+                    fill_disk(w)  # at a random moment of the clients' load
+                    fill_at = None
                 time.sleep(0.05)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
+            # A daemon dead by itself was killed by an armed point, never by anything else (a
+            # full disk's EFBIG, its SIGXFSZ, an error).
+            assert w.daemon.proc.returncode in (None, -signal.SIGKILL), (
+                seed,
+                w.daemon.proc.returncode,
+                w.daemon.tail_log(),
+            )
+            if full and fill_at is None:
+                chaos["full_disk 503s"] += _refused(w) - refused_before
+            if action == "full_disk":
+                space_returns(w)
             if action == "stall_git":
                 action = stall_met(w, command)
             elif stall:
@@ -454,7 +491,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     # Only a daemon that an armed point killed meanwhile may not answer.
                     assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
                     action = "failpoint_fired"
-            restarted = action in ("kill_daemon", "failpoint_fired")
+            restarted = action in ("kill_daemon", "failpoint_fired", "full_disk_kill")
             if restarted:
                 with w.lock:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
@@ -469,8 +506,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
+            grace = None
+            if action == "full_disk":
+                full_disk_settles(w)
+                grace = LIVE_GRACE_S
             chaos[action] += 1
-            report = check_invariants(w.home, repositories=w.repositories)
+            report = check_invariants(w.home, live_grace_s=grace, repositories=w.repositories)
             checks += 1
             violations += len(report.violations)
             spares_seen = max(spares_seen, report.spare_homes)
@@ -627,8 +668,51 @@ def stall_after(w: World, command: str, probe: str) -> None:
     )
 
 
+def fill_disk(w: World) -> None:
+    """The daemon's disk is full: a write by the daemon (or by a process it starts from now on)
+    past `FULL_DISK_BYTES` of a file fails with EFBIG."""
+    assert w.daemon.proc is not None
+    _, hard = resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE)
+    resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE, (FULL_DISK_BYTES, hard))
+
+
+def space_returns(w: World) -> None:
+    """The disk has room again: the daemon's RLIMIT_FSIZE is lifted, then that of every process
+    under it (those started while the disk was full inherited the limit)."""
+    assert w.daemon.proc is not None
+    pids = [w.daemon.proc.pid]
+    with contextlib.suppress(psutil.Error):
+        pids += [p.pid for p in psutil.Process(w.daemon.proc.pid).children(recursive=True)]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            _, hard = resource.prlimit(pid, resource.RLIMIT_FSIZE)
+            resource.prlimit(pid, resource.RLIMIT_FSIZE, (hard, hard))
+
+
+def full_disk_settles(w: World) -> None:
+    """Once space returns, with no restart and the clients parked, no Turn and no operation
+    stays active: what the full disk refused is retried until it lands."""
+    try:
+        wait_for(lambda: not sum(work_in_flight(w.home).values()), FULL_DISK_SETTLE_S)
+    except AssertionError:
+        raise AssertionError(
+            (w.seed, "work stayed active after space returned", work_in_flight(w.home))
+        ) from None
+
+
+def _refused(w: World) -> int:
+    with w.lock:
+        return sum(n for k, n in w.calls.items() if " 503" in k)
+
+
 def _lock_files(repo: Path) -> list[str]:
-    return sorted(str(p.relative_to(repo)) for p in repo.rglob("*.lock"))
+    """The lock files in `repo`, walked while its gits run: a directory one of them removes
+    under the walk (an `objects/xx` that a `gc` emptied) is skipped, not an error (`rglob`
+    raised FileNotFoundError for it: seed 17, short profile, a stall round)."""
+    found = []
+    for top, _, names in os.walk(repo):  # errors (a directory gone meanwhile) are skipped
+        found += [str(Path(top, n).relative_to(repo)) for n in names if n.endswith(".lock")]
+    return sorted(found)
 
 
 def revive(w: World) -> bool:
