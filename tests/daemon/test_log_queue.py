@@ -68,7 +68,7 @@ def test_a_stop_writes_the_queued_lines_once_the_stream_is_read(pipe: tuple[int,
 
 
 def test_a_stop_on_a_stream_nobody_reads_returns_within_its_bound(pipe: tuple[int, int]) -> None:
-    _read, write = pipe
+    read, write = pipe
     stream = os.fdopen(os.dup(write), "w")
     sink = LogQueue(stream, capacity=4)
     sink.start()
@@ -76,3 +76,11 @@ def test_a_stop_on_a_stream_nobody_reads_returns_within_its_bound(pipe: tuple[in
     for i in range(10):
         logger.info("line %d", i)
     assert sink.stop(timeout=0.5) is False  # the writer still waits on the pipe
+    reader = threading.Thread(
+        target=lambda: [None for _ in iter(lambda: os.read(read, 1 << 16), b"")]
+    )
+    reader.start()  # read at last: the writer finishes what it holds and ends
+    assert sink.stop(timeout=10)
+    stream.close()
+    os.close(write)
+    reader.join(10)

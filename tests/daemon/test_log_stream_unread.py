@@ -74,7 +74,7 @@ def test_a_daemon_whose_stderr_nobody_reads_still_answers_and_runs_turns(tmp_pat
                 break
         status = client.call("host.status")
         assert status["log"]["dropped"] > 0, status["log"]
-        assert status["log"]["queued"] == status["log"]["capacity"], status["log"]
+        assert status["log"]["queued"] >= status["log"]["capacity"], status["log"]
         turn = submit(client, sid, "hello")
         assert settle(client, sid, turn["turnId"])["outcome"] == "completed"
         dropped = client.call("host.status")["log"]["dropped"]
