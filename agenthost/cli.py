@@ -122,12 +122,25 @@ def _serve(args: argparse.Namespace) -> int:
     if getattr(args, "from_command_line", False):
         # Before any thread or socket: this may replace the process by one with the shim.
         accept_shim.reexec_with_shim()
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose > 1 else logging.INFO,
-        stream=sys.stderr,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    from agenthost import log_queue
+
+    # Through a bounded queue and a thread of its own: a stderr nobody reads never holds a
+    # thread that logs (agenthost/log_queue.py).
+    logs = log_queue.install(sys.stderr, logging.DEBUG if args.verbose > 1 else logging.INFO)
+    try:
+        return _serve_logged(args)
+    finally:
+        logs.stop(LOG_FLUSH_S)
+
+
+LOG_FLUSH_S = 2.0
+"""How long a stop waits for the queued log lines to be written (a stderr still unread keeps
+the rest)."""
+
+
+def _serve_logged(args: argparse.Namespace) -> int:
     from agenthost import activity
+    from transport import accept_shim
 
     activity.enable(args.verbose > 0)
     try:

@@ -42,7 +42,7 @@ from actors.recovery import (
     settle_orphaned_turns,
 )
 from actors.session_runtime import RuntimeSlots
-from agenthost import __version__, activity, provider_install, providers_info
+from agenthost import __version__, activity, log_queue, provider_install, providers_info
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
@@ -655,6 +655,9 @@ class Daemon:
             "providers": providers,
             # The parts answered as last known (or null) because they did not answer in time.
             "late": late,
+            # The log's queue (`agenthost serve`): lines dropped because it was full (a stderr
+            # nobody reads), queued now, its capacity; null when the daemon logs otherwise.
+            "log": log_queue.status(),
         }
 
     def _checkpoint_status(self, late: list[str]) -> dict[str, Any]:

@@ -90,6 +90,9 @@ class HostStatusResult(TypedDict):
     late: NotRequired[list[str]]
     """The parts answered as last known (or null) because they did not answer within the
     status's bound, e.g. `checkpoints.bytes`, `providers.codex.version`."""
+    log: NotRequired[JsonObject | None]
+    """`agenthost serve`'s log queue, `{dropped, queued, capacity}`; null when the daemon
+    logs otherwise (in-process)."""
 
 
 class SessionCreateParams(WorkspaceParams):

@@ -82,7 +82,12 @@ class AppServerDriver:
                 f"readability_proof must be {READABILITY_IN_WORKER} or {READABILITY_APP_SERVER}",
             )
         self._sessions = Sessions(provider.kind)
-        self.runtimes = Runtimes(provider, self.request_timeout)
+        # A write to an app-server that takes none of it (its stdin full: a wedged server) is
+        # given up, the server killed, past this; longer than a busy server's liveness check
+        # (`stopped_limit_s` after its first unanswered or unsent request), which then fails
+        # the Turn in its own words first — this bound is for writes with no Turn to watch.
+        self.write_limit = float(self.config.get("write_limit_s", 2 * self.stopped_limit))
+        self.runtimes = Runtimes(provider, self.request_timeout, self.write_limit)
         self.events = TurnEvents(
             provider.kind,
             self.config,

@@ -31,6 +31,7 @@ from typing import IO, Any
 
 from domain.json_text import loads_bytes_as_stdlib
 from domain.procfs import alive_in_stat, read_proc_stat
+from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
 
 _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
@@ -232,8 +233,13 @@ class AppServerProcess:
         on_exit: ExitHandler | None = None,
         stderr_path: Path | None = None,
         quiet: QuietLines | None = None,
+        write_limit: float | None = None,
     ) -> None:
         self.argv = list(argv)
+        self.write_limit = write_limit
+        """How long a write may wait with none of its bytes taken by the server (its stdin
+        full: it stopped reading) before the server is killed, `provider_unresponsive`, and the
+        write fails; None waits for good."""
         self._env = dict(env)
         self._cwd = cwd
         self._on_notification = on_notification
@@ -281,6 +287,10 @@ class AppServerProcess:
         finally:
             if log is not None:
                 log.close()
+        if self._proc.stdin is not None:
+            # Written by `os.write` under the write lock, never through the buffer: a full pipe
+            # answers EAGAIN, so a write waits in `poll` with a bound, not in `write` for good.
+            os.set_blocking(self._proc.stdin.fileno(), False)
         self._reader = threading.Thread(
             target=self._read_loop, name="app-server-reader", daemon=True
         )
@@ -398,8 +408,8 @@ class AppServerProcess:
                     return None
                 self._pending[req_id] = (method, fut)
             try:
-                proc.stdin.write(line)
-                proc.stdin.flush()
+                # Whole or not at all: at most `PIPE_BUF`, to a pipe that polls writable.
+                os.write(proc.stdin.fileno(), line)
             except (BrokenPipeError, ValueError, OSError) as exc:
                 with self._lock:
                     self._pending.pop(req_id, None)
@@ -463,17 +473,52 @@ class AppServerProcess:
 
     def _write(self, msg: Mapping[str, Any]) -> None:
         line = (_ENCODE(msg) + "\n").encode()
+        # The lock's holder waits at most `write_limit` without progress (then the server is
+        # killed and it lets go), so a writer behind it waits a bounded time too.
         with self._write_lock:
             proc = self._proc
             if proc is None or proc.stdin is None or self._closed_reason is not None:
                 raise AppServerClosed(self._closed_reason or "app-server not started", sent=False)
             try:
-                proc.stdin.write(line)
-                proc.stdin.flush()
+                self._write_all(proc, proc.stdin.fileno(), line)
             except (BrokenPipeError, ValueError, OSError) as exc:
                 # A broken pipe means the bytes never reached the server.
                 raise AppServerClosed(f"app-server pipe closed: {exc}", sent=False) from exc
         self.last_activity = time.monotonic()
+
+    def _write_all(self, proc: subprocess.Popen[bytes], fd: int, line: bytes) -> None:
+        """Write `line` whole to the server's non-blocking stdin (under the write lock): one
+        `write` when the pipe has room; else `poll` for room, each wait bounded by
+        `write_limit` since the server last took a byte. Past it, the server is killed and
+        `AppServerClosed` raised in words (`provider_unresponsive`): the line never arrived
+        whole, so the server acted on none of it (`sent=False`)."""
+        view = memoryview(line)
+        waiting: select.poll | None = None
+        while view:
+            try:
+                view = view[os.write(fd, view) :]
+                continue
+            except BlockingIOError:
+                pass
+            if waiting is None:
+                waiting = select.poll()
+                waiting.register(fd, select.POLLOUT)
+            limit = self.write_limit
+            if waiting.poll(None if limit is None else limit * 1000.0):
+                continue  # room (or an error, which the next `write` raises)
+            raise AppServerClosed(self._kill_stuck(proc, len(line), len(view)), sent=False)
+
+    def _kill_stuck(self, proc: subprocess.Popen[bytes], size: int, left: int) -> str:
+        """Kill a server that took no byte of a write for `write_limit` (a wedged one: stopped
+        reading, with no Turn the liveness check would watch); the reason, in words."""
+        reason = (
+            f"{PROVIDER_UNRESPONSIVE}: the app-server (pid {proc.pid}) read nothing from its "
+            f"stdin for {self.write_limit or 0:.0f} s ({left} of a {size}-byte write left); "
+            "it was killed, and a new one starts at the next Turn"
+        )
+        self._mark_closed(reason)  # its users see it gone at once, in these words
+        kill_tree(proc.pid)
+        return reason
 
     def _read_loop(self) -> None:
         assert self._proc is not None and self._proc.stdout is not None

@@ -33,9 +33,13 @@ CLIENT_VERSION = "0.1.0"
 class Runtimes:
     """Starts app-servers for `provider` and reads threads through them."""
 
-    def __init__(self, provider: AppServerProvider, request_timeout: float) -> None:
+    def __init__(
+        self, provider: AppServerProvider, request_timeout: float, write_limit: float | None = None
+    ) -> None:
         self.provider = provider
         self.request_timeout = request_timeout
+        self.write_limit = write_limit
+        """Each app-server's `AppServerProcess.write_limit`."""
         self._lock = threading.Lock()
         self.spawns = 0
         """App-servers started (tests pin that a projection or a fork spawns none)."""
@@ -73,6 +77,7 @@ class Runtimes:
             on_exit=on_exit,
             stderr_path=home / ".app-server.log",
             quiet=quiet,
+            write_limit=self.write_limit,
         )
         try:
             proc.start()

@@ -1,0 +1,103 @@
+"""The daemon's log, never waited on: `agenthost serve` logs through a bounded queue that one
+thread of its own (`agenthost-log`) writes to stderr.
+
+A stderr nobody reads (a launcher that reads only the ready line from stdout and keeps the
+stderr pipe; a terminal paused with Ctrl-S; `serve 2>&1 | less` at a page) fills its pipe, and a
+write to it waits until it is read. Logged inline, that wait was any thread's that logged —
+a request's reader, a Session's actor, `host.status`'s — and, behind the handler's lock, every
+other thread's that logged after it: the daemon answered nothing. Now a thread that logs only
+formats the line and queues it; a line that finds the queue full is dropped and counted
+(`host.status` → `log: {dropped, queued, capacity}`, an extension). A SIGKILL loses the lines
+still queued; a clean stop writes them first, for a bounded time (`stop`).
+"""
+
+from __future__ import annotations
+
+import logging
+import logging.handlers
+import queue
+import threading
+from typing import IO, Any
+
+CAPACITY = 1024
+"""Log lines queued at most (one LogRecord each, its message already formatted)."""
+
+FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+
+
+class _Dropping(logging.handlers.QueueHandler):
+    """Queues a record without waiting: a full queue drops it, counted."""
+
+    def __init__(self, sink: LogQueue) -> None:
+        super().__init__(sink.queue)
+        self._sink = sink
+
+    def enqueue(self, record: logging.LogRecord) -> None:
+        # Its size read, then put, without a lock: threads logging at once may pass the
+        # bound by a few lines (no more than there are of them).
+        if self._sink.queue.qsize() >= self._sink.capacity:
+            self._sink.count_dropped()
+        else:
+            self._sink.queue.put(record)
+
+
+class LogQueue:
+    """The queue, its writer thread and the count of lines dropped."""
+
+    def __init__(self, stream: IO[str], capacity: int = CAPACITY) -> None:
+        # `SimpleQueue` (C): a put and the writer's wake-up are one lock each, not a Python
+        # `Condition`'s (-v: about 10 futex calls a line with `queue.Queue`, measured).
+        self.queue: queue.SimpleQueue[logging.LogRecord | None] = queue.SimpleQueue()
+        self.capacity = capacity
+        self.dropped = 0
+        self._lock = threading.Lock()
+        self.writer = logging.StreamHandler(stream)
+        self.writer.setFormatter(logging.Formatter(FORMAT))
+        self.handler = _Dropping(self)
+        self._thread = threading.Thread(target=self._drain, name="agenthost-log", daemon=True)
+
+    def count_dropped(self) -> None:
+        with self._lock:
+            self.dropped += 1
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def _drain(self) -> None:
+        while (record := self.queue.get()) is not None:
+            self.writer.handle(record)  # its write may wait on the stream: here only
+
+    def stop(self, timeout: float) -> bool:
+        """Write what is queued and end the writer, waited for up to `timeout` (a stream
+        still unread keeps the rest); whether all was written. Lines logged after it go
+        to the logging module's last resort (warnings and worse, to stderr)."""
+        logging.getLogger().removeHandler(self.handler)
+        if self in _INSTALLED:
+            _INSTALLED.remove(self)
+        self.queue.put(None)
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def status(self) -> dict[str, Any]:
+        return {"dropped": self.dropped, "queued": self.queue.qsize(), "capacity": self.capacity}
+
+
+_INSTALLED: list[LogQueue] = []
+
+
+def install(stream: IO[str], level: int) -> LogQueue:
+    """The root logger's one handler: a `LogQueue` on `stream` (what `logging.basicConfig`
+    did with the stream itself), started."""
+    sink = LogQueue(stream)
+    root = logging.getLogger()
+    root.setLevel(level)
+    root.addHandler(sink.handler)
+    sink.start()
+    _INSTALLED.append(sink)
+    return sink
+
+
+def status() -> dict[str, Any] | None:
+    """The installed queue's counts (`host.status`'s `log`), None when the daemon logs
+    otherwise (in-process in a test: its host's own handlers)."""
+    return _INSTALLED[-1].status() if _INSTALLED else None
