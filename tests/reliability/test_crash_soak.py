@@ -733,12 +733,17 @@ def fork_claude_once_more(w: World, c: Client) -> str | None:
 
 def claude_worker_died_at(w: World, point: str, pid: int | None) -> bool:
     """The point armed on the round's Claude fork fired, and in the Claude worker: it was
-    replaced (a Tutti Agent fork of a client may have reached the point first)."""
+    replaced (a Tutti Agent fork of a client may have reached the point first). A point an
+    earlier round armed may kill the daemon meanwhile (its `host.status` is then answered by
+    nobody): it is restarted here (`revive`), and False."""
     if pid is None or not worker_fired(w.daemon, point):
         return False
     try:
         wait_for(lambda: (worker_of(w.daemon, CLAUDE) or {}).get("pid") != pid, 10)
     except AssertionError:
+        return False
+    except (ClientTimeout, ClientClosed):
+        assert revive(w), ("a live daemon did not answer host.status", w.seed, w.daemon.tail_log())
         return False
     return True
 
