@@ -21,14 +21,17 @@ Claude fork committed, and that `spare_home_empty` walked a home with spares.
 
 A stalled git among the faults: the daemon runs with `tests/workspace/stalling_git.py` first on
 its PATH (the real git until armed), a short `[workspace] timeout_s` and a short
-`gc_interval_s`. Every fifth round (the 3rd, 8th, ...) kills nothing: it arms the stall for a
-random git command of the checkpoints' shadow repositories (`add`, `write-tree`, `update-ref`
-— a drop's ref transaction —, and in the long profile `gc`, whose bound is 120 s) at a random
-moment while the clients run; a Session it deleted makes the janitor drop and collect for the
-last two. After the stalled git is killed at its bound: no process of it runs, every law holds,
-no lock file stays in the folder's shadow repository, and a later Turn of the round's own
-Session in the same folder records its `before` and `after` checkpoints (the folder's
-checkpoints work on, with no restart).
+`gc_interval_s` and `long_timeout_s` (the bound of a `gc`). Every fifth round (the 3rd, 8th,
+...) kills nothing: it arms the stall for a random git command of the checkpoints' shadow
+repositories (`add`, `write-tree`, `update-ref` — a drop's ref transaction —, `gc`) at a
+random moment while the clients run; a Session it deleted makes the janitor drop and collect
+for the last two. After the stalled git is killed at its bound: no process of it runs, every
+law holds, no lock file stays in the folder's shadow repository, and a later Turn of the
+round's own Session in the same folder records its `before` and `after` checkpoints (the
+folder's checkpoints work on, with no restart). The round after each (the 4th, 9th, ...)
+stalls a git the same way but SIGKILLs the daemon while the git stalls: the git (its own
+session) outlives its daemon, lock held; the restarted daemon kills it before it works on any
+folder; then the same checks (no process of the stall left, no lock file, both checkpoints).
 A full disk among the faults: every fifth round from the 5th (the 5th, 10th, ...) makes
 the daemon's disk full at a random moment while the clients run — its RLIMIT_FSIZE set to
 `FULL_DISK_BYTES`, so every write past that offset of a file (the store's write-ahead log's
@@ -83,7 +86,7 @@ from tests.support.invariants import (
 )
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
-from workspace.shadow import LONG_TIMEOUT_S, ShadowStore
+from workspace.shadow import ShadowStore
 
 ROUNDS = 60 if SOAK else 5
 CLIENTS = 4
@@ -124,12 +127,15 @@ CLAUDE_POINTS = (
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude round arms before its seed fork."""
 STALL_EVERY = 5
-"""Round `n` is a stalled-git round when `n % STALL_EVERY == 3` (one of the short profile's)."""
-STALL_COMMANDS = ("add", "write-tree", "update-ref", *(("gc",) if SOAK else ()))
-"""The shadow repositories' git commands a stall round arms (`gc` only in the long profile:
-its bound is `LONG_TIMEOUT_S`, and the folder waits for it that long)."""
+"""Round `n` is a stalled-git round when `n % STALL_EVERY == 3`, and one whose daemon is
+SIGKILLed while the git stalls when `n % STALL_EVERY == 4` (both among the short profile's)."""
+STALL_COMMANDS = ("add", "write-tree", "update-ref", "gc")
+"""The shadow repositories' git commands a stall round arms."""
 GIT_TIMEOUT_S = 2.0
 """`[workspace] timeout_s`: a stalled capture or ref transaction is killed this soon."""
+GC_TIMEOUT_S = 8.0
+"""`[workspace] long_timeout_s`: a stalled `gc` is killed this soon (the folder waits for it
+that long; the default is 120 s). It bounds a worktree fork's tree too: ample for the soak's."""
 GC_INTERVAL_S = 2.0
 """`[workspace] gc_interval_s`: a deleted Session's refs are dropped and collected this soon."""
 FULL_DISK_BYTES = 64 * 1024
@@ -389,7 +395,10 @@ def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None =
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
     """The daemon's home, its Claude Code pointed at a fake Messages API that lives as long."""
-    config = f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
+    config = (
+        f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
+        f"long_timeout_s = {GC_TIMEOUT_S}\n"
+    )
     with provider_env(CLAUDE, tmp_path / "home", config=config):
         yield tmp_path / "home"
 
@@ -417,17 +426,17 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             # draws a failpoint, arm it before that fork is sent, so the kill lands on it.
             claude = rounds <= 2 or rng.random() < CLAUDE_SHARE
             plan = rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
-            stall = rounds % STALL_EVERY == 3
+            stall = rounds % STALL_EVERY in (3, 4)
             command, probe = "", ""
             full = rounds % STALL_EVERY == 0
             if full:
                 plan = rng.choice(["full_disk", "full_disk_kill"])
             if stall:
-                plan = "stall_git"
+                plan = "stall_git" if rounds % STALL_EVERY == 3 else "stall_kill"
+                if quiet_failpoints(w):
+                    chaos["failpoint_fired_late"] += 1
                 probe = stall_probe(w)
                 command = rng.choice(STALL_COMMANDS)
-                if command == "gc" and chaos["stall_git gc"]:
-                    command = "update-ref"  # one gc stall a run: each holds a folder 120 s
             early = None
             if claude and (rounds == 1 or plan == "arm_failpoint"):
                 plan = "arm_failpoint"
@@ -466,13 +475,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["full_disk 503s"] += _refused(w) - refused_before
             if action == "full_disk":
                 space_returns(w)
-            if action == "stall_git":
-                action = stall_met(w, command)
+            if action in ("stall_git", "stall_kill"):
+                with answered(w, command):
+                    action = stall_met(w, command, kill=action == "stall_kill")
             elif stall:
                 # An armed point of an earlier round killed the daemon first: no stall here
-                # (a git it stalled would be cut by the kill, not by its bound).
-                if not w.stall.disarm():
-                    w.stall.kill_left()
+                # (a git it stalled lives on: the restart kills it, `check_processes` sees).
+                w.stall.disarm()
                 action = f"{action} (stall round)"
             if action == "kill_worker":
                 provider = CLAUDE if claude else rng.choice(["tutti-agent", CLAUDE])
@@ -491,15 +500,17 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     # Only a daemon that an armed point killed meanwhile may not answer.
                     assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
                     action = "failpoint_fired"
-            restarted = action in ("kill_daemon", "failpoint_fired", "full_disk_kill")
+            # `failpoint_fired (stall round)` too: the stalled git of the daemon that died
+            # lives on until the restart kills it.
+            restarted = action.startswith(
+                ("kill_daemon", "failpoint_fired", "stall_kill", "full_disk_kill")
+            )
             if restarted:
                 with w.lock:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
                     if work_in_flight(w.home)[CLAUDE]:
                         w.met_claude = True  # what the daemon held active as it died
             w.pause()
-            if action.startswith("stall_"):
-                stall_after(w, command, probe)
             if early and early.startswith("worker.") and not restarted:
                 w.met_claude |= claude_worker_died_at(w, early, claude_pid)
             if restarted:
@@ -510,6 +521,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             if action == "full_disk":
                 full_disk_settles(w)
                 grace = LIVE_GRACE_S
+            if action.startswith("stall_"):
+                with answered(w, command):
+                    stall_after(w, command, probe)
             chaos[action] += 1
             report = check_invariants(w.home, live_grace_s=grace, repositories=w.repositories)
             checks += 1
@@ -595,6 +609,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         + chaos["kill_worker"]
         + chaos["failpoint_fired"]
         + chaos["failpoint_fired_late"]
+        + sum(n for action, n in chaos.items() if action.startswith("stall_kill"))
     )
     assert sum(final.operations.values()) > 0 and killed > 0, dict(chaos)
     # ... and Claude Code's laws under it: a Claude fork committed, a check ran after a kill
@@ -613,11 +628,39 @@ def stall_probe(w: World) -> str:
     return sid
 
 
-def stall_met(w: World, command: str) -> str:
+@contextlib.contextmanager
+def answered(w: World, command: str) -> Iterator[None]:
+    """A stall round's call the daemon left unanswered fails saying whether the daemon lived
+    (a dead one answers nothing: an armed point's kill) and with its log's tail."""
+    try:
+        yield
+    except ClientTimeout as exc:
+        rc = w.daemon.proc.poll() if w.daemon.proc is not None else None
+        raise AssertionError(
+            (w.seed, command, f"unanswered: {exc}", f"daemon exit {rc}", w.daemon.tail_log())
+        ) from None
+
+
+def quiet_failpoints(w: World) -> bool:
+    """Before a stall round: every point an earlier round armed (`once:kill`, not yet hit) is
+    turned off, so no kill of the daemon cuts the round's stall (a daemon killed then would
+    leave the stalled git running until the restart, and answer no call of the round's
+    checks). A daemon such a point killed meanwhile is restarted (`revive`): none is armed
+    in a new daemon."""
+    try:
+        w.daemon.client(timeout=10).call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
+    except (ClientTimeout, ClientClosed):
+        assert revive(w), ("a live daemon did not answer debug.failpoints", w.seed)
+
+
+def stall_met(w: World, command: str, *, kill: bool = False) -> str:
     """The stall armed in the round (now, if the round ended before its moment) is taken by a
     git of the daemon — for a ref transaction or a `gc`, a Session deleted here makes the
     janitor run one — and that git is killed at its bound, with its child. Returns the round's
-    action: `stall_git <command>`, or `stall_missed <command>` (no such git ran meanwhile)."""
+    action: `stall_git <command>`, or `stall_missed <command>` (no such git ran meanwhile).
+    `kill`: the daemon is SIGKILLed as soon as the git and its child stall instead, and the
+    round's action is `stall_kill <command>` (the git outlived its daemon: the restart must
+    kill it) or `stall_kill_late <command>` (its bound ended it before the kill landed)."""
     if not w.stall.taken() and not w.stall.arm_file.exists():
         w.stall.arm(command)
     c = w.daemon.client(timeout=30)
@@ -630,11 +673,20 @@ def stall_met(w: World, command: str) -> str:
         wait_for(w.stall.taken, 5 * GC_INTERVAL_S, interval=0.1)
     if not w.stall.taken() and w.stall.disarm():
         return f"stall_missed {command}"
-    bound = LONG_TIMEOUT_S if command == "gc" else GIT_TIMEOUT_S
+    bound = GC_TIMEOUT_S if command == "gc" else GIT_TIMEOUT_S
+    if kill:
+        with contextlib.suppress(AssertionError):
+            wait_for(lambda: len(w.stall.pids()) == 2, bound, interval=0.02)
+        with w.lock:
+            w.daemon.kill()
+        left = [p for p in w.stall.pids() if running(p)]
+        return f"stall_kill {command}" if len(left) == 2 else f"stall_kill_late {command}"
 
     def ended() -> bool:
+        # The stalled git's pid read (its file made but not yet written reads as none), and
+        # neither it nor a child written since runs.
         pids = w.stall.pids()
-        return w.stall.stalled_file.exists() and not [p for p in pids if running(p)]
+        return bool(pids) and not [p for p in pids if running(p)]
 
     try:
         wait_for(ended, bound + 30, interval=0.1)
@@ -650,7 +702,10 @@ def stall_after(w: World, command: str, probe: str) -> None:
     folder's shadow repository (one a git holds goes within moments; one a killed git left
     would refuse the folder's later writes: its captures for `index.lock`, its drops and
     collections for `packed-refs.lock`), and the round's Session's next Turn in the folder
-    records both checkpoints (not `unavailable` `git_failed`)."""
+    records both checkpoints (not `unavailable` `git_failed`). After a daemon killed while its
+    git stalled, restarted since: no process of the stall runs (the start killed them)."""
+    left = [p for p in w.stall.pids() if running(p)]
+    assert not left, (w.seed, command, "a stalled git outlived its daemon's next start", left)
     repo = ShadowStore(w.home / "checkpoints").repo_dir(Path(w.cwd))
     try:
         wait_for(lambda: not _lock_files(repo), 10, interval=0.1)
@@ -757,12 +812,17 @@ def fork_claude_once_more(w: World, c: Client) -> str | None:
 
 def claude_worker_died_at(w: World, point: str, pid: int | None) -> bool:
     """The point armed on the round's Claude fork fired, and in the Claude worker: it was
-    replaced (a Tutti Agent fork of a client may have reached the point first)."""
+    replaced (a Tutti Agent fork of a client may have reached the point first). A point an
+    earlier round armed may kill the daemon meanwhile (its `host.status` is then answered by
+    nobody): it is restarted here (`revive`), and False."""
     if pid is None or not worker_fired(w.daemon, point):
         return False
     try:
         wait_for(lambda: (worker_of(w.daemon, CLAUDE) or {}).get("pid") != pid, 10)
     except AssertionError:
+        return False
+    except (ClientTimeout, ClientClosed):
+        assert revive(w), ("a live daemon did not answer host.status", w.seed, w.daemon.tail_log())
         return False
     return True
 
