@@ -11,8 +11,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -24,24 +22,18 @@ from drivers.codex.driver import create_driver as codex_driver
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
-from tests.support.freezer import freezer_group
+from tests.support.daemon import wait_for
+from tests.support.freezer import freeze, freezer_group, running, thaw
 
 pytestmark = [pytest.mark.timeout(120)]
 
 PROBE = "thread/loaded/list"
 
 
-def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.01)
-
-
 def test_a_stopped_app_server_with_a_writer_stuck_on_its_stdin_is_still_killed(
     tmp_path: Path, log: EventLog
 ) -> None:
-    _stuck_writer_then_killed(tmp_path, log, freeze=None)
+    _stuck_writer_then_killed(tmp_path, log, group=None)
 
 
 def test_a_frozen_app_server_with_a_writer_stuck_on_its_stdin_is_killed_unresponsive(
@@ -51,10 +43,10 @@ def test_a_frozen_app_server_with_a_writer_stuck_on_its_stdin_is_killed_unrespon
     request cannot leave past the stuck writer: that counts as no answer, from the first try,
     and past `stopped_limit_s` the Turn fails unresponsive and the app-server is killed."""
     with freezer_group() as group:
-        _stuck_writer_then_killed(tmp_path, log, freeze=group)
+        _stuck_writer_then_killed(tmp_path, log, group=group)
 
 
-def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, freeze: Path | None) -> None:
+def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, group: Path | None) -> None:
     gate = threading.Event()
     gate.set()
     pids: list[int] = []
@@ -78,17 +70,14 @@ def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, freeze: Path | None
             driver.provider.liveness_probe = None  # type: ignore[misc]
             gate.clear()
             driver.start_turn({"agentSessionId": "s", "turnId": "held", "text": "held"}, log)
-            _until(lambda: bool(session.active))
+            wait_for(lambda: bool(session.active))
             pids = codex_pids(home_of(tmp_path, "s"))
             assert pids
-            if freeze is None:
+            if group is None:
                 for pid in pids:
                     os.kill(pid, signal.SIGSTOP)
             else:
-                for pid in pids:
-                    (freeze / "cgroup.procs").write_text(str(pid))
-                (freeze / "freezer.state").write_text("FROZEN")
-                _until(lambda: (freeze / "freezer.state").read_text().strip() == "FROZEN")
+                freeze(group, pids)
             closed: list[AppServerClosed] = []
 
             def write_more_than_its_pipe_holds() -> None:
@@ -99,23 +88,23 @@ def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, freeze: Path | None
 
             writer = threading.Thread(target=write_more_than_its_pipe_holds)
             writer.start()
-            _until(proc._write_lock.locked)  # the writer waits on the full pipe, holding it
+            wait_for(proc._write_lock.locked)  # the writer waits on the full pipe, holding it
             driver.provider.liveness_probe = PROBE  # type: ignore[misc]
             done = log.wait_for(completed("held"), timeout=30)
             assert done["outcome"] == "failed", done
             assert "the codex app-server (pid " in done["error"], done
-            if freeze is None:
+            if group is None:
                 assert "process state stopped" in done["error"], done
             else:
                 assert PROBE in done["error"], done
-                (freeze / "freezer.state").write_text("THAWED")  # the SIGKILL sent lands
+                thaw(group)  # the SIGKILL sent lands
             writer.join(30)
             assert not writer.is_alive() and len(closed) == 1
         finally:
             gate.set()
-            if freeze is not None:
+            if group is not None:
                 with contextlib.suppress(OSError):
-                    (freeze / "freezer.state").write_text("THAWED")
+                    thaw(group)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)
@@ -154,14 +143,14 @@ def test_closing_the_driver_ends_a_stopped_app_server_that_a_writer_waits_on(
 
         writer = threading.Thread(target=write_more_than_its_pipe_holds)
         writer.start()
-        _until(procs[0]._write_lock.locked)  # the writer waits on the full pipe, holding it
+        wait_for(procs[0]._write_lock.locked)  # the writer waits on the full pipe, holding it
         closer = threading.Thread(target=driver.close)
         closer.start()
         closer.join(30)
         assert not closer.is_alive()
         writer.join(30)
         assert not writer.is_alive() and len(closed) == 1
-        assert [p.pid for p in procs if p.pid is not None and _running(p.pid)] == []
+        assert [p.pid for p in procs if p.pid is not None and running(p.pid)] == []
     finally:
         for pid in pids:
             with contextlib.suppress(ProcessLookupError):
@@ -170,14 +159,6 @@ def test_closing_the_driver_ends_a_stopped_app_server_that_a_writer_waits_on(
 
 
 _URL = "http://127.0.0.1:9/v1"  # no model call is made: the Sessions only start
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_a_turn_start_stuck_on_a_frozen_app_servers_stdin_fails_unresponsive(
@@ -202,10 +183,7 @@ def test_a_turn_start_stuck_on_a_frozen_app_servers_stdin_fails_unresponsive(
             start(driver, tmp_path, "s")
             pids = codex_pids(home_of(tmp_path, "s"))
             assert pids
-            for pid in pids:
-                (group / "cgroup.procs").write_text(str(pid))
-            (group / "freezer.state").write_text("FROZEN")
-            _until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN")
+            freeze(group, pids)
             failed: list[DriverError] = []
 
             def start_a_large_turn() -> None:
@@ -218,14 +196,14 @@ def test_a_turn_start_stuck_on_a_frozen_app_servers_stdin_fails_unresponsive(
             starter = threading.Thread(target=start_a_large_turn)
             starter.start()
             # Killed while frozen, the server dies once thawed (the SIGKILL lands then).
-            _until(lambda: "the codex app-server (pid " in str(_stopped_error(driver)))
-            (group / "freezer.state").write_text("THAWED")
+            wait_for(lambda: "the codex app-server (pid " in str(_stopped_error(driver)))
+            thaw(group)
             starter.join(30)
             assert not starter.is_alive() and len(failed) == 1
             assert PROBE in str(failed[0]), failed
         finally:
             with contextlib.suppress(OSError):
-                (group / "freezer.state").write_text("THAWED")
+                thaw(group)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -23,24 +22,10 @@ from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from drivers.liveness import PROVIDER_UNRESPONSIVE
 from model_fakes.responses import ResponsesServer
-from tests.support.freezer import freezer_group
+from tests.support.daemon import wait_for
+from tests.support.freezer import freeze, freezer_group, running, thaw
 
 pytestmark = [pytest.mark.timeout(120)]
-
-
-def _until(check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "never happened"
-        time.sleep(0.01)
-
-
-def _running(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except OSError:
-        return False
-    return state != "Z"
 
 
 def test_writes_to_a_frozen_idle_app_server_fail_unresponsive_and_the_next_turn_respawns(
@@ -67,10 +52,7 @@ def test_writes_to_a_frozen_idle_app_server_fail_unresponsive_and_the_next_turn_
             old_pid = proc.pid
             pids = codex_pids(home_of(tmp_path, "s"))
             assert pids and not session.active
-            for pid in pids:
-                (group / "cgroup.procs").write_text(str(pid))
-            (group / "freezer.state").write_text("FROZEN")
-            _until(lambda: (group / "freezer.state").read_text().strip() == "FROZEN")
+            freeze(group, pids)
             closed: dict[str, AppServerClosed] = {}
 
             def write(name: str, send: Callable[[], None]) -> None:
@@ -84,7 +66,7 @@ def test_writes_to_a_frozen_idle_app_server_fail_unresponsive_and_the_next_turn_
                 args=("notify", lambda: proc.notify("agenthost/padding", {"pad": "x" * (1 << 20)})),
             )
             big.start()
-            _until(proc._write_lock.locked)  # the notify waits on the full pipe, holding it
+            wait_for(proc._write_lock.locked)  # the notify waits on the full pipe, holding it
             small = threading.Thread(
                 target=write, args=("respond", lambda: proc.respond(7, {"decision": "accept"}))
             )
@@ -97,13 +79,13 @@ def test_writes_to_a_frozen_idle_app_server_fail_unresponsive_and_the_next_turn_
                 assert str(exc).startswith(PROVIDER_UNRESPONSIVE), exc
                 assert exc.sent is False
             assert not proc.alive and not session.runtime.alive
-            (group / "freezer.state").write_text("THAWED")  # the SIGKILL sent lands
-            _until(lambda: not any(_running(pid) for pid in pids))
+            thaw(group)  # the SIGKILL sent lands
+            wait_for(lambda: not any(running(pid) for pid in pids))
             run_turns(driver, log, "s", ("after",))
             assert session.runtime is not None and session.runtime.proc.pid != old_pid
         finally:
             with contextlib.suppress(OSError):
-                (group / "freezer.state").write_text("THAWED")
+                thaw(group)
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError):
                     os.kill(pid, signal.SIGKILL)

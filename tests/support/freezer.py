@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -37,3 +37,28 @@ def freezer_group() -> Iterator[Path]:
             time.sleep(0.05)
         with contextlib.suppress(OSError):
             group.rmdir()
+
+
+def freeze(group: Path, pids: Iterable[int], timeout: float = 30.0) -> None:
+    """Move `pids` into `group` and freeze it; returns once the group says FROZEN."""
+    for pid in pids:
+        (group / "cgroup.procs").write_text(str(pid))
+    (group / "freezer.state").write_text("FROZEN")
+    deadline = time.monotonic() + timeout
+    while (group / "freezer.state").read_text().strip() != "FROZEN":
+        assert time.monotonic() < deadline, f"{group} never froze"
+        time.sleep(0.01)
+
+
+def thaw(group: Path) -> None:
+    """Let `group`'s processes run again (a SIGKILL sent while frozen then lands)."""
+    (group / "freezer.state").write_text("THAWED")
+
+
+def running(pid: int) -> bool:
+    """Whether `pid` is a process that has not exited (a zombie has)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
