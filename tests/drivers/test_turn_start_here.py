@@ -22,6 +22,7 @@ from drv_helpers import TUTTI_BIN, EventLog, completed
 from domain.errors import HostError
 from domain.turn_events import turn_event_from_wire
 from drivers.supervisor import WorkerSupervisor
+from tests.support.freezer import stop
 
 P = "tutti-agent"
 pytestmark = pytest.mark.timeout(120)
@@ -149,7 +150,7 @@ def test_a_stalled_app_server_does_not_stop_the_link_thread(
     stalled = start_session(sup, tmp_path, "ws/stalled")
     start_session(sup, tmp_path, "ws/b")
     pid = stalled["runtimePid"]
-    os.kill(pid, signal.SIGSTOP)
+    stop(pid)  # stopped before its stdin is filled: a server still running drains some of it
     try:
         assert _fill_stdin(pid) > 0
         # The link thread declines it (its write would block): a lane's thread blocks instead.

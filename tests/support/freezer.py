@@ -5,6 +5,8 @@ a liveness request can tell."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import time
 import uuid
 from collections.abc import Iterable, Iterator
@@ -62,3 +64,13 @@ def running(pid: int) -> bool:
     except OSError:
         return False
     return state != "Z"
+
+
+def stop(pid: int, timeout: float = 30.0) -> None:
+    """SIGSTOP `pid` and return once it is stopped (`kill` returns before the signal lands: a
+    process still running may read its stdin meanwhile)."""
+    os.kill(pid, signal.SIGSTOP)
+    deadline = time.monotonic() + timeout
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
+        assert time.monotonic() < deadline, f"{pid} never stopped"
+        time.sleep(0.005)
