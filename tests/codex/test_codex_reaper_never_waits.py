@@ -23,7 +23,7 @@ from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
 from tests.support.daemon import wait_for
-from tests.support.freezer import freeze, freezer_group, running, thaw
+from tests.support.freezer import freeze, freezer_group, release, running, thaw
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -102,12 +102,7 @@ def _stuck_writer_then_killed(tmp_path: Path, log: EventLog, group: Path | None)
             assert not writer.is_alive() and len(closed) == 1
         finally:
             gate.set()
-            if group is not None:
-                with contextlib.suppress(OSError):
-                    thaw(group)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            release(group, pids)
             driver.close()
 
 
@@ -202,11 +197,7 @@ def test_a_turn_start_stuck_on_a_frozen_app_servers_stdin_fails_unresponsive(
             assert not starter.is_alive() and len(failed) == 1
             assert PROBE in str(failed[0]), failed
         finally:
-            with contextlib.suppress(OSError):
-                thaw(group)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            release(group, pids)
             driver.close()
 
 

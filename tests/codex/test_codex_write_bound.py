@@ -7,9 +7,6 @@ Turn runs on a new app-server."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -23,7 +20,7 @@ from drivers.failpoints import Failpoints
 from drivers.liveness import PROVIDER_UNRESPONSIVE
 from model_fakes.responses import ResponsesServer
 from tests.support.daemon import wait_for
-from tests.support.freezer import freeze, freezer_group, running, thaw
+from tests.support.freezer import freeze, freezer_group, release, running, thaw
 
 pytestmark = [pytest.mark.timeout(120)]
 
@@ -84,9 +81,5 @@ def test_writes_to_a_frozen_idle_app_server_fail_unresponsive_and_the_next_turn_
             run_turns(driver, log, "s", ("after",))
             assert session.runtime is not None and session.runtime.proc.pid != old_pid
         finally:
-            with contextlib.suppress(OSError):
-                thaw(group)
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(pid, signal.SIGKILL)
+            release(group, pids)
             driver.close()

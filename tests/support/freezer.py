@@ -74,3 +74,13 @@ def stop(pid: int, timeout: float = 30.0) -> None:
     while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in ("T", "t"):
         assert time.monotonic() < deadline, f"{pid} never stopped"
         time.sleep(0.005)
+
+
+def release(group: Path | None, pids: Iterable[int]) -> None:
+    """A test's clean-up: `group` thawed (if any) and every one of `pids` SIGKILLed."""
+    if group is not None:
+        with contextlib.suppress(OSError):
+            thaw(group)
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
