@@ -728,12 +728,14 @@ def _provider_config(
 ) -> dict[str, dict[str, Any]]:
     """Each provider's table (with the home's installs), plus the worker's limit for a provider
     fork call (the host's fork deadline is derived from it, so the worker always decides
-    first) and how long a provider process may stay stopped (or silent) during a Turn."""
+    first), how long a provider process may stay stopped (or silent) during a Turn, and how
+    long an app-server's write may take no byte."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
     for provider in ("tutti-agent", "codex"):
         table = out.setdefault(provider, {})
         table.setdefault("fork_timeout_s", cfg.fork_provider_call_s)
         table.setdefault("stopped_limit_s", cfg.provider_stopped_s)
+        table.setdefault("write_limit_s", cfg.provider_write_s)
     out.setdefault("claude-code", {}).setdefault("stopped_limit_s", cfg.provider_stopped_s)
     return out
 
