@@ -359,12 +359,19 @@ class DirectoryLocks:
     def clear_stale_once(self, shadow: ShadowStore, cwd: str) -> None:
         """The first time this daemon works on `cwd`'s store (holding its lock): remove the
         lock files a killed daemon left, which git would refuse to write past. Nothing else
-        writes there: the daemon holds its home and serialises each directory's work."""
+        writes there: the daemon holds its home and serialises each directory's work — but
+        for a git that daemon left that outlived its kill at start, whose lock files stay
+        until it is gone (asked again at each job until then)."""
         with self._guard:
             first = cwd not in self._cleared
             self._cleared.add(cwd)
-        if first:
-            shadow.clear_stale_locks(Path(cwd))
+        if not first:
+            return
+        if shadow.left_git_in(Path(cwd)):
+            with self._guard:
+                self._cleared.discard(cwd)
+            return
+        shadow.clear_stale_locks(Path(cwd))
 
     @contextlib.contextmanager
     def held(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:

@@ -113,6 +113,14 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key(
         "daemon",
+        "provider_write_seconds",
+        Number(0.1, 86_400.0, "seconds"),
+        None,
+        "a write to an app-server (Codex, tutti-agent) that takes no byte this long kills it; "
+        "default: twice `provider_stopped_seconds`",
+    ),
+    Key(
+        "daemon",
         "turn_interrupt_seconds",
         Number(0.1, 3600.0, "seconds"),
         10.0,
@@ -397,6 +405,13 @@ class Config:
     @property
     def provider_stopped_s(self) -> float:
         return float(self.get("daemon", "provider_stopped_seconds"))
+
+    @property
+    def provider_write_s(self) -> float:
+        """Twice `provider_stopped_seconds` unless given: a busy server's liveness check (the
+        stopped limit after its first unanswered request) then names a wedged one first."""
+        value = self.get("daemon", "provider_write_seconds")
+        return 2 * self.provider_stopped_s if value is None else float(value)
 
     @property
     def turn_interrupt_s(self) -> float:

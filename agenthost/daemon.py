@@ -75,7 +75,7 @@ from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
 from transport.security import needs_curve
 from transport.server import ApiServer
-from workspace.git import kill_left_gits
+from workspace.git import LeftGits, kill_left_gits
 from workspace.shadow import ShadowStore
 from workspace.worktree import ForkTrees
 
@@ -141,8 +141,9 @@ class Daemon:
         self.stop_requested = threading.Event()
         """Set when the daemon cannot go on serving its home (`serve` then stops it)."""
         self.run_dir_restored = 0
-        self.left_gits = (0, 0)
-        """(killed, still alive) of the gits a previous daemon on the home left running."""
+        self.left_gits = LeftGits()
+        """The gits a previous daemon on the home left that outlived their kill at start,
+        watched until gone (`host.status` → `leftGits`)."""
         self._closing = threading.Event()
         self._keeper: threading.Thread | None = None
         self._run_id: tuple[int, int] | None = None
@@ -166,12 +167,17 @@ class Daemon:
         self._home_lock = acquire_home(cfg.home)
         # A git a killed daemon left (its own session: not killed with it) may still hold
         # lock files and write in a shadow repository: it dies before any git runs here, so
-        # `clear_stale_once` removes only lock files nothing writes behind.
-        self.left_gits = kill_left_gits(cfg.checkpoints_dir, cfg.checkpoint_long_timeout_s)
-        if self.left_gits[0]:
+        # `clear_stale_once` removes only lock files nothing writes behind. One that outlives
+        # the wait (in the kernel on a stalled disk) keeps its repository's lock files until
+        # its pidfd says it is gone: that folder's checkpoints are `unavailable` meanwhile.
+        killed, self.left_gits = kill_left_gits(cfg.checkpoints_dir, cfg.checkpoint_long_timeout_s)
+        if killed:
+            alive = self.left_gits.alive()
             log.warning(
-                "killed %d git process(es) a previous daemon left (%d still alive)",
-                *self.left_gits,
+                "killed %d git process(es) a previous daemon left (%d still alive%s)",
+                killed,
+                len(alive),
+                f": pids {[g.pid for g in alive]}, their lock files kept" if alive else "",
             )
         make_private_dir(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
@@ -200,6 +206,7 @@ class Daemon:
             size_limit=cfg.checkpoint_max_file_bytes,
             timeout_s=cfg.checkpoint_timeout_s,
             long_timeout_s=cfg.checkpoint_long_timeout_s,
+            left_gits=self.left_gits,
         )
         # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
@@ -561,6 +568,7 @@ class Daemon:
             self.api.close()
         if getattr(self, "supervisor", None) is not None:
             self.supervisor.close()
+        self.left_gits.close()
         self._events.put(None)
         if self._event_thread is not None:
             self._event_thread.join(5)
@@ -658,6 +666,9 @@ class Daemon:
             # The log's queue (`agenthost serve`): lines dropped because it was full (a stderr
             # nobody reads), queued now, its capacity; null when the daemon logs otherwise.
             "log": log_queue.status(),
+            # The gits a killed daemon left that outlived their kill at this start, still
+            # alive: their shadow repositories' lock files are kept until they are gone.
+            "leftGits": self.left_gits.status(),
         }
 
     def _checkpoint_status(self, late: list[str]) -> dict[str, Any]:
@@ -728,12 +739,14 @@ def _provider_config(
 ) -> dict[str, dict[str, Any]]:
     """Each provider's table (with the home's installs), plus the worker's limit for a provider
     fork call (the host's fork deadline is derived from it, so the worker always decides
-    first) and how long a provider process may stay stopped (or silent) during a Turn."""
+    first), how long a provider process may stay stopped (or silent) during a Turn, and how
+    long an app-server's write may take no byte."""
     out: dict[str, dict[str, Any]] = {k: dict(v) for k, v in providers.items()}
     for provider in ("tutti-agent", "codex"):
         table = out.setdefault(provider, {})
         table.setdefault("fork_timeout_s", cfg.fork_provider_call_s)
         table.setdefault("stopped_limit_s", cfg.provider_stopped_s)
+        table.setdefault("write_limit_s", cfg.provider_write_s)
     out.setdefault("claude-code", {}).setdefault("stopped_limit_s", cfg.provider_stopped_s)
     return out
 

@@ -8,7 +8,9 @@ a request's reader, a Session's actor, `host.status`'s — and, behind the handl
 other thread's that logged after it: the daemon answered nothing. Now a thread that logs only
 formats the line and queues it; a line that finds the queue full is dropped and counted
 (`host.status` → `log: {dropped, queued, capacity}`, an extension). A SIGKILL loses the lines
-still queued; a clean stop writes them first, for a bounded time (`stop`).
+still queued; a clean stop writes them first, for a bounded time (`stop`). An exception nothing
+caught (in a thread, on the main thread, or "ignored" in a `__del__` or a callback) is logged
+the same way while the queue is installed, never printed to stderr by Python's default hooks.
 """
 
 from __future__ import annotations
@@ -16,7 +18,9 @@ from __future__ import annotations
 import logging
 import logging.handlers
 import queue
+import sys
 import threading
+from types import TracebackType
 from typing import IO, Any
 
 CAPACITY = 1024
@@ -55,6 +59,7 @@ class LogQueue:
         self.writer.setFormatter(logging.Formatter(FORMAT))
         self.handler = _Dropping(self)
         self._thread = threading.Thread(target=self._drain, name="agenthost-log", daemon=True)
+        self._hooks: _Hooks | None = None
 
     def count_dropped(self) -> None:
         with self._lock:
@@ -72,6 +77,9 @@ class LogQueue:
         still unread keeps the rest); whether all was written. Lines logged after it go
         to the logging module's last resort (warnings and worse, to stderr)."""
         logging.getLogger().removeHandler(self.handler)
+        if self._hooks is not None:
+            self._hooks.restore()
+            self._hooks = None
         if self in _INSTALLED:
             _INSTALLED.remove(self)
         self.queue.put(None)
@@ -84,6 +92,65 @@ class LogQueue:
 
 _INSTALLED: list[LogQueue] = []
 
+_uncaught = logging.getLogger("agenthost.uncaught")
+
+ExcInfo = tuple[type[BaseException], BaseException, TracebackType | None]
+
+
+def _exc_info(
+    kind: type[BaseException], value: BaseException | None, tb: TracebackType | None
+) -> ExcInfo | None:
+    return None if value is None else (kind, value, tb)
+
+
+def _log_thread_exception(args: threading.ExceptHookArgs) -> None:
+    # Python's own hook writes to stderr from the raising thread: on a pipe nobody reads, that
+    # thread waited for good, holding stderr's buffer lock.
+    if args.exc_type is SystemExit:  # a thread's SystemExit ends it silently, as by default
+        return
+    name = args.thread.name if args.thread is not None else "?"
+    info = _exc_info(args.exc_type, args.exc_value, args.exc_traceback)
+    _uncaught.error("uncaught exception in thread %s", name, exc_info=info)
+
+
+def _log_exception(
+    kind: type[BaseException], value: BaseException, tb: TracebackType | None
+) -> None:
+    _uncaught.error("uncaught exception", exc_info=(kind, value, tb))
+
+
+def _log_unraisable(args: sys.UnraisableHookArgs) -> None:
+    try:
+        where = repr(args.object) if args.object is not None else ""
+    except Exception:  # noqa: BLE001 - a repr that raises must not hide the exception
+        where = f"<{type(args.object).__name__} object>"
+    message = args.err_msg or "Exception ignored in"
+    info = _exc_info(args.exc_type, args.exc_value, args.exc_traceback)
+    _uncaught.error("%s: %s", message, where, exc_info=info)
+
+
+class _Hooks:
+    """Python's three hooks for an exception nothing caught, pointed at the log while a
+    `LogQueue` is installed; the ones found are put back at its stop."""
+
+    def __init__(self) -> None:
+        self._thread = threading.excepthook
+        self._sys = sys.excepthook
+        self._unraisable = sys.unraisablehook
+
+    @classmethod
+    def route(cls) -> _Hooks:
+        saved = cls()
+        threading.excepthook = _log_thread_exception
+        sys.excepthook = _log_exception
+        sys.unraisablehook = _log_unraisable
+        return saved
+
+    def restore(self) -> None:
+        threading.excepthook = self._thread
+        sys.excepthook = self._sys
+        sys.unraisablehook = self._unraisable
+
 
 def install(stream: IO[str], level: int) -> LogQueue:
     """The root logger's one handler: a `LogQueue` on `stream` (what `logging.basicConfig`
@@ -92,6 +159,7 @@ def install(stream: IO[str], level: int) -> LogQueue:
     root = logging.getLogger()
     root.setLevel(level)
     root.addHandler(sink.handler)
+    sink._hooks = _Hooks.route()
     sink.start()
     _INSTALLED.append(sink)
     return sink

@@ -93,6 +93,9 @@ class HostStatusResult(TypedDict):
     log: NotRequired[JsonObject | None]
     """`agenthost serve`'s log queue, `{dropped, queued, capacity}`; null when the daemon
     logs otherwise (in-process)."""
+    leftGits: NotRequired[JsonObject]
+    """The gits a killed daemon left that outlived their kill at this start, still alive:
+    `{alive, pids, repositories}`; their repositories' lock files are kept until they are gone."""
 
 
 class SessionCreateParams(WorkspaceParams):

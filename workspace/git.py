@@ -15,10 +15,12 @@ import select
 import shutil
 import signal
 import subprocess
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from time import monotonic
+from typing import Any
 
 
 class GitUnavailable(Exception):
@@ -174,44 +176,100 @@ def gits_of(home: Path) -> list[int]:
     """The processes running with `home` as their HOME: every git a `Git(home)` ran and what
     it started (each inherits the environment), here or of an earlier daemon on the same home."""
     found = _open_gits_of(home)
-    for _, fd in found:
+    for _, fd, _ in found:
         os.close(fd)
-    return [pid for pid, _ in found]
+    return [pid for pid, _, _ in found]
 
 
-def kill_left_gits(home: Path, wait_s: float) -> tuple[int, int]:
+@dataclass(frozen=True, slots=True)
+class LeftGit:
+    """A git a killed daemon left that outlived its kill at start: its pid, its pidfd (readable
+    once it is gone) and the repository it works in (`GIT_DIR`; None: unknown, so any)."""
+
+    pid: int
+    pidfd: int
+    git_dir: str | None
+
+
+class LeftGits:
+    """The left gits still alive after `kill_left_gits`'s wait, watched by their pidfds: the
+    lock files of a repository one of them works in are its own, held while it lives, and are
+    not removed until it is gone (`holds`). Each is forgotten, its pidfd closed, once gone."""
+
+    def __init__(self, gits: Sequence[LeftGit] = ()) -> None:
+        self._gits = list(gits)
+        self._lock = threading.Lock()
+
+    def alive(self) -> list[LeftGit]:
+        """Those still alive now (a poll of each pidfd, no wait)."""
+        with self._lock:
+            if self._gits:
+                ready = select.select([g.pidfd for g in self._gits], [], [], 0)[0]
+                for git in [g for g in self._gits if g.pidfd in ready]:
+                    self._gits.remove(git)
+                    os.close(git.pidfd)
+            return list(self._gits)
+
+    def holds(self, repo: Path) -> bool:
+        """Whether a left git still alive may write in `repo` (one whose `GIT_DIR` is
+        unknown may write in any)."""
+        real = os.path.realpath(repo)
+        return any(g.git_dir is None or os.path.realpath(g.git_dir) == real for g in self.alive())
+
+    def status(self) -> dict[str, Any]:
+        """`host.status` → `leftGits`: how many live on, their pids and repositories."""
+        alive = self.alive()
+        return {
+            "alive": len(alive),
+            "pids": [g.pid for g in alive],
+            "repositories": sorted({g.git_dir or "?" for g in alive}),
+        }
+
+    def close(self) -> None:
+        with self._lock:
+            for git in self._gits:
+                os.close(git.pidfd)
+            self._gits.clear()
+
+
+def kill_left_gits(home: Path, wait_s: float) -> tuple[int, LeftGits]:
     """Kill every process left running with `home` as its HOME (`gits_of`): a git of a daemon
     that was killed, still holding its lock files and maybe still writing in a shadow
     repository. Called at start-up, once the home is held and before anything runs git, so
     the lock files `clear_stale_once` removes have no writer any more. Each is addressed by a
     pidfd opened before its environment is read (a reused pid is never signalled), and
     waited for up to `wait_s` (a process in the kernel on a stalled disk dies when that ends).
-    Returns (killed, still alive after `wait_s`)."""
+    Returns how many were killed and those still alive after `wait_s`, watched (`LeftGits`:
+    their repositories' lock files stay until they are gone)."""
     found = _open_gits_of(home)
+    kept: list[LeftGit] = []
     try:
-        for _, fd in found:
+        for _, fd, _ in found:
             with contextlib.suppress(ProcessLookupError):
                 signal.pidfd_send_signal(fd, signal.SIGKILL)
         poll = select.poll()
-        for _, fd in found:
+        for _, fd, _ in found:
             poll.register(fd, select.POLLIN)
-        alive = {fd for _, fd in found}
+        alive = {fd for _, fd, _ in found}
         deadline = monotonic() + wait_s
         while alive and (left := deadline - monotonic()) > 0:
             for fd, _ in poll.poll(left * 1000):
                 alive.discard(fd)
                 poll.unregister(fd)
-        return len(found), len(alive)
+        kept = [LeftGit(pid, fd, git_dir) for pid, fd, git_dir in found if fd in alive]
+        return len(found), LeftGits(kept)
     finally:
-        for _, fd in found:
-            os.close(fd)
+        for _, fd, _ in found:
+            if not any(g.pidfd == fd for g in kept):
+                os.close(fd)
 
 
-def _open_gits_of(home: Path) -> list[tuple[int, int]]:
-    """(pid, pidfd) of each live process whose environment has HOME=`home` (not this one)."""
+def _open_gits_of(home: Path) -> list[tuple[int, int, str | None]]:
+    """(pid, pidfd, GIT_DIR or None) of each live process whose environment has
+    HOME=`home` (not this one)."""
     want = b"HOME=" + os.fsencode(home)
     me = os.getpid()
-    found: list[tuple[int, int]] = []
+    found: list[tuple[int, int, str | None]] = []
     for name in os.listdir("/proc"):
         if not name.isdigit() or int(name) == me:
             continue
@@ -226,8 +284,10 @@ def _open_gits_of(home: Path) -> list[tuple[int, int]]:
         except OSError:
             env = b""  # gone, or not ours to read (another user's)
         # Read while the pidfd's process lived: the environment was its own, not a reuser's.
-        if want in env.split(b"\0") and not select.select([fd], [], [], 0)[0]:
-            found.append((pid, fd))
+        entries = env.split(b"\0")
+        if want in entries and not select.select([fd], [], [], 0)[0]:
+            dirs = [e[len(b"GIT_DIR=") :] for e in entries if e.startswith(b"GIT_DIR=")]
+            found.append((pid, fd, os.fsdecode(dirs[0]) if dirs else None))
         else:
             os.close(fd)
     return found

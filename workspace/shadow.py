@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from workspace.git import Git, GitUnavailable
+from workspace.git import Git, GitUnavailable, LeftGits
 
 DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".git/",
@@ -359,8 +359,11 @@ class ShadowStore:
         size_limit: int = DEFAULT_SIZE_LIMIT,
         timeout_s: float = 5.0,
         long_timeout_s: float = LONG_TIMEOUT_S,
+        left_gits: LeftGits | None = None,
     ) -> None:
         self.root = root
+        # A killed daemon's gits that outlived their kill at start: their lock files stay.
+        self.left_gits = left_gits
         self.excludes = tuple(excludes)
         self.size_limit = size_limit
         self.timeout_s = timeout_s
@@ -460,11 +463,19 @@ class ShadowStore:
         """Remove the lock files (and restore indexes) a killed process left in `cwd`'s shadow
         repository; git refuses to write past them. Only for a caller that knows nothing else
         works on that repository now (the daemon holds its home, and serialises each
-        directory's work); returns how many were removed."""
+        directory's work); returns how many were removed: none while a left git still alive
+        works there (`left_git_in`), whose lock files they are."""
         return self._clear_locks(self.repo_dir(cwd))
 
-    @staticmethod
-    def _clear_locks(repo: Path) -> int:
+    def left_git_in(self, cwd: Path) -> bool:
+        """Whether a git a killed daemon left, still alive, may write in `cwd`'s shadow
+        repository: its lock files are its own while it lives (`clear_stale_locks` keeps them,
+        and git refuses to write past them: that folder's checkpoints are `unavailable`)."""
+        return self.left_gits is not None and self.left_gits.holds(self.repo_dir(cwd))
+
+    def _clear_locks(self, repo: Path) -> int:
+        if self.left_gits is not None and self.left_gits.holds(repo):
+            return 0
         try:
             top = os.listdir(repo)
         except OSError:

@@ -264,3 +264,51 @@ def test_a_key_in_a_readable_file_is_refused(tmp_path: Path) -> None:
     assert "must be 0600" in str(err.value) and "sk-secret-value" not in str(err.value)
     os.chmod(path, 0o600)
     assert load_config(tmp_path).providers["codex"]["api_key"] == "sk-secret-value"
+
+
+def _worker_config(daemon_pid: int, provider: str) -> dict[str, Any]:
+    """The provider table the daemon handed its running `provider` worker (its environment)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"drivers.worker" not in argv or provider.encode() not in argv:
+            continue
+        env = dict(item.decode().partition("=")[::2] for item in environ if b"=" in item)
+        if env.get("AGENTHOST_WORKER_PARENT_PID") == str(daemon_pid):
+            return dict(json.loads(env["AGENTHOST_PROVIDER_CONFIG"]))
+    raise AssertionError(f"no {provider} worker of {daemon_pid}")
+
+
+@pytest.mark.parametrize(
+    ("keys", "limit"),
+    [("provider_write_seconds = 7\n", 7.0), ("provider_stopped_seconds = 3\n", 6.0)],
+    ids=["given", "twice-the-stopped-limit"],
+)
+def test_provider_write_seconds_reaches_the_app_server_driver(
+    tmp_path: Path, keys: str, limit: float
+) -> None:
+    from drivers.failpoints import Failpoints
+    from drivers.tutti_agent import create_driver
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[daemon]\n" + keys)
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client()
+        run_turn(client, create_session(client)["agentSessionId"], "hello")
+        assert daemon.proc is not None
+        config = _worker_config(daemon.proc.pid, "tutti-agent")
+        assert config["write_limit_s"] == limit
+        driver = create_driver(config, Failpoints())
+        try:
+            assert driver.write_limit == limit
+        finally:
+            driver.close()
+    finally:
+        daemon.stop()

@@ -1,17 +1,20 @@
 """`agenthost serve`'s log queue on a real pipe: a line logged while the pipe is full is queued,
 not waited on; a clean stop writes what is queued once the pipe is read again, and a stop on
-a pipe nobody reads returns within its bound."""
+a pipe nobody reads returns within its bound. While installed, an exception nothing caught
+(a thread's, the main thread's, one raised in a `__del__`) is a line of the log."""
 
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
+import sys
 import threading
 from collections.abc import Iterator
 
 import pytest
 
+from agenthost import log_queue
 from agenthost.log_queue import LogQueue
 
 pytestmark = pytest.mark.timeout(60)
@@ -84,3 +87,46 @@ def test_a_stop_on_a_stream_nobody_reads_returns_within_its_bound(pipe: tuple[in
     stream.close()
     os.close(write)
     reader.join(10)
+
+
+class _RaisesInDel:
+    def __del__(self) -> None:
+        raise ValueError("raised in __del__")
+
+
+def test_an_installed_queue_logs_exceptions_nothing_caught_and_its_stop_puts_the_hooks_back(
+    pipe: tuple[int, int],
+) -> None:
+    read, write = pipe
+    stream = os.fdopen(os.dup(write), "w")
+    found = (threading.excepthook, sys.excepthook, sys.unraisablehook)
+    root = logging.getLogger()
+    level = root.level
+    sink = log_queue.install(stream, logging.INFO)
+    try:
+        # The writer is held by the full pipe: what these queue stays in the queue, readable.
+        logging.getLogger("agenthost.probe").info("first line: the writer takes it")
+        thread = threading.Thread(target=lambda: 1 / 0, name="probe-raises")
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+        _RaisesInDel()  # dropped at once: its __del__'s error goes to sys.unraisablehook
+        sys.excepthook(KeyError, KeyError("on the main thread"), None)
+        lines = []
+        while len(lines) < 3:
+            record = sink.queue.get(timeout=10)
+            assert record is not None
+            if record.name == "agenthost.uncaught":
+                lines.append(record.getMessage())
+        assert "uncaught exception in thread probe-raises" in lines[0]
+        assert "ZeroDivisionError" in lines[0]
+        assert "raised in __del__" in lines[1]
+        assert "KeyError: 'on the main thread'" in lines[2]
+    finally:
+        os.set_blocking(read, False)
+        with contextlib.suppress(BlockingIOError):  # the pipe read: the writer ends its line
+            while os.read(read, 1 << 16):
+                pass
+        sink.stop(10)
+        root.setLevel(level)
+    assert (threading.excepthook, sys.excepthook, sys.unraisablehook) == found
