@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks
+from model_fakes.http import FakeModelServer, ModelHandler, chunks, sse_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,7 +200,9 @@ class MessagesServer(FakeModelServer[Reply]):
                 msg = _message_object(body, reply)
                 if body.get("stream") and server.gate is not None:
                     events = _stream_events(msg, reply)
-                    self.send_sse_live(events, hold_after=server.hold_after, gate=server.gate)
+                    self.send_stream_live(
+                        sse_frames(events), hold_after=server.hold_after, gate=server.gate
+                    )
                 elif body.get("stream"):
                     self.send_sse(_stream_events(msg, reply))
                 else:

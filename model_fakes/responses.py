@@ -18,7 +18,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
+from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of, sse_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +180,9 @@ class ResponsesServer(FakeModelServer[Reply]):
                     gate, drip, hold = server.gate, server.drip_s, server.hold_after
 
                     def send(events: Sequence[tuple[str, dict[str, Any]]]) -> None:
-                        self.send_sse_live(events, hold_after=hold, gate=gate, delay_s=drip)
+                        self.send_stream_live(
+                            sse_frames(events), hold_after=hold, gate=gate, delay_s=drip
+                        )
 
                 send(
                     [
