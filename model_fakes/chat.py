@@ -16,7 +16,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
+from model_fakes.http import INVALID_API_KEY, FakeModelServer, ModelHandler, chunks, last_text_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,21 +85,19 @@ class ChatServer(FakeModelServer[ChatReply]):
 
         class Handler(ModelHandler):
             def do_GET(self) -> None:  # noqa: N802
-                server.record(f"GET {self.path}", None)
                 if self.route().endswith("/models"):
-                    self.send_json(200, {"object": "list", "data": [{"id": "mock-model"}]})
+                    listing = {"object": "list", "data": [{"id": "mock-model"}]}
+                    self.answer(server, 200, listing)
                     return
-                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                self.answer(server, 404, self.no_route())
 
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.read_raw_body()
                 if not self.route().endswith("/chat/completions"):
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                    self.answer(server, 404, self.no_route())
                     return
                 if not server.authorized(self):
-                    server.record(f"POST {self.path} 401", None)
-                    self.send_unauthorized()
+                    self.answer(server, 401, INVALID_API_KEY, seen=" 401")
                     return
                 body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 server.record(f"POST {self.path}", body)

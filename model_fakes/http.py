@@ -43,6 +43,16 @@ def chunks(text: str, size: int = 4) -> list[str]:
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
 
 
+INVALID_API_KEY = {
+    "error": {
+        "message": "Incorrect API key provided",
+        "type": "invalid_request_error",
+        "code": "invalid_api_key",
+    }
+}
+"""The OpenAI APIs' 401 body for a missing or wrong key."""
+
+
 class ModelHandler(BaseHTTPRequestHandler):
     """Quiet handler with JSON and SSE senders; a client that hung up is not an error."""
 
@@ -87,18 +97,16 @@ class ModelHandler(BaseHTTPRequestHandler):
                 self.wfile.write(frame.encode())
                 self.wfile.flush()
 
-    def send_unauthorized(self, payload: dict[str, Any] | None = None) -> None:
-        self.send_json(
-            401,
-            payload
-            or {
-                "error": {
-                    "message": "Incorrect API key provided",
-                    "type": "invalid_request_error",
-                    "code": "invalid_api_key",
-                }
-            },
-        )
+    def answer(
+        self, server: FakeModelServer[Any], status: int, payload: Any, *, seen: str = ""
+    ) -> None:
+        """Answer with JSON a request that is not a model request (a probe, a refusal): it is
+        recorded as `METHOD path` (and `seen`, e.g. " 401"), its body is not kept."""
+        server.record(f"{self.command} {self.path}{seen}", None)
+        self.send_json(status, payload)
+
+    def no_route(self) -> dict[str, Any]:
+        return {"error": {"message": f"no route {self.path}"}}
 
     def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
         self.send_stream(sse_frames(events))
