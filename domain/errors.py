@@ -247,9 +247,9 @@ class ProviderError(HostError):
 
 
 class RuntimeChanged(ProviderError):
-    """A worker refused a request that named the runtime generation the host prepared (issue
-    20), because another runtime (or none) is live by now; nothing reached the provider, so
-    the host may prepare the runtime and send the request once more."""
+    """A worker refused a request that named the runtime generation the host prepared,
+    because another runtime (or none) is live by now; nothing reached the provider, so the
+    host may prepare the runtime and send the request once more."""
 
     default_reason = "runtime_changed"
 
