@@ -70,6 +70,12 @@ class HostError(Exception):
     default_reason: ClassVar[str] = "internal_error"
     retryable: ClassVar[bool] = False
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        # A class names its `code` alone; its status comes from the one table, so the two
+        # cannot disagree (an unknown code fails at import).
+        cls.status = STATUS_BY_CODE[cls.code]
+
     def __init__(
         self, message: str, *, reason: str | None = None, params: dict[str, Any] | None = None
     ) -> None:
@@ -90,7 +96,6 @@ class HostError(Exception):
 
 class InvalidRequest(HostError):
     code = "invalid_request"
-    status = STATUS_BY_CODE[code]
     default_reason = "invalid_argument"
 
 
@@ -103,7 +108,6 @@ class InvalidArgument(InvalidRequest):
 
 class NotFound(HostError):
     code = "not_found"
-    status = STATUS_BY_CODE[code]
     default_reason = "workspace_agent_session_not_found"
 
 
@@ -121,7 +125,6 @@ class TurnNotFound(NotFound):
 
 class Conflict(HostError):
     code = "conflict"
-    status = STATUS_BY_CODE[code]
     default_reason = "conflict"
 
 
@@ -235,27 +238,24 @@ class InvalidTransition(Conflict):
 
 class PayloadTooLarge(HostError):
     code = "payload_too_large"
-    status = STATUS_BY_CODE[code]
     default_reason = "payload_too_large"
 
 
 class ProviderError(HostError):
     code = "provider_error"
-    status = STATUS_BY_CODE[code]
     default_reason = "provider_error"
 
 
 class RuntimeChanged(ProviderError):
-    """A worker refused a request that named the runtime generation the host prepared (issue
-    20), because another runtime (or none) is live by now; nothing reached the provider, so
-    the host may prepare the runtime and send the request once more."""
+    """A worker refused a request that named the runtime generation the host prepared,
+    because another runtime (or none) is live by now; nothing reached the provider, so the
+    host may prepare the runtime and send the request once more."""
 
     default_reason = "runtime_changed"
 
 
 class Unavailable(HostError):
     code = "unavailable"
-    status = STATUS_BY_CODE[code]
     default_reason = "overloaded"
     retryable = True
 

@@ -6,7 +6,6 @@ speak): `POST /v1/chat/completions` streamed as `chat.completion.chunk` SSE endi
 
 from __future__ import annotations
 
-import contextlib
 import json
 import threading
 import time
@@ -17,7 +16,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
+from model_fakes.http import INVALID_API_KEY, FakeModelServer, ModelHandler, chunks, last_text_of
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,21 +85,19 @@ class ChatServer(FakeModelServer[ChatReply]):
 
         class Handler(ModelHandler):
             def do_GET(self) -> None:  # noqa: N802
-                server.record(f"GET {self.path}", None)
                 if self.route().endswith("/models"):
-                    self.send_json(200, {"object": "list", "data": [{"id": "mock-model"}]})
+                    listing = {"object": "list", "data": [{"id": "mock-model"}]}
+                    self.answer(server, 200, listing)
                     return
-                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                self.answer(server, 404, self.no_route())
 
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.read_raw_body()
                 if not self.route().endswith("/chat/completions"):
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                    self.answer(server, 404, self.no_route())
                     return
                 if not server.authorized(self):
-                    server.record(f"POST {self.path} 401", None)
-                    self.send_unauthorized()
+                    self.answer(server, 401, INVALID_API_KEY, seen=" 401")
                     return
                 body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 server.record(f"POST {self.path}", body)
@@ -108,31 +105,13 @@ class ChatServer(FakeModelServer[ChatReply]):
                 self.send_chunks(_chunks(body, reply))
 
             def send_chunks(self, payloads: list[dict[str, Any]]) -> None:
+                """The payloads as `data:` frames ending in `data: [DONE]`; with a gate, one at
+                a time, waiting for it before frame `hold_after`."""
+                frames = [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
                 if server.gate is not None:
-                    self.send_chunks_live(payloads, server.gate, server.hold_after)
+                    self.send_stream_live(frames, hold_after=server.hold_after, gate=server.gate)
                     return
-                data = "".join(f"data: {json.dumps(p)}\n\n" for p in payloads)
-                data += "data: [DONE]\n\n"
-                self._send(200, "text/event-stream", data.encode(), cache=False)
-
-            def send_chunks_live(
-                self, payloads: list[dict[str, Any]], gate: threading.Event, hold_after: int
-            ) -> None:
-                """One chunk at a time (the connection closes at the end), waiting for `gate`
-                before chunk `hold_after`."""
-                self.send_response(200)
-                self.send_header("Content-Type", "text/event-stream")
-                self.send_header("Cache-Control", "no-cache")
-                self.send_header("Connection", "close")
-                self.end_headers()
-                self.close_connection = True
-                lines = [f"data: {json.dumps(p)}\n\n" for p in payloads] + ["data: [DONE]\n\n"]
-                with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-                    for index, line in enumerate(lines):
-                        if index == hold_after:
-                            gate.wait(60)
-                        self.wfile.write(line.encode())
-                        self.wfile.flush()
+                self.send_stream(frames)
 
         return Handler
 

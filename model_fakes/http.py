@@ -33,9 +33,24 @@ def last_text_of(conversation: Sequence[tuple[str, str]], role: str = "user") ->
     return ""
 
 
+def sse_frames(events: Sequence[tuple[str, dict[str, Any]]]) -> list[str]:
+    """Named SSE events as frames (`event:` and `data:` lines) for `send_stream[_live]`."""
+    return [f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events]
+
+
 def chunks(text: str, size: int = 4) -> list[str]:
     """A reply split the way a model streams it (several deltas, never empty)."""
     return [text[i : i + size] for i in range(0, len(text), size)] or [""]
+
+
+INVALID_API_KEY = {
+    "error": {
+        "message": "Incorrect API key provided",
+        "type": "invalid_request_error",
+        "code": "invalid_api_key",
+    }
+}
+"""The OpenAI APIs' 401 body for a missing or wrong key."""
 
 
 class ModelHandler(BaseHTTPRequestHandler):
@@ -55,16 +70,16 @@ class ModelHandler(BaseHTTPRequestHandler):
     def send_json(self, status: int, obj: Any) -> None:
         self._send(status, "application/json", json.dumps(obj).encode())
 
-    def send_sse_live(
+    def send_stream_live(
         self,
-        events: Sequence[tuple[str, dict[str, Any]]],
+        frames: Sequence[str],
         *,
         hold_after: int = -1,
         gate: threading.Event | None = None,
         timeout: float = 60.0,
         delay_s: float = 0.0,
     ) -> None:
-        """Stream events one by one (no Content-Length; the connection closes at the end),
+        """Stream SSE frames one by one (no Content-Length; the connection closes at the end),
         holding after the first `hold_after` until `gate` is set: a client can be seen
         showing a reply while the model is still producing it."""
         self.send_response(200)
@@ -74,30 +89,31 @@ class ModelHandler(BaseHTTPRequestHandler):
         self.end_headers()
         self.close_connection = True
         with contextlib.suppress(BrokenPipeError, ConnectionResetError):
-            for index, (name, data) in enumerate(events):
+            for index, frame in enumerate(frames):
                 if index == hold_after and gate is not None:
                     gate.wait(timeout)
                 if delay_s and index:
                     time.sleep(delay_s)  # a model that drips its reply
-                self.wfile.write(f"event: {name}\ndata: {json.dumps(data)}\n\n".encode())
+                self.wfile.write(frame.encode())
                 self.wfile.flush()
 
-    def send_unauthorized(self, payload: dict[str, Any] | None = None) -> None:
-        self.send_json(
-            401,
-            payload
-            or {
-                "error": {
-                    "message": "Incorrect API key provided",
-                    "type": "invalid_request_error",
-                    "code": "invalid_api_key",
-                }
-            },
-        )
+    def answer(
+        self, server: FakeModelServer[Any], status: int, payload: Any, *, seen: str = ""
+    ) -> None:
+        """Answer with JSON a request that is not a model request (a probe, a refusal): it is
+        recorded as `METHOD path` (and `seen`, e.g. " 401"), its body is not kept."""
+        server.record(f"{self.command} {self.path}{seen}", None)
+        self.send_json(status, payload)
+
+    def no_route(self) -> dict[str, Any]:
+        return {"error": {"message": f"no route {self.path}"}}
 
     def send_sse(self, events: Sequence[tuple[str, dict[str, Any]]]) -> None:
-        payload = "".join(f"event: {name}\ndata: {json.dumps(data)}\n\n" for name, data in events)
-        self._send(200, "text/event-stream", payload.encode(), cache=False)
+        self.send_stream(sse_frames(events))
+
+    def send_stream(self, frames: Sequence[str]) -> None:
+        """SSE frames as one answer (with its Content-Length)."""
+        self._send(200, "text/event-stream", "".join(frames).encode(), cache=False)
 
     def _send(self, status: int, content_type: str, data: bytes, *, cache: bool = True) -> None:
         self.send_response(status)

@@ -17,7 +17,7 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks
+from model_fakes.http import FakeModelServer, ModelHandler, chunks, sse_frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +147,9 @@ class MessagesServer(FakeModelServer[Reply]):
                 self.end_headers()
 
             def do_GET(self) -> None:  # noqa: N802
-                server.record(f"GET {self.path}", None)
                 if self.route().endswith("/v1/models"):
-                    self.send_json(
+                    self.answer(
+                        server,
                         200,
                         {
                             "data": [
@@ -166,7 +166,7 @@ class MessagesServer(FakeModelServer[Reply]):
                         },
                     )
                     return
-                self.send_json(404, _error("not_found_error", f"no route {self.path}"))
+                self.answer(server, 404, _error("not_found_error", f"no route {self.path}"))
 
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.read_raw_body()
@@ -174,12 +174,11 @@ class MessagesServer(FakeModelServer[Reply]):
                 try:
                     body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 except Exception as exc:  # a bad body is a 400 for the client, not a crash
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(400, _error("invalid_request_error", f"bad body: {exc}"))
+                    self.answer(server, 400, _error("invalid_request_error", f"bad body: {exc}"))
                     return
                 if not server.authorized(self):
-                    server.record(f"POST {self.path} 401", None)
-                    self.send_unauthorized(_error("authentication_error", "invalid x-api-key"))
+                    refusal = _error("authentication_error", "invalid x-api-key")
+                    self.answer(server, 401, refusal, seen=" 401")
                     return
                 if path.endswith("/v1/messages/count_tokens"):
                     server.record(f"POST {self.path}", None)
@@ -187,20 +186,21 @@ class MessagesServer(FakeModelServer[Reply]):
                     self.send_json(200, {"input_tokens": n})
                     return
                 if not path.endswith("/v1/messages"):
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(404, _error("not_found_error", f"no route {self.path}"))
+                    self.answer(server, 404, _error("not_found_error", f"no route {self.path}"))
                     return
                 status = server.fail_status
                 if status is not None:
-                    server.record(f"POST {self.path} {status}", None)
-                    self.send_json(status, _error("api_error", "the model is overloaded"))
+                    overloaded = _error("api_error", "the model is overloaded")
+                    self.answer(server, status, overloaded, seen=f" {status}")
                     return
                 server.record(f"POST {self.path}", body)
                 reply = server.reply_to(body)
                 msg = _message_object(body, reply)
                 if body.get("stream") and server.gate is not None:
                     events = _stream_events(msg, reply)
-                    self.send_sse_live(events, hold_after=server.hold_after, gate=server.gate)
+                    self.send_stream_live(
+                        sse_frames(events), hold_after=server.hold_after, gate=server.gate
+                    )
                 elif body.get("stream"):
                     self.send_sse(_stream_events(msg, reply))
                 else:

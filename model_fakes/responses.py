@@ -18,7 +18,14 @@ from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 from model_fakes.bodies import decode_body
-from model_fakes.http import FakeModelServer, ModelHandler, chunks, last_text_of
+from model_fakes.http import (
+    INVALID_API_KEY,
+    FakeModelServer,
+    ModelHandler,
+    chunks,
+    last_text_of,
+    sse_frames,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,34 +130,24 @@ class ResponsesServer(FakeModelServer[Reply]):
 
         class Handler(ModelHandler):
             def do_GET(self) -> None:  # noqa: N802
-                server.record(f"GET {self.path}", None)
                 if self.route().endswith("/models"):
-                    self.send_json(
-                        200,
-                        {
-                            "object": "list",
-                            "data": [{"id": "mock-model", "object": "model", "owned_by": "test"}],
-                            "models": [],
-                        },
-                    )
+                    model = {"id": "mock-model", "object": "model", "owned_by": "test"}
+                    self.answer(server, 200, {"object": "list", "data": [model], "models": []})
                     return
-                self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                self.answer(server, 404, self.no_route())
 
             def do_POST(self) -> None:  # noqa: N802
                 raw = self.read_raw_body()
                 if not self.route().endswith("/responses"):
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(404, {"error": {"message": f"no route {self.path}"}})
+                    self.answer(server, 404, self.no_route())
                     return
                 try:
                     body = json.loads(decode_body(raw, self.headers.get("Content-Encoding")))
                 except Exception as exc:  # a bad body is a 400 for the client, not a crash
-                    server.record(f"POST {self.path}", None)
-                    self.send_json(400, {"error": {"message": f"bad body: {exc}"}})
+                    self.answer(server, 400, {"error": {"message": f"bad body: {exc}"}})
                     return
                 if not server.authorized(self):
-                    server.record(f"POST {self.path} 401", None)
-                    self.send_unauthorized()
+                    self.answer(server, 401, INVALID_API_KEY, seen=" 401")
                     return
                 server.record(f"POST {self.path}", body)
                 text = server.reply_to(body)
@@ -180,7 +177,9 @@ class ResponsesServer(FakeModelServer[Reply]):
                     gate, drip, hold = server.gate, server.drip_s, server.hold_after
 
                     def send(events: Sequence[tuple[str, dict[str, Any]]]) -> None:
-                        self.send_sse_live(events, hold_after=hold, gate=gate, delay_s=drip)
+                        self.send_stream_live(
+                            sse_frames(events), hold_after=hold, gate=gate, delay_s=drip
+                        )
 
                 send(
                     [

@@ -60,12 +60,27 @@ def _resolution(r: Any) -> ForkResolution:
     return ForkResolution(r[0], r[1], r[2], r[3], r[4], r[5], loads(r[6]), loads(r[7]))
 
 
+_SELECT = f"SELECT {_COLUMNS} FROM fork_resolutions WHERE workspace_id = ? AND operation_id = ?"
+
+
 def _load(tx: Tx, ws: str, op_id: str) -> ForkResolution | None:
-    r = tx.one(
-        f"SELECT {_COLUMNS} FROM fork_resolutions WHERE workspace_id = ? AND operation_id = ?",
-        (ws, op_id),
-    )
+    r = tx.one(_SELECT, (ws, op_id))
     return None if r is None else _resolution(r)
+
+
+def _require_started(tx: Tx, ws: str, op: ForkOperation, action: str, doing: str) -> None:
+    """The operation is `unknown` under a started resolution of `action`, else a 409 saying
+    it is not being `doing` (adopted, abandoned)."""
+    current = _load(tx, ws, op.operation_id)
+    if (
+        op.status is not ForkStatus.UNKNOWN
+        or current is None
+        or (current.action, current.state) != (action, "started")
+    ):
+        raise ForkResolveConflict(
+            f"fork operation {op.operation_id} is not being {doing}",
+            params={"operationId": op.operation_id, "status": op.public_status.value},
+        )
 
 
 class ResolutionStore:
@@ -81,11 +96,7 @@ class ResolutionStore:
 
     def get_fork_resolution(self, ws: str, op_id: str) -> ForkResolution | None:
         with self._read() as conn:
-            r = conn.execute(
-                f"SELECT {_COLUMNS} FROM fork_resolutions WHERE workspace_id = ?"
-                " AND operation_id = ?",
-                (ws, op_id),
-            ).fetchone()
+            r = conn.execute(_SELECT, (ws, op_id)).fetchone()
             return None if r is None else _resolution(r)
 
     def begin_resolution(
@@ -150,16 +161,7 @@ class ResolutionStore:
                         params={"operationId": op_id},
                     )
                 return load_op(tx.conn, ws, op_id, projections=self._projections), False
-            current = _load(tx, ws, op_id)
-            if (
-                op.status is not ForkStatus.UNKNOWN
-                or current is None
-                or (current.action, current.state) != ("adopt", "started")
-            ):
-                raise ForkResolveConflict(
-                    f"fork operation {op_id} is not being adopted",
-                    params={"operationId": op_id, "status": op.public_status.value},
-                )
+            _require_started(tx, ws, op, "adopt", "adopted")
             validate_evidence(op, evidence)
             # `provider_accepted` fences the source again: never while something runs on it
             # (a Turn claimed while the operation was `unknown` would find its own writes
@@ -182,16 +184,7 @@ class ResolutionStore:
             op = load_op(tx.conn, ws, op_id, project=False)
             if op.status is ForkStatus.ABANDONED:
                 return load_op(tx.conn, ws, op_id, projections=self._projections), False
-            current = _load(tx, ws, op_id)
-            if (
-                op.status is not ForkStatus.UNKNOWN
-                or current is None
-                or (current.action, current.state) != ("abandon", "started")
-            ):
-                raise ForkResolveConflict(
-                    f"fork operation {op_id} is not being abandoned",
-                    params={"operationId": op_id, "status": op.public_status.value},
-                )
+            _require_started(tx, ws, op, "abandon", "abandoned")
             tx.execute(
                 f"UPDATE fork_operations SET status = 'abandoned', completed_at_ms = ?"
                 f"{BARRIER_RELEASE_SQL}{stage_assignment(ForkStatus.UNKNOWN, ForkStatus.ABANDONED)}"

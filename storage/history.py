@@ -28,6 +28,7 @@ from storage.rows import (
     INTERACTION_COLUMNS,
     INTERACTIONS_SQL,
     MESSAGE_COLUMNS,
+    TURN_BY_ID_SQL,
     TURN_COLUMNS,
     hydrate_turns,
     insert_message,
@@ -297,11 +298,7 @@ class HistoryStore:
         """
         with self._read() as conn:
             require_live_session(conn, ws, sid)
-            row = conn.execute(
-                f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
-                " AND turn_id = ?",
-                (ws, sid, turn_id),
-            ).fetchone()
+            row = conn.execute(TURN_BY_ID_SQL, (ws, sid, turn_id)).fetchone()
             if row is None:
                 raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
             if seen is None or row[5] != TurnPhase.ACTIVE:

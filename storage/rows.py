@@ -111,6 +111,9 @@ TURN_COLUMNS = (
     " root_provider_turn_id, provider_turn_binding_json, final_assistant_message_id, error,"
     " created_at_ms, settled_at_ms, checkpoint_json"
 )
+TURN_BY_ID_SQL = (
+    f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ? AND turn_id = ?"
+)
 MESSAGE_COLUMNS = "message_id, turn_id, kind, text, payload_json, version, position"
 INTERACTION_COLUMNS = "interaction_id, request_id, turn_id, kind, status, input_json, output_json"
 
@@ -537,11 +540,7 @@ def require_live(sid: str, deleted: object, *, include_deleted: bool = False) ->
 
 
 def load_turn(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Turn | None:
-    row = conn.execute(
-        f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
-        " AND turn_id = ?",
-        (ws, sid, turn_id),
-    ).fetchone()
+    row = conn.execute(TURN_BY_ID_SQL, (ws, sid, turn_id)).fetchone()
     if row is None:
         return None
     return hydrate_turns(conn, ws, sid, [row])[0]
@@ -555,11 +554,7 @@ def require_turn(conn: apsw.Connection, ws: str, sid: str, turn_id: str) -> Turn
 
 
 def turn_row(tx: Tx, ws: str, sid: str, turn_id: str) -> Turn:
-    row = tx.one(
-        f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ?"
-        " AND turn_id = ?",
-        (ws, sid, turn_id),
-    )
+    row = tx.one(TURN_BY_ID_SQL, (ws, sid, turn_id))
     if row is None:
         raise TurnNotFound(f"turn {turn_id} not found in session {sid}")
     return turn_from_row(row)

@@ -140,8 +140,8 @@ written them; smaller ones (at most `PEER_REPLY_HWM` of them queued) are not."""
 MAX_UNREAD_BYTES = 16 << 20
 """Reply bytes kept for a client that does not read, beyond the 32 replies ZeroMQ queues:
 while it has this much, its new requests are refused without being run, and a further reply
-to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (issue
-15 #6: 5.9 GB from one DEALER sending `session.list` and never reading). A client that reads
+to it is dropped (it is not reading) — so its unread replies cannot grow the daemon (5.9 GB
+once, from one DEALER sending `session.list` and never reading). A client that reads
 only drains its backlog, bursts of small replies included."""
 
 

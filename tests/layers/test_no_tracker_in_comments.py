@@ -31,9 +31,10 @@ PACKAGES = (
     "model_fakes",
 )
 
-# Every spelling of a tracker reference: the word in any case, singular or plural, an optional
-# space and "#", then the number (SAMPLE and the parametrized cases hold examples).
-TRACKER = re.compile(r"\bissues? ?#?[0-9]+", re.IGNORECASE)
+# Every spelling of a tracker reference: the word in any case, singular or plural, optional
+# white space (a docstring may wrap between the word and its number) and "#", then the number
+# (SAMPLE and the parametrized cases hold examples).
+TRACKER = re.compile(r"\bissues?\s*#?[0-9]+", re.IGNORECASE)
 
 # Names of bench/targets.py's tables and the headings `make bench` prints for them: a comment
 # may quote them to say which table a test reads. Nothing else may carry an issue number.
@@ -113,6 +114,11 @@ def test_every_comment_and_docstring_is_read_and_only_they_are() -> None:
         (3, "Issue 15"),
         (7, "issue #34"),
     ]
+
+
+def test_a_reference_wrapped_between_its_word_and_number_is_caught() -> None:
+    source = '"""A refusal the host prepared for (issue\n    20), wrapped."""\n'
+    assert citations(source) == [(1, "issue\n    20")]
 
 
 @pytest.mark.parametrize(
