@@ -1,0 +1,79 @@
+"""Probe: the daemon tree's CPU per host Turn at nanosecond resolution, for A/B runs of two
+trees. `bench.turn_overhead`'s CPU per Turn comes from `/proc/PID/stat` (10 ms ticks: over a
+`--quick` run's 15 Turns a step of 0.67 ms per Turn, as large as the change being asked
+about). This runs the same measured window (`bench.turn_overhead.measure`: a tutti-agent
+Session on the timed fake model, 20 deltas 2 ms apart, host and bare Turns interleaved) for
+`N` Turns, and reads each process kind's CPU as the sum of its live threads'
+`/proc/PID/task/TID/schedstat` run time (ns) and their voluntary context switches (wake-ups).
+A thread that ends inside the window is not counted (a warm Turn starts none in the daemon:
+`strace -f` sees no `clone` there). Prints one line:
+
+    probe=13ms load=2.32 turns=100 | app-server=5.57ms daemon=7.08ms worker=3.40ms | cs:…
+
+It imports `bench.*` from `PYTHONPATH`, so one copy measures any tree, old or new:
+
+    cd $TREE && PYTHONPATH=$TREE build/venv/bin/python /path/to/bench/turn_cpu.py [N]
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import bench.profile as profile
+import bench.turn_overhead as turn_overhead
+from bench.common import cpu_probe_ms
+from bench.harness import ProcSample
+
+
+def task_sums(pid: int) -> tuple[int, int]:
+    """(run time in ns, voluntary context switches) summed over `pid`'s live threads."""
+    ns = switches = 0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0, 0
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                ns += int(fh.read().split()[0])
+            with open(f"/proc/{pid}/task/{tid}/status") as fh:
+                for line in fh:
+                    if line.startswith("voluntary_ctxt_switches"):
+                        switches += int(line.split()[1])
+        except OSError:
+            continue  # the thread ended between the listing and the read
+    return ns, switches
+
+
+def fine_by_kind(samples: list[ProcSample]) -> dict[str, float]:
+    """CPU seconds per process kind from live threads' run time, and `cs:<kind>` wake-ups."""
+    out: dict[str, float] = {}
+    for s in samples:
+        ns, switches = task_sums(s.pid)
+        out[s.kind] = out.get(s.kind, 0.0) + ns / 1e9
+        out[f"cs:{s.kind}"] = out.get(f"cs:{s.kind}", 0.0) + switches
+    return out
+
+
+def main(argv: list[str]) -> int:
+    turns_asked = int(argv[0]) if argv else 100
+    profile.cpu_by_kind = fine_by_kind  # TreeProfile reads the tree through this name
+    probe = cpu_probe_ms()
+    with tempfile.TemporaryDirectory(prefix="turn-cpu-") as tmp:
+        m = turn_overhead.measure("tutti-agent", Path(tmp), turns_asked, 2)
+    turns = max(1, len(m["host"]))
+    cpu: dict[str, float] = m["cpu"]
+    ms = " ".join(
+        f"{k}={1000 * v / turns:.2f}ms" for k, v in sorted(cpu.items()) if not k.startswith("cs:")
+    )
+    cs = " ".join(f"{k}={v / turns:.1f}" for k, v in sorted(cpu.items()) if k.startswith("cs:"))
+    load = os.getloadavg()[0]
+    print(f"probe={probe:.0f}ms load={load:.2f} turns={turns} | {ms} | {cs}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,42 @@
+"""`bench/turn_cpu.py` reads a process's CPU from its live threads' run time (nanoseconds, not
+the 10 ms ticks of `/proc/PID/stat`) and counts their voluntary context switches: a thread of
+this process that sleeps and is woken adds to both while it lives."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from bench.harness import ProcSample
+from bench.turn_cpu import fine_by_kind, task_sums
+
+
+def test_a_live_threads_wake_ups_and_run_time_are_counted() -> None:
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        for _ in range(20):
+            go.wait()
+            go.clear()
+        done.set()
+        leave.wait()  # alive at the second reading: an ended thread is not counted
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    ns0, switches0 = task_sums(os.getpid())
+    while not done.is_set():
+        go.set()
+        done.wait(0.001)
+    ns1, switches1 = task_sums(os.getpid())
+    leave.set()
+    t.join(5)
+    assert switches1 - switches0 >= 20  # the sleeper woke at least once per set
+    assert ns1 > ns0
+    assert ns1 % 10_000_000 != 0  # not a tick count
+
+
+def test_the_reading_is_by_kind_with_wake_ups_beside_it() -> None:
+    me = ProcSample(os.getpid(), "daemon", 0.0, 0.0, 0.0, 0.0)
+    got = fine_by_kind([me, me])
+    assert set(got) == {"daemon", "cs:daemon"}
+    assert got["daemon"] > 0.0
