@@ -26,6 +26,29 @@ AddCommands = Callable[["SubParsers[argparse.ArgumentParser]", argparse.Argument
 takes `--json` after its name."""
 
 
+def seconds(text: str) -> float:
+    """A wait in seconds: a number above 0 (0 or less would give up before any reply came and
+    blame a daemon that is fine)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def byte_count(text: str) -> int:
+    """A size in bytes: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more bytes, got {text!r}")
+    return value
+
+
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
     """Parse `argv` and run the subcommand; its exit code (2 and the help without one)."""
     args = parser.parse_args(argv)
@@ -75,7 +98,7 @@ def build_parser(
     )
     p.add_argument("--workspace", default="default", help="workspace id (default: default)")
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default: 10)"
+        "--timeout", type=seconds, default=10.0, help="seconds to wait for a reply (default: 10)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # `--json` is accepted after the subcommand too; SUPPRESS keeps a global one intact.
@@ -145,7 +168,7 @@ def add_client_commands(
     )
     y.add_argument(
         "--turn-timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         help="seconds to follow the turn (default: 600); it keeps running after",
     )
@@ -165,7 +188,7 @@ def add_client_commands(
         "--latest",
         action="store_true",
         help="fork the whole session from where it is now: its newest settled turn "
-        "(needs lifecycleCapabilities.fork)",
+        "(needs lifecycleCapabilities.forkFullSession)",
     )
     f.add_argument(
         "--worktree",
@@ -174,7 +197,7 @@ def add_client_commands(
         "(default: the fork works in the same folder)",
     )
     f.add_argument(
-        "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
+        "--fork-timeout", type=seconds, default=120.0, help="seconds to wait (default: 120)"
     )
     f.set_defaults(run=forks.run_fork)
     t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
@@ -183,7 +206,7 @@ def add_client_commands(
     r = sub.add_parser(
         "resolve", parents=[common], help="inspect, adopt or abandon an unknown fork operation"
     )
-    r.add_argument("operation")
+    r.add_argument("operation", help="the fork's operation id (`agenthost fork` prints it)")
     how = r.add_mutually_exclusive_group()
     how.add_argument(
         "--adopt",
@@ -215,7 +238,7 @@ def add_client_commands(
     df.add_argument(
         "--from", dest="from_turn", metavar="TURN", help="diff from this turn's end instead"
     )
-    df.add_argument("--max-bytes", type=int, default=None, help="cut the diff here (256000)")
+    df.add_argument("--max-bytes", type=byte_count, default=None, help="cut the diff here (256000)")
     df.set_defaults(run=workspace.run_diff)
     rs = sub.add_parser(
         "restore", parents=[common], help="put the session's folder back to a turn's files"
