@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -47,6 +48,20 @@ def byte_count(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be 0 or more bytes, got {text!r}")
     return value
+
+
+_ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
+
+
+def endpoint(text: str) -> str:
+    """An endpoint the client can connect to: `ipc://PATH` or `tcp://HOST:PORT` (ZeroMQ's own
+    error for anything else is a traceback)."""
+    if not _ENDPOINT.fullmatch(text):
+        raise argparse.ArgumentTypeError(
+            f"not an endpoint: {text!r} (ipc://PATH or tcp://HOST:PORT, as the daemon's ready "
+            "line or connection file gives them)"
+        )
+    return text
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
@@ -86,9 +101,17 @@ def build_parser(
     )
     p.add_argument("--version", action="version", version=f"agenthost {version}")
     p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
-    p.add_argument("--connect", default=None, help="API endpoint (default: the home's ipc socket)")
     p.add_argument(
-        "--events", default=None, help="events endpoint (default: the home's ipc events socket)"
+        "--connect",
+        type=endpoint,
+        default=None,
+        help="API endpoint (default: the home's ipc socket)",
+    )
+    p.add_argument(
+        "--events",
+        type=endpoint,
+        default=None,
+        help="events endpoint (default: the home's ipc events socket)",
     )
     p.add_argument(
         "--connection",

@@ -124,3 +124,20 @@ def test_a_home_that_does_not_exist_or_is_a_file_is_named_as_such(cli: Cli, tmp_
     not_dir = cli.run("sessions", home=a_file)
     assert not_dir.returncode == 3
     assert "it is not a directory" in not_dir.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--connect", "garbage", "status"),
+        ("--connect", "tcp://127.0.0.1", "status"),
+        ("--events", "localhost:7778", "sessions"),
+    ],
+)
+def test_an_endpoint_that_is_not_one_is_a_usage_error_not_a_traceback(
+    cli: Cli, args: tuple[str, ...]
+) -> None:
+    done = cli.run(*args)
+    assert done.returncode == 2, done.stderr
+    assert "not an endpoint" in done.stderr and "tcp://HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr
