@@ -171,7 +171,11 @@ def add_client_commands(
     n.set_defaults(run=sessions.run_new)
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
     y.add_argument("session", help=session_help)
-    y.add_argument("text", help="the user message (`-`: read it from standard input)")
+    y.add_argument(
+        "text",
+        help="the user message (`-`: read it from standard input; one that starts with `-`: "
+        "put `--` before it)",
+    )
     y.add_argument("--answer", default=None, help="reply to a question the turn asks")
     decide = y.add_mutually_exclusive_group()
     decide.add_argument(
@@ -309,7 +313,7 @@ def add_client_commands(
         "--worktree",
         choices=("keep", "remove"),
         default=None,
-        help="a worktree fork's child: keep its worktree (the default without a terminal) or"
+        help="a worktree fork's child: keep its worktree (the default with --yes) or"
         " remove it (refused if it holds work not checkpointed or commits on no other branch)",
     )
     d.add_argument(

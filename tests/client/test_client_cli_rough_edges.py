@@ -141,3 +141,18 @@ def test_an_endpoint_that_is_not_one_is_a_usage_error_not_a_traceback(
     assert done.returncode == 2, done.stderr
     assert "not an endpoint" in done.stderr and "tcp://HOST:PORT" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_help_texts_say_what_the_program_does(cli: Cli) -> None:
+    def help_of(command: str) -> str:
+        done = cli.run(command, "--help")
+        assert done.returncode == 0, done.stderr
+        return " ".join(done.stdout.split())  # argparse wraps lines
+
+    # --latest needs the capability the daemon names for it (docs/user-guide.md says so too).
+    assert "lifecycleCapabilities.forkFullSession" in help_of("fork")
+    assert "operation the fork's operation id" in help_of("resolve")
+    # A message that starts with `-` is taken for an option unless `--` comes first.
+    assert "put `--` before it" in help_of("say")
+    # Without a terminal a delete is refused unless --yes, so --yes is what keeps by default.
+    assert "keep its worktree (the default with --yes)" in help_of("delete")
