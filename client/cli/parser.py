@@ -56,7 +56,9 @@ _ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{
 def endpoint(text: str) -> str:
     """An endpoint the client can connect to: `ipc://PATH` or `tcp://HOST:PORT` (ZeroMQ's own
     error for anything else is a traceback)."""
-    if not _ENDPOINT.fullmatch(text):
+    if not _ENDPOINT.fullmatch(text) or (
+        text.startswith("tcp://") and not 0 < int(text.rsplit(":", 1)[1]) < 65536
+    ):
         raise argparse.ArgumentTypeError(
             f"not an endpoint: {text!r} (ipc://PATH or tcp://HOST:PORT, as the daemon's ready "
             "line or connection file gives them)"

@@ -131,6 +131,7 @@ def test_a_home_that_does_not_exist_or_is_a_file_is_named_as_such(cli: Cli, tmp_
     [
         ("--connect", "garbage", "status"),
         ("--connect", "tcp://127.0.0.1", "status"),
+        ("--connect", "tcp://127.0.0.1:99999", "status"),
         ("--events", "localhost:7778", "sessions"),
     ],
 )
