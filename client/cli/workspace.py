@@ -69,6 +69,13 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
 def run_restore(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
+    if args.undo is not None and args.before:
+        # An undo id names one state of the folder: there is no "before" to choose.
+        raise CliError(
+            "invalid_argument",
+            "--before goes with --turn (the files as that turn found them), not with --undo",
+            code=EXIT_USAGE,
+        )
     if args.undo is not None and not _CHECKPOINT_ID.fullmatch(args.undo):
         raise CliError(
             "invalid_argument",

@@ -95,6 +95,9 @@ def test_restore_names_the_undo_option_and_says_how_the_turn_left_the_folder(
     assert bad.returncode == 2, bad.stderr
     assert "--undo 'deadbeef': give the id a restore printed" in bad.stderr
     assert "tree must be" not in bad.stderr
+    both = cli.run("restore", sid, "--undo", "0" * 40, "--before")
+    assert both.returncode == 2, both.stderr
+    assert "--before goes with --turn" in both.stderr
     before = cli.run("restore", sid, "--turn", "1", "--before")
     assert before.returncode == 0, before.stderr
     assert f"restored {tmp_path} as turn " in before.stdout
