@@ -160,3 +160,13 @@ def test_help_texts_say_what_the_program_does(cli: Cli) -> None:
     assert "put `--` before it" in help_of("say")
     # Without a terminal a delete is refused unless --yes, so --yes is what keeps by default.
     assert "keep its worktree (the default with --yes)" in help_of("delete")
+
+
+def test_new_with_a_cwd_that_is_a_file_says_it_is_not_a_directory(cli: Cli, tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hi\n")
+    done = cli.run("new", "--cwd", str(a_file))
+    assert done.returncode == 2
+    assert f"invalid_cwd: --cwd '{a_file}': not a directory" in done.stderr
+    missing = cli.run("new", "--cwd", str(tmp_path / "gone"))
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
