@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
 from client.cli.command import api_error, call, parse_pairs, with_client
-from client.cli.output import EXIT_ERROR, EXIT_OK, CliError, emit
+from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import (
     FORK_GET,
     SESSION_DELETE,
@@ -76,6 +76,14 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
     from transport.client import ApiError
 
+    if args.force and args.worktree != "remove":
+        # Alone it would change nothing: the worktree is kept and the session deleted anyway.
+        raise CliError(
+            "invalid_argument",
+            "--force only goes with --worktree remove (remove the worktree even though it "
+            "holds changes); add --worktree remove, or leave --force out",
+            code=EXIT_USAGE,
+        )
     sid = resolve_session(client, args.workspace, args.session)
     session = call(
         args, client, SESSION_GET, SessionParams(workspaceId=args.workspace, agentSessionId=sid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -24,6 +25,45 @@ SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse names no publ
 AddCommands = Callable[["SubParsers[argparse.ArgumentParser]", argparse.ArgumentParser], None]
 """Adds subcommands: `(subparsers, common)`, `common` being the parent of every subcommand that
 takes `--json` after its name."""
+
+
+def seconds(text: str) -> float:
+    """A wait in seconds: a number above 0 (0 or less would give up before any reply came and
+    blame a daemon that is fine)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0, got {text!r}")
+    return value
+
+
+def byte_count(text: str) -> int:
+    """A size in bytes: a whole number, 0 or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number of bytes: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more bytes, got {text!r}")
+    return value
+
+
+_ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
+
+
+def endpoint(text: str) -> str:
+    """An endpoint the client can connect to: `ipc://PATH` or `tcp://HOST:PORT` (ZeroMQ's own
+    error for anything else is a traceback)."""
+    if not _ENDPOINT.fullmatch(text) or (
+        text.startswith("tcp://") and not 0 < int(text.rsplit(":", 1)[1]) < 65536
+    ):
+        raise argparse.ArgumentTypeError(
+            f"not an endpoint: {text!r} (ipc://PATH or tcp://HOST:PORT, as the daemon's ready "
+            "line or connection file gives them)"
+        )
+    return text
 
 
 def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
@@ -63,9 +103,17 @@ def build_parser(
     )
     p.add_argument("--version", action="version", version=f"agenthost {version}")
     p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
-    p.add_argument("--connect", default=None, help="API endpoint (default: the home's ipc socket)")
     p.add_argument(
-        "--events", default=None, help="events endpoint (default: the home's ipc events socket)"
+        "--connect",
+        type=endpoint,
+        default=None,
+        help="API endpoint (default: the home's ipc socket)",
+    )
+    p.add_argument(
+        "--events",
+        type=endpoint,
+        default=None,
+        help="events endpoint (default: the home's ipc events socket)",
     )
     p.add_argument(
         "--connection",
@@ -75,7 +123,7 @@ def build_parser(
     )
     p.add_argument("--workspace", default="default", help="workspace id (default: default)")
     p.add_argument(
-        "--timeout", type=float, default=10.0, help="seconds to wait for a reply (default: 10)"
+        "--timeout", type=seconds, default=10.0, help="seconds to wait for a reply (default: 10)"
     )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     # `--json` is accepted after the subcommand too; SUPPRESS keeps a global one intact.
@@ -125,7 +173,11 @@ def add_client_commands(
     n.set_defaults(run=sessions.run_new)
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
     y.add_argument("session", help=session_help)
-    y.add_argument("text", help="the user message (`-`: read it from standard input)")
+    y.add_argument(
+        "text",
+        help="the user message (`-`: read it from standard input; one that starts with `-`: "
+        "put `--` before it)",
+    )
     y.add_argument("--answer", default=None, help="reply to a question the turn asks")
     decide = y.add_mutually_exclusive_group()
     decide.add_argument(
@@ -145,7 +197,7 @@ def add_client_commands(
     )
     y.add_argument(
         "--turn-timeout",
-        type=float,
+        type=seconds,
         default=600.0,
         help="seconds to follow the turn (default: 600); it keeps running after",
     )
@@ -165,7 +217,7 @@ def add_client_commands(
         "--latest",
         action="store_true",
         help="fork the whole session from where it is now: its newest settled turn "
-        "(needs lifecycleCapabilities.fork)",
+        "(needs lifecycleCapabilities.forkFullSession)",
     )
     f.add_argument(
         "--worktree",
@@ -174,7 +226,7 @@ def add_client_commands(
         "(default: the fork works in the same folder)",
     )
     f.add_argument(
-        "--fork-timeout", type=float, default=120.0, help="seconds to wait (default: 120)"
+        "--fork-timeout", type=seconds, default=120.0, help="seconds to wait (default: 120)"
     )
     f.set_defaults(run=forks.run_fork)
     t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
@@ -183,7 +235,7 @@ def add_client_commands(
     r = sub.add_parser(
         "resolve", parents=[common], help="inspect, adopt or abandon an unknown fork operation"
     )
-    r.add_argument("operation")
+    r.add_argument("operation", help="the fork's operation id (`agenthost fork` prints it)")
     how = r.add_mutually_exclusive_group()
     how.add_argument(
         "--adopt",
@@ -215,7 +267,7 @@ def add_client_commands(
     df.add_argument(
         "--from", dest="from_turn", metavar="TURN", help="diff from this turn's end instead"
     )
-    df.add_argument("--max-bytes", type=int, default=None, help="cut the diff here (256000)")
+    df.add_argument("--max-bytes", type=byte_count, default=None, help="cut the diff here (256000)")
     df.set_defaults(run=workspace.run_diff)
     rs = sub.add_parser(
         "restore", parents=[common], help="put the session's folder back to a turn's files"
@@ -263,7 +315,7 @@ def add_client_commands(
         "--worktree",
         choices=("keep", "remove"),
         default=None,
-        help="a worktree fork's child: keep its worktree (the default without a terminal) or"
+        help="a worktree fork's child: keep its worktree (the default with --yes) or"
         " remove it (refused if it holds work not checkpointed or commits on no other branch)",
     )
     d.add_argument(

@@ -31,7 +31,7 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
         if not probe.served:
             if _accepts(api[len("ipc://") :]):
                 return  # served without the lock (a daemon older than the lock file)
-            raise unreachable(f"no agenthost is serving {home} (is `agenthost serve` running?)")
+            raise unreachable(_not_served(home))
         # Served: the socket appears once the daemon has finished its start-up recovery.
         sock = Path(api[len("ipc://") :])
         deadline = time.monotonic() + args.timeout
@@ -52,6 +52,22 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
         raise unreachable(f"no daemon socket at {api} (is `agenthost serve` running?)")
     if _accepts(path) is False:
         raise unreachable(f"nothing listens on {api} (a daemon that died left it)")
+
+
+def _not_served(home: Path) -> str:
+    """Why nothing serves `home`, in words that point at the fix: a home that does not exist or
+    is not a directory is most often a mistyped --home or AGENTHOST_HOME."""
+    if not home.exists():
+        return (
+            f"no agenthost is serving {home}: it does not exist (a mistyped --home or "
+            "AGENTHOST_HOME? `agenthost serve` makes it)"
+        )
+    if not home.is_dir():
+        return (
+            f"no agenthost is serving {home}: it is not a directory, so it cannot be an "
+            "agenthost home (check --home or AGENTHOST_HOME)"
+        )
+    return f"no agenthost is serving {home} (is `agenthost serve` running?)"
 
 
 def _accepts(path: str) -> bool | None:

@@ -146,9 +146,8 @@ def _absolute_cwd(value: str | None) -> str:
     path = Path(value).expanduser() if value else Path.cwd()
     path = path.resolve()
     if not path.is_dir():
-        raise CliError(
-            "invalid_cwd", f"--cwd {value!r}: no such directory ({path})", code=EXIT_USAGE
-        )
+        what = "not a directory" if path.exists() else "no such directory"
+        raise CliError("invalid_cwd", f"--cwd {value!r}: {what} ({path})", code=EXIT_USAGE)
     return str(path)
 
 

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, Literal, cast
 
-from client.cli.command import call, with_client
+from client.cli.command import api_error, call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
 from protocol.methods import (
@@ -92,6 +92,7 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
         resolve_session,
         stream_turn,
     )
+    from transport.client import ApiError
 
     _ctrl_c_interrupts()
     if args.text == "-":
@@ -100,6 +101,13 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
         args.text = sys.stdin.read().rstrip("\n")
         if not args.text.strip():
             raise CliError("invalid_argument", "say -: standard input was empty", code=EXIT_USAGE)
+    elif not args.text.strip():
+        # The same usage error as an empty `-`, before a turn is asked for.
+        raise CliError(
+            "invalid_argument",
+            "the message is empty: give the text to send (or `-` to read it from standard input)",
+            code=EXIT_USAGE,
+        )
     sid = resolve_session(client, args.workspace, args.session)
     events, exact = events_source(args)
     printer: Any = _JsonLines() if args.json else TurnPrinter(print, _write)
@@ -147,6 +155,15 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
             on_delta=printer.delta,
             answered_by="cli",
         )
+    except ApiError as exc:
+        if exc.reason != "agent_session_busy":
+            raise
+        raise CliError(
+            exc.reason,
+            f"{exc.message}: wait for it (`agenthost show {sid}` shows it) or stop it "
+            f"(`agenthost interrupt {sid}`), then say it again",
+            error={**api_error(exc).error},
+        ) from None
     except TurnWaitTimeout as exc:
         # The daemon is reachable (not exit 3): the Turn is just still running there.
         raise CliError(
@@ -169,9 +186,8 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
         )
         raise CliError(
             "interaction_pending",
-            f"the turn {asked} ({_describe(interaction)}) and was "
-            "interrupted; run it again with --answer TEXT, --approve or --decline "
-            "(or answer from another terminal with `agenthost answer`)",
+            f"the turn {asked} ({_describe(interaction)}) and was interrupted: nothing here "
+            f"could answer it; run it again {_how_to_answer(interaction)}",
         ) from None
     except KeyboardInterrupt:
         # First Ctrl-C (or Ctrl-C at a prompt): interrupt the turn and wait for it to settle.
@@ -288,6 +304,14 @@ def _asked(interaction: Mapping[str, Any]) -> str:
     if kind == "question":
         return "asked a question"
     return f"asked for an {kind}" if kind[:1] in "aeiou" else f"asked for a {kind}"
+
+
+def _how_to_answer(interaction: Mapping[str, Any]) -> str:
+    """The `say` options that answer this kind of Interaction ahead (the turn that asked is
+    interrupted by then, so `agenthost answer` has nothing left to answer)."""
+    if interaction.get("kind") == "approval":
+        return "with --approve or --decline (or on a terminal, where `say` asks)"
+    return "with --answer TEXT (or on a terminal, where `say` asks)"
 
 
 def _interaction_response(

@@ -4,10 +4,11 @@ turns) and `restore` (put the folder back to a turn's checkpoint; undoable)."""
 from __future__ import annotations
 
 import argparse
+import re
 from typing import TYPE_CHECKING, Literal, cast
 
 from client.cli.command import call, with_client
-from client.cli.output import EXIT_OK, CliError, emit
+from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
 from client.workspace_text import change_list
 from protocol.methods import (
     SESSION_WORKSPACE_DIFF,
@@ -19,6 +20,9 @@ from transport.client import ApiError
 
 if TYPE_CHECKING:
     from transport.client import Client
+
+# What a restore prints after `undo with:` (a git tree id, SHA-1 or SHA-256).
+_CHECKPOINT_ID = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
 
 
 def _turn(client: Client, args: argparse.Namespace, sid: str, ref: str | None) -> str | None:
@@ -65,20 +69,34 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
 def run_restore(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
+    if args.undo is not None and args.before:
+        # An undo id names one state of the folder: there is no "before" to choose.
+        raise CliError(
+            "invalid_argument",
+            "--before goes with --turn (the files as that turn found them), not with --undo",
+            code=EXIT_USAGE,
+        )
+    if args.undo is not None and not _CHECKPOINT_ID.fullmatch(args.undo):
+        raise CliError(
+            "invalid_argument",
+            f"--undo {args.undo!r}: give the id a restore printed after `undo with:` "
+            "(40 or 64 hex digits)",
+            code=EXIT_USAGE,
+        )
     sid = resolve_session(client, args.workspace, args.session)
     params = WorkspaceRestoreParams(
         workspaceId=args.workspace, agentSessionId=sid, force=bool(args.force)
     )
     if args.undo:
         params["tree"] = args.undo
-        what = f"checkpoint {args.undo}"
+        what = f"to checkpoint {args.undo}"
     else:
         turn_id = _turn(client, args, sid, args.turn)
         which: Literal["before", "after"] = "before" if args.before else "after"
         # An unknown Turn is sent as null: the daemon says which Turn it could not find.
         params["turnId"] = cast(str, turn_id)
         params["which"] = which
-        what = f"the {which} of turn {turn_id}"
+        what = f"as turn {turn_id} {'found' if args.before else 'left'} it"
     try:
         result = call(args, client, WORKSPACE_RESTORE, params)
     except ApiError as exc:
@@ -100,7 +118,7 @@ def run_restore(args: argparse.Namespace, client: Client) -> int:
     emit(
         args,
         result,
-        f"restored {result['cwd']} to {what}: {changed}\n"
+        f"restored {result['cwd']} {what}: {changed}\n"
         f"undo with: agenthost restore {sid} --undo {result['undo']['tree']}",
     )
     return EXIT_OK

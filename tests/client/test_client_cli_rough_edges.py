@@ -1,0 +1,172 @@
+"""What a person meets using the CLI with input that is off, each a real `agenthost` subprocess
+against a real daemon: the error says what to do, with the exit code of what happened (2 for a
+usage mistake, caught before anything is sent; 3 for no daemon)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.client.test_client_cli import Cli, new_session, say
+from tests.client.test_client_cli_control import session_of
+from tests.support.daemon import DaemonProcess, submit, wait_for
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def cli(daemon: DaemonProcess, ws: str) -> Cli:
+    return Cli(daemon.home, ws)
+
+
+def session_in(cli: Cli, folder: Path, title: str) -> str:
+    """A session working in `folder` (not the folder the tests run from: a restore writes it)."""
+    done = cli.json("new", "--title", title, "--cwd", str(folder))
+    return str(done["session"]["agentSessionId"])
+
+
+def test_say_at_a_question_or_approval_names_only_the_option_that_answers_it(cli: Cli) -> None:
+    sid = new_session(cli, "Asks")
+    question = cli.run("say", sid, "/ask colour?", "--approve")
+    assert question.returncode == 1
+    assert "interaction_pending" in question.stderr
+    assert "run it again with --answer TEXT" in question.stderr
+    assert "--approve or --decline" not in question.stderr
+    # The turn was interrupted: there is nothing left for `agenthost answer` to answer.
+    assert "agenthost answer" not in question.stderr
+    approval = cli.run("say", sid, "/approve ls", "--answer", "blue")
+    assert approval.returncode == 1
+    assert "run it again with --approve or --decline" in approval.stderr
+    assert "--answer" not in approval.stderr
+    assert "agenthost answer" not in approval.stderr
+
+
+def test_say_an_empty_message_is_a_usage_error_and_starts_no_turn(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    sid = new_session(cli, "Empty")
+    for text in ("", "   "):
+        done = cli.run("say", sid, text)
+        assert done.returncode == 2, done.stderr
+        assert "invalid_argument: the message is empty" in done.stderr
+    timeline = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})
+    assert timeline["turns"] == []
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (("--timeout", "0", "status"), "--timeout"),
+        (("--timeout", "-1", "sessions"), "--timeout"),
+        (("say", "x", "hi", "--turn-timeout", "0"), "--turn-timeout"),
+        (("fork", "x", "--latest", "--fork-timeout", "nan"), "--fork-timeout"),
+        (("diff", "x", "--max-bytes", "-5"), "--max-bytes"),
+    ],
+)
+def test_a_wait_or_size_out_of_range_is_a_usage_error_not_a_hung_daemon(
+    cli: Cli, args: tuple[str, ...], option: str
+) -> None:
+    done = cli.run(*args)
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert f"argument {option}: must be" in done.stderr
+    assert "busy or hung" not in done.stderr and "'maxBytes'" not in done.stderr
+
+
+def test_delete_force_without_worktree_remove_is_a_usage_error_and_deletes_nothing(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    sid = new_session(cli, "Kept")
+    done = cli.run("delete", sid, "--force", "--yes")
+    assert done.returncode == 2, done.stderr
+    assert "--force only goes with --worktree remove" in done.stderr
+    keep = cli.run("delete", sid, "--worktree", "keep", "--force", "--yes")
+    assert keep.returncode == 2, keep.stderr
+    assert session_of(client, ws, sid)["title"] == "Kept"
+
+
+def test_restore_names_the_undo_option_and_says_how_the_turn_left_the_folder(
+    cli: Cli, tmp_path: Path
+) -> None:
+    sid = session_in(cli, tmp_path, "Files")
+    say(cli, sid, "/write notes.txt hello")
+    bad = cli.run("restore", sid, "--undo", "deadbeef")
+    assert bad.returncode == 2, bad.stderr
+    assert "--undo 'deadbeef': give the id a restore printed" in bad.stderr
+    assert "tree must be" not in bad.stderr
+    both = cli.run("restore", sid, "--undo", "0" * 40, "--before")
+    assert both.returncode == 2, both.stderr
+    assert "--before goes with --turn" in both.stderr
+    before = cli.run("restore", sid, "--turn", "1", "--before")
+    assert before.returncode == 0, before.stderr
+    assert f"restored {tmp_path} as turn " in before.stdout
+    assert "found it: 1 file(s) written: D notes.txt" in before.stdout
+    assert not (tmp_path / "notes.txt").exists()
+
+
+def test_say_on_a_busy_session_says_how_to_wait_or_stop_the_running_turn(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    sid = new_session(cli, "Busy")
+    submit(client, sid, "/slow 30000 long", ws=ws)
+    wait_for(lambda: session_of(client, ws, sid)["activeTurnId"])
+    done = cli.run("say", sid, "another")
+    assert done.returncode == 1
+    assert "agent_session_busy" in done.stderr
+    assert f"`agenthost interrupt {sid}`" in done.stderr
+    assert cli.run("interrupt", sid).returncode == 0
+
+
+def test_a_home_that_does_not_exist_or_is_a_file_is_named_as_such(cli: Cli, tmp_path: Path) -> None:
+    missing = cli.run("status", home=tmp_path / "no-such-home")
+    assert missing.returncode == 3
+    assert "daemon_unreachable" in missing.stderr and "it does not exist" in missing.stderr
+    a_file = tmp_path / "a-file"
+    a_file.write_text("not a home\n")
+    not_dir = cli.run("sessions", home=a_file)
+    assert not_dir.returncode == 3
+    assert "it is not a directory" in not_dir.stderr
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("--connect", "garbage", "status"),
+        ("--connect", "tcp://127.0.0.1", "status"),
+        ("--connect", "tcp://127.0.0.1:99999", "status"),
+        ("--events", "localhost:7778", "sessions"),
+    ],
+)
+def test_an_endpoint_that_is_not_one_is_a_usage_error_not_a_traceback(
+    cli: Cli, args: tuple[str, ...]
+) -> None:
+    done = cli.run(*args)
+    assert done.returncode == 2, done.stderr
+    assert "not an endpoint" in done.stderr and "tcp://HOST:PORT" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_help_texts_say_what_the_program_does(cli: Cli) -> None:
+    def help_of(command: str) -> str:
+        done = cli.run(command, "--help")
+        assert done.returncode == 0, done.stderr
+        return " ".join(done.stdout.split())  # argparse wraps lines
+
+    # --latest needs the capability the daemon names for it (docs/user-guide.md says so too).
+    assert "lifecycleCapabilities.forkFullSession" in help_of("fork")
+    assert "operation the fork's operation id" in help_of("resolve")
+    # A message that starts with `-` is taken for an option unless `--` comes first.
+    assert "put `--` before it" in help_of("say")
+    # Without a terminal a delete is refused unless --yes, so --yes is what keeps by default.
+    assert "keep its worktree (the default with --yes)" in help_of("delete")
+
+
+def test_new_with_a_cwd_that_is_a_file_says_it_is_not_a_directory(cli: Cli, tmp_path: Path) -> None:
+    a_file = tmp_path / "notes.txt"
+    a_file.write_text("hi\n")
+    done = cli.run("new", "--cwd", str(a_file))
+    assert done.returncode == 2
+    assert f"invalid_cwd: --cwd '{a_file}': not a directory" in done.stderr
+    missing = cli.run("new", "--cwd", str(tmp_path / "gone"))
+    assert missing.returncode == 2 and "no such directory" in missing.stderr
