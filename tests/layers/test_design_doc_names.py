@@ -1,0 +1,145 @@
+"""The design docs name code that exists: every source file they cite in backticks is in the
+tree, the failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions
+exactly `FailpointAction`'s), and docs/reliability.md's table of laws has one row per `Law` of
+tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from drivers.failpoints import FailpointAction
+from tests.support.invariants import Law
+
+ROOT = Path(__file__).resolve().parents[2]
+DESIGN_DOCS = (
+    *sorted((ROOT / "docs" / "design").glob("*.md")),
+    ROOT / "docs" / "reliability.md",
+    ROOT / "docs" / "protocol.md",
+    ROOT / "docs" / "providers.md",
+    ROOT / "docs" / "tutti-agent.md",
+)
+# Where a failpoint may be hit: every production package but the client's.
+HITTING = ("actors", "agenthost", "drivers", "storage", "workspace", "transport", "domain")
+FAILPOINT = re.compile(r"(host|worker)(\.[a-z_]+){2,}")
+SOURCE = re.compile(r"[\w./-]+\.(py|c)")
+
+
+def cited_sources(text: str) -> list[tuple[int, str]]:
+    """(line, path) of every backticked source file (`x.py`, `a/b.c`, `a/b.py::test`)."""
+    found: list[tuple[int, str]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        for token in re.findall(r"`([^`\s]+)`", line):
+            path = token.split("::", 1)[0]
+            if SOURCE.fullmatch(path):
+                found.append((number, path))
+    return found
+
+
+def missing_sources(cited: list[tuple[int, str]], files: set[str]) -> list[str]:
+    """A path with a folder must end a file's path of the tree at a folder (`app_server/fork.py`
+    in a list of drivers/' modules); a bare name must be some file's name."""
+    ends = {file[i + 1 :] for file in files for i, c in enumerate(file) if c == "/"}
+    return [f"{line}: {path}" for line, path in cited if path not in files | ends]
+
+
+def tree_sources() -> set[str]:
+    skip = {"build", ".git", "node_modules"}
+    return {
+        path.relative_to(ROOT).as_posix()
+        for suffix in ("*.py", "*.c")
+        for path in ROOT.rglob(suffix)
+        if not skip & set(path.relative_to(ROOT).parts)
+    }
+
+
+def hit_names(source: str) -> tuple[set[str], set[str]]:
+    """The failpoint names a module spells, and its f-string ones as patterns (`{x}` → `*`)."""
+    names: set[str] = set()
+    patterns: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if FAILPOINT.fullmatch(node.value):
+                names.add(node.value)
+        elif isinstance(node, ast.JoinedStr):
+            spelled = "".join(
+                part.value if isinstance(part, ast.Constant) else "*" for part in node.values
+            )
+            if re.fullmatch(r"(host|worker)(\.[a-z_*]+){2,}", str(spelled)):
+                patterns.add(str(spelled))
+    return names, patterns
+
+
+def documented_failpoints(protocol: str) -> tuple[set[str], set[str]]:
+    """The names and the actions of docs/protocol.md's "## Failpoints" section."""
+    section = protocol.split("\n## Failpoints\n", 1)[1].split("\n## ", 1)[0]
+    actions_text = section.split("Actions", 1)[1].split("prefix", 1)[0]
+    actions = set(re.findall(r"`([a-z]+)(?::<ms>)?`", actions_text)) - {"once"}
+    names = set(re.findall(r"`((?:host|worker)(?:\.[a-z_]+){2,})`", section))
+    return names, actions
+
+
+def law_rows(reliability: str) -> set[str]:
+    """The first column of docs/reliability.md's table headed "law (`Law`)"."""
+    table = reliability.split("| law (`Law`) | checked as |", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
+
+
+def test_the_scans_find_a_planted_mismatch() -> None:
+    doc = "see `drivers/gone.py` and `base.py`, `tests/x.py::test_y`, `a.toml`\n"
+    cited = cited_sources(doc)
+    assert cited == [(1, "drivers/gone.py"), (1, "base.py"), (1, "tests/x.py")]
+    assert missing_sources(cited, {"drivers/base.py", "tests/x.py"}) == ["1: drivers/gone.py"]
+    code = 'hit("host.fork.after_x")\nhit(f"host.checkpoint.{which}")\nx = "host.name"\n'
+    assert hit_names(code) == ({"host.fork.after_x"}, {"host.checkpoint.*"})
+    protocol = (
+        "x\n## Failpoints\n\nActions: `kill`, `sleep:<ms>`; a `once:` prefix fires once.\n"
+        "Names: `host.fork.after_x`, `worker.bind.y` (`error` makes …).\n## Next\n`host.a.b`\n"
+    )
+    names = {"host.fork.after_x", "worker.bind.y"}
+    assert documented_failpoints(protocol) == (names, {"kill", "sleep"})
+    rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
+    assert law_rows(rows) == {"fence", "step_order"}
+
+
+def test_every_source_file_a_design_doc_cites_exists() -> None:
+    files = tree_sources()
+    assert len(files) > 300
+    problems: list[str] = []
+    cited_count = 0
+    for doc in DESIGN_DOCS:
+        cited = cited_sources(doc.read_text(encoding="utf-8"))
+        cited_count += len(cited)
+        rel = doc.relative_to(ROOT).as_posix()
+        problems += [f"{rel}:{problem}" for problem in missing_sources(cited, files)]
+    assert cited_count > 300
+    assert not problems, "cited but not in the tree:\n" + "\n".join(problems)
+
+
+def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
+    names: set[str] = set()
+    patterns: set[str] = set()
+    for package in HITTING:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found, spelled = hit_names(path.read_text(encoding="utf-8"))
+            names |= found
+            patterns |= spelled
+    documented, actions = documented_failpoints(
+        (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    )
+    by_pattern = {
+        name
+        for name in documented
+        for pattern in patterns
+        if re.fullmatch(re.escape(pattern).replace(r"\*", "[a-z_]+"), name)
+    }
+    assert len(names) > 20
+    assert documented - by_pattern == names
+    assert all(any(name.startswith(p.rstrip("*")) for name in by_pattern) for p in patterns)
+    assert actions == {action.value for action in FailpointAction}
+
+
+def test_the_reliability_law_table_has_one_row_per_law() -> None:
+    rows = law_rows((ROOT / "docs" / "reliability.md").read_text(encoding="utf-8"))
+    assert rows == {law.value for law in Law}
