@@ -1,15 +1,19 @@
 """The design docs name code that exists: every source file they cite in backticks is in the
-tree, the failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions
+tree, the store methods docs/design/internals.md tabulates have the parameters it shows, the
+failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions
 exactly `FailpointAction`'s), and docs/reliability.md's table of laws has one row per `Law` of
 tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
 
 from __future__ import annotations
 
 import ast
+import inspect
 import re
+from collections.abc import Callable
 from pathlib import Path
 
 from drivers.failpoints import FailpointAction
+from storage.store import Store
 from tests.support.invariants import Law
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -86,6 +90,35 @@ def law_rows(reliability: str) -> set[str]:
     return set(re.findall(r"^\| `([a-z_]+)` \|", table, flags=re.MULTILINE))
 
 
+def documented_calls(text: str) -> list[tuple[int, str, str, list[str]]]:
+    """(line, part, method, parameters) of each `part.method(a, *, b=1)` a table row opens with."""
+    calls: list[tuple[int, str, str, list[str]]] = []
+    for number, line in enumerate(text.splitlines(), 1):
+        cell = line.split("|")[1] if line.startswith("| `") else ""
+        for part, method, params in re.findall(r"`([a-z_]+)\.([a-z_]+)\(([^`]*)\)`", cell):
+            names = [p.strip() for p in params.split(",") if p.strip() not in ("", "*")]
+            calls.append((number, part, method, names))
+    return calls
+
+
+def signature_problem(method: Callable[..., object], documented: list[str]) -> str | None:
+    """Why `method` is not callable as documented: the documented parameters must be its first
+    ones, in order (a capitalized one stands for a value of that type), with the defaults
+    shown; the rest it leaves out must have defaults."""
+    real = list(inspect.signature(method).parameters.values())
+    if len(documented) > len(real):
+        return f"documents {len(documented)} parameters, has {len(real)}"
+    for shown, param in zip(documented, real, strict=False):
+        name, _, default = (s.strip() for s in shown.partition("="))
+        name = name.split(":", 1)[0].strip()
+        if not name[0].isupper() and name != param.name:
+            return f"documents {name!r} where it has {param.name!r}"
+        if default and repr(param.default) != default.replace('"', "'"):
+            return f"documents {name}={default}, its default is {param.default!r}"
+    left = [p.name for p in real[len(documented) :] if p.default is inspect.Parameter.empty]
+    return f"leaves out required {left}" if left else None
+
+
 def test_the_scans_find_a_planted_mismatch() -> None:
     doc = "see `drivers/gone.py` and `base.py`, `tests/x.py::test_y`, `a.toml`\n"
     cited = cited_sources(doc)
@@ -99,6 +132,17 @@ def test_the_scans_find_a_planted_mismatch() -> None:
     )
     names = {"host.fork.after_x", "worker.bind.y"}
     assert documented_failpoints(protocol) == (names, {"kill", "sleep"})
+    table = "| `turns.get(ws, sid, *, limit=100)` | x |\n| m | `a.b()` |\n"
+    assert documented_calls(table) == [(1, "turns", "get", ["ws", "sid", "limit=100"])]
+
+    def get(ws: str, sid: str, *, limit: int = 50, deep: bool = False) -> None: ...
+
+    assert signature_problem(get, ["ws", "sid", "limit=50"]) is None
+    assert signature_problem(get, ["ws", "sid", "limit=100"]) == (
+        "documents limit=100, its default is 50"
+    )
+    assert signature_problem(get, ["ws", "turn"]) == "documents 'turn' where it has 'sid'"
+    assert signature_problem(get, ["ws"]) == "leaves out required ['sid']"
     rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
     assert law_rows(rows) == {"fence", "step_order"}
 
@@ -115,6 +159,23 @@ def test_every_source_file_a_design_doc_cites_exists() -> None:
         problems += [f"{rel}:{problem}" for problem in missing_sources(cited, files)]
     assert cited_count > 300
     assert not problems, "cited but not in the tree:\n" + "\n".join(problems)
+
+
+def test_the_internals_store_tables_show_the_methods_as_they_are(tmp_path: Path) -> None:
+    calls = documented_calls((ROOT / "docs" / "design" / "internals.md").read_text("utf-8"))
+    problems: list[str] = []
+    store = Store(tmp_path / "store.db")
+    try:
+        for line, part, method, params in calls:
+            target = getattr(getattr(store, part, None), method, None)
+            if target is None:
+                problems.append(f"{line}: store.{part}.{method} does not exist")
+            elif (problem := signature_problem(target, params)) is not None:
+                problems.append(f"{line}: store.{part}.{method} {problem}")
+    finally:
+        store.close()
+    assert len(calls) > 30
+    assert not problems, "docs/design/internals.md:\n" + "\n".join(problems)
 
 
 def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
