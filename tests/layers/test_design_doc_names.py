@@ -1,8 +1,10 @@
 """The design docs name code that exists: every source file they cite in backticks is in the
-tree, the store methods docs/design/internals.md tabulates have the parameters it shows, the
-failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions
-exactly `FailpointAction`'s), and docs/reliability.md's table of laws has one row per `Law` of
-tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
+tree (and every `bench.<module>` in bench/), every `Class.member` docs/design/ names is a member
+of a class of that name (or of its bases), the store methods docs/design/internals.md tabulates
+have the parameters it shows, the failpoints docs/protocol.md lists are exactly the ones the
+code hits (and its actions exactly `FailpointAction`'s), and docs/reliability.md's table of
+laws has one row per `Law` of tests/support/invariants.py. A rename that leaves a doc behind
+fails here, not in a reader."""
 
 from __future__ import annotations
 
@@ -46,6 +48,52 @@ def missing_sources(cited: list[tuple[int, str]], files: set[str]) -> list[str]:
     in a list of drivers/' modules); a bare name must be some file's name."""
     ends = {file[i + 1 :] for file in files for i, c in enumerate(file) if c == "/"}
     return [f"{line}: {path}" for line, path in cited if path not in files | ends]
+
+
+def class_members(source: str) -> dict[str, set[str]]:
+    """Each class's members in `source`: its definitions, assignments, `self.x =` attributes,
+    and `base:<Name>` for each base it names (followed by `has_member`)."""
+    members: dict[str, set[str]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if not isinstance(node, ast.ClassDef):
+            continue
+        own = members.setdefault(node.name, set())
+        own.update(f"base:{base.id}" for base in node.bases if isinstance(base, ast.Name))
+        for item in ast.walk(node):
+            if isinstance(item, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                own.add(item.name)
+            elif isinstance(item, ast.Name) and isinstance(item.ctx, ast.Store):
+                own.add(item.id)
+            elif isinstance(item, ast.Attribute) and isinstance(item.ctx, ast.Store):
+                own.add(item.attr)
+    return members
+
+
+def has_member(members: dict[str, set[str]], cls: str, name: str) -> bool | None:
+    """Whether `cls` (or a base it names) has `name`; None for a class the tree does not have."""
+    if cls not in members:
+        return None
+    seen: set[str] = set()
+    todo = [cls]
+    while todo:
+        current = todo.pop()
+        if current in seen or current not in members:
+            continue
+        seen.add(current)
+        if name in members[current]:
+            return True
+        todo += [m[len("base:") :] for m in members[current] if m.startswith("base:")]
+    return False
+
+
+def cited_members(text: str) -> list[tuple[int, str, str]]:
+    """(line, class, member) of each backticked `Class.member` (`Store.write_stats`)."""
+    return [
+        (number, cls, name)
+        for number, line in enumerate(text.splitlines(), 1)
+        for token in re.findall(r"`([^`]+)`", line)
+        for cls, name in re.findall(r"\b([A-Z][A-Za-z0-9]+)\.([a-z_][A-Za-z0-9_]*)\b", token)
+    ]
 
 
 def tree_sources() -> set[str]:
@@ -143,6 +191,12 @@ def test_the_scans_find_a_planted_mismatch() -> None:
     )
     assert signature_problem(get, ["ws", "turn"]) == "documents 'turn' where it has 'sid'"
     assert signature_problem(get, ["ws"]) == "leaves out required ['sid']"
+    code = "class A(B):\n    x = 1\n    def f(self):\n        self.y = 2\nclass B:\n    z = 3\n"
+    members = class_members(code)
+    assert [has_member(members, "A", n) for n in ("x", "y", "z", "w")] == [True] * 3 + [False]
+    assert has_member(members, "Nope", "x") is None
+    cited = cited_members("see `Ab.x`, `store.db.y` and `Bc.w()`")
+    assert cited == [(1, "Ab", "x"), (1, "Bc", "w")]
     rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
     assert law_rows(rows) == {"fence", "step_order"}
 
@@ -159,6 +213,34 @@ def test_every_source_file_a_design_doc_cites_exists() -> None:
         problems += [f"{rel}:{problem}" for problem in missing_sources(cited, files)]
     assert cited_count > 300
     assert not problems, "cited but not in the tree:\n" + "\n".join(problems)
+
+
+def test_every_bench_module_a_doc_names_exists() -> None:
+    named = {
+        f"{doc.relative_to(ROOT).as_posix()}: bench.{module}"
+        for doc in DESIGN_DOCS
+        for module in re.findall(r"\bbench\.([a-z_]+)\b", doc.read_text(encoding="utf-8"))
+        if not (ROOT / "bench" / f"{module}.py").exists() and not (ROOT / "bench" / module).is_dir()
+    }
+    assert not named, "no such bench module:\n" + "\n".join(sorted(named))
+
+
+def test_every_class_member_a_design_page_names_exists() -> None:
+    members: dict[str, set[str]] = {}
+    for package in (*HITTING, "protocol", "tutti_agent", "client", "model_fakes", "tests", "bench"):
+        for path in sorted((ROOT / package).rglob("*.py")):
+            for cls, own in class_members(path.read_text(encoding="utf-8")).items():
+                members.setdefault(cls, set()).update(own)
+    problems: list[str] = []
+    checked = 0
+    for doc in sorted((ROOT / "docs" / "design").glob("*.md")):
+        for line, cls, name in cited_members(doc.read_text(encoding="utf-8")):
+            found = has_member(members, cls, name)
+            checked += found is not None
+            if found is False:
+                problems.append(f"{doc.name}:{line}: {cls}.{name}")
+    assert checked > 50
+    assert not problems, "no such member:\n" + "\n".join(problems)
 
 
 def test_the_internals_store_tables_show_the_methods_as_they_are(tmp_path: Path) -> None:
