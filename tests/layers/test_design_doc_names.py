@@ -1,10 +1,10 @@
 """The design docs name code that exists: every source file they cite in backticks is in the
-tree (and every `bench.<module>` in bench/), every `Class.member` docs/design/ names is a member
-of a class of that name (or of its bases), the store methods docs/design/internals.md tabulates
-have the parameters it shows, the failpoints docs/protocol.md lists are exactly the ones the
-code hits (and its actions exactly `FailpointAction`'s), and docs/reliability.md's table of
-laws has one row per `Law` of tests/support/invariants.py. A rename that leaves a doc behind
-fails here, not in a reader."""
+tree, every `bench.<module>` is in bench/, every `test_x.py::test_y` is a test of that file,
+every `Class.member` docs/design/ names is a member of a class of that name (or of its bases),
+the store methods docs/design/internals.md tabulates have the parameters it shows, the
+failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions exactly
+`FailpointAction`'s), and docs/reliability.md's table of laws has one row per `Law` of
+tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
 
 from __future__ import annotations
 
@@ -197,6 +197,10 @@ def test_the_scans_find_a_planted_mismatch() -> None:
     assert has_member(members, "Nope", "x") is None
     cited = cited_members("see `Ab.x`, `store.db.y` and `Bc.w()`")
     assert cited == [(1, "Ab", "x"), (1, "Bc", "w")]
+    assert cited_tests("`tests/a/test_b.py::test_c` and `test_d.py::test_e_…`") == [
+        (1, "tests/a/test_b.py", "test_c"),
+        (1, "test_d.py", "test_e_"),
+    ]
     rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
     assert law_rows(rows) == {"fence", "step_order"}
 
@@ -213,6 +217,31 @@ def test_every_source_file_a_design_doc_cites_exists() -> None:
         problems += [f"{rel}:{problem}" for problem in missing_sources(cited, files)]
     assert cited_count > 300
     assert not problems, "cited but not in the tree:\n" + "\n".join(problems)
+
+
+def cited_tests(text: str) -> list[tuple[int, str, str]]:
+    """(line, file, test) of each backticked `path/test_x.py::test_y` (a `…` cut name: its
+    start, `test_random_load_…` → `test_random_load_`)."""
+    return [
+        (number, path, name)
+        for number, line in enumerate(text.splitlines(), 1)
+        for path, name in re.findall(r"`([\w./-]*test_\w+\.py)::(\w+)", line)
+    ]
+
+
+def test_every_cited_test_is_defined_in_its_file() -> None:
+    files = [name for name in tree_sources() if name.startswith("tests/")]
+    problems: list[str] = []
+    cited_count = 0
+    for doc in DESIGN_DOCS:
+        for line, path, name in cited_tests(doc.read_text(encoding="utf-8")):
+            cited_count += 1
+            where = [f for f in files if f == path or f.endswith(f"/{path}")]
+            defined = re.compile(rf"def {re.escape(name)}" + ("" if name.endswith("_") else r"\b"))
+            if not any(defined.search((ROOT / f).read_text(encoding="utf-8")) for f in where):
+                problems.append(f"{doc.name}:{line}: {path}::{name}")
+    assert cited_count > 30
+    assert not problems, "no such test:\n" + "\n".join(problems)
 
 
 def test_every_bench_module_a_doc_names_exists() -> None:
