@@ -3,7 +3,8 @@ tree, every `bench.<module>` is in bench/, every `test_x.py::test_y` is a test o
 every `Class.member` docs/design/ names is a member of a class of that name (or of its bases),
 the store methods docs/design/internals.md tabulates have the parameters it shows, the
 failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions exactly
-`FailpointAction`'s), and docs/reliability.md's table of laws has one row per `Law` of
+`FailpointAction`'s), every name the daemon gives a thread is in docs/design/overview.md's
+thread table and the reverse, and docs/reliability.md's table of laws has one row per `Law` of
 tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
 
 from __future__ import annotations
@@ -167,6 +168,58 @@ def signature_problem(method: Callable[..., object], documented: list[str]) -> s
     return f"leaves out required {left}" if left else None
 
 
+# The daemon process's code (a worker's and a client's threads are not the daemon's).
+DAEMON_SIDE = ("actors", "agenthost", "storage", "workspace", "domain", "transport")
+NOT_DAEMON = ("transport/client.py",)
+NOT_DAEMON_CLASSES = frozenset({"WorkerEnd"})  # transport/worker_link.py's end in a worker
+
+
+def _callee(call: ast.Call) -> str:
+    func = call.func
+    return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
+
+
+def thread_names(source: str) -> set[str]:
+    """The thread names `source` gives: `Thread(name="x")` → `x`; a `WakeOneThreads(n, "x")`
+    pool → `x_<n>`; an `ActorPool(n, name="x")` → `x_<n>` and its timers' `x-timer`; a
+    `pykka.ThreadingActor` subclass `A` → `A-<n>` (pykka's naming)."""
+    names: set[str] = set()
+    tree = ast.parse(source)
+    for outside in ast.walk(tree):
+        if isinstance(outside, ast.ClassDef) and outside.name in NOT_DAEMON_CLASSES:
+            outside.body = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef) and any(
+            isinstance(base, ast.Attribute) and base.attr == "ThreadingActor" for base in node.bases
+        ):
+            names.add(f"{node.name}-<n>")
+        if not isinstance(node, ast.Call):
+            continue
+        callee = _callee(node)
+        given = [
+            k.value.value
+            for k in node.keywords
+            if k.arg == "name"
+            and isinstance(k.value, ast.Constant)
+            and isinstance(k.value.value, str)
+        ]
+        if callee == "Thread":
+            names.update(given)
+        elif callee == "WakeOneThreads" and len(node.args) > 1:
+            arg = node.args[1]
+            if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                names.add(f"{arg.value}_<n>")
+        elif callee == "ActorPool":
+            names.update(n for name in given for n in (f"{name}_<n>", f"{name}-timer"))
+    return names
+
+
+def thread_table(overview: str) -> set[str]:
+    """The first column of docs/design/overview.md's table headed "| thread |"."""
+    table = overview.split("| thread | what it runs (where) |", 1)[1].split("\n\n", 1)[0]
+    return set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE))
+
+
 def test_the_scans_find_a_planted_mismatch() -> None:
     doc = "see `drivers/gone.py` and `base.py`, `tests/x.py::test_y`, `a.toml`\n"
     cited = cited_sources(doc)
@@ -201,6 +254,15 @@ def test_the_scans_find_a_planted_mismatch() -> None:
         (1, "tests/a/test_b.py", "test_c"),
         (1, "test_d.py", "test_e_"),
     ]
+    code = (
+        "class H(pykka.ThreadingActor): ...\n"
+        'class WorkerEnd:\n    def f(self): threading.Thread(name="w")\n'
+        'threading.Thread(target=f, name="a-b")\nWakeOneThreads(4, "c-d")\n'
+        'ActorPool(2, name="s")\nKey("t", "u", name="no-thread")\n'
+    )
+    assert thread_names(code) == {"H-<n>", "a-b", "c-d_<n>", "s_<n>", "s-timer"}
+    overview = "| thread | what it runs (where) |\n|---|---|\n| `a-b` | x |\n| `s_<n>` | y |\n\n"
+    assert thread_table(overview) == {"a-b", "s_<n>"}
     rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
     assert law_rows(rows) == {"fence", "step_order"}
 
@@ -310,6 +372,18 @@ def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
     assert documented - by_pattern == names
     assert all(any(name.startswith(p.rstrip("*")) for name in by_pattern) for p in patterns)
     assert actions == {action.value for action in FailpointAction}
+
+
+def test_the_overview_names_every_thread_the_daemon_starts() -> None:
+    names: set[str] = set()
+    for package in DAEMON_SIDE:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            if path.relative_to(ROOT).as_posix() not in NOT_DAEMON:
+                names |= thread_names(path.read_text(encoding="utf-8"))
+    names |= thread_names((ROOT / "drivers" / "supervisor.py").read_text(encoding="utf-8"))
+    table = thread_table((ROOT / "docs" / "design" / "overview.md").read_text(encoding="utf-8"))
+    assert len(names) > 15
+    assert table == names
 
 
 def test_the_reliability_law_table_has_one_row_per_law() -> None:
