@@ -3,7 +3,8 @@ tree, every `bench.<module>` is in bench/, every `test_x.py::test_y` is a test o
 every `Class.member` docs/design/ names is a member of a class of that name (or of its bases),
 the store methods docs/design/internals.md tabulates have the parameters it shows, the
 failpoints docs/protocol.md lists are exactly the ones the code hits (and its actions exactly
-`FailpointAction`'s), every name the daemon gives a thread is in docs/design/overview.md's
+`FailpointAction`'s), every "409 `reason`" the docs pair is a status the code answers that
+reason with, every name the daemon gives a thread is in docs/design/overview.md's
 thread table and the reverse, and docs/reliability.md's table of laws has one row per `Law` of
 tests/support/invariants.py. A rename that leaves a doc behind fails here, not in a reader."""
 
@@ -15,6 +16,7 @@ import re
 from collections.abc import Callable
 from pathlib import Path
 
+from domain import errors
 from drivers.failpoints import FailpointAction
 from storage.store import Store
 from tests.support.invariants import Law
@@ -220,6 +222,31 @@ def thread_table(overview: str) -> set[str]:
     return set(re.findall(r"^\| `([^`]+)` \|", table, flags=re.MULTILINE))
 
 
+PRODUCTION = (*DAEMON_SIDE, "drivers", "protocol", "tutti_agent", "client", "model_fakes")
+
+
+def reason_statuses(source: str, typed: dict[str, int]) -> dict[str, set[int]]:
+    """The statuses `source` raises each literal reason with: `Typed(…, reason="x")` for a
+    typed error class `Typed` (its status from `typed`)."""
+    found: dict[str, set[int]] = {}
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and _callee(node) in typed:
+            for keyword in node.keywords:
+                value = keyword.value
+                if keyword.arg == "reason" and isinstance(value, ast.Constant):
+                    found.setdefault(str(value.value), set()).add(typed[_callee(node)])
+    return found
+
+
+def documented_statuses(text: str) -> list[tuple[int, int, str]]:
+    """(line, status, reason) of each "409 `reason`" in `text`."""
+    return [
+        (number, int(status), reason)
+        for number, line in enumerate(text.splitlines(), 1)
+        for status, reason in re.findall(r"\b([45]0[0-9]) `([a-z_]+)`", line)
+    ]
+
+
 def test_the_scans_find_a_planted_mismatch() -> None:
     doc = "see `drivers/gone.py` and `base.py`, `tests/x.py::test_y`, `a.toml`\n"
     cited = cited_sources(doc)
@@ -263,6 +290,13 @@ def test_the_scans_find_a_planted_mismatch() -> None:
     assert thread_names(code) == {"H-<n>", "a-b", "c-d_<n>", "s_<n>", "s-timer"}
     overview = "| thread | what it runs (where) |\n|---|---|\n| `a-b` | x |\n| `s_<n>` | y |\n\n"
     assert thread_table(overview) == {"a-b", "s_<n>"}
+    typed = {"Busy": 409, "Gone": 502}
+    raised = 'raise Busy("x", reason="a_busy")\nGone(reason="a_gone")\nOther(reason="z")\n'
+    assert reason_statuses(raised, typed) == {"a_busy": {409}, "a_gone": {502}}
+    assert documented_statuses("answers 503 `a_gone`, then 409 `a_busy`") == [
+        (1, 503, "a_gone"),
+        (1, 409, "a_busy"),
+    ]
     rows = "| law (`Law`) | checked as |\n|---|---|\n| `fence` | x |\n| `step_order` | y |\n\nz"
     assert law_rows(rows) == {"fence", "step_order"}
 
@@ -384,6 +418,41 @@ def test_the_overview_names_every_thread_the_daemon_starts() -> None:
     table = thread_table((ROOT / "docs" / "design" / "overview.md").read_text(encoding="utf-8"))
     assert len(names) > 15
     assert table == names
+
+
+def test_every_documented_status_is_one_the_code_answers_its_reason_with() -> None:
+    classes = [
+        value
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, errors.HostError)
+    ]
+    statuses: dict[str, set[int]] = {}
+    for cls in classes:
+        statuses.setdefault(cls.default_reason, set()).add(cls.status)
+    for package in PRODUCTION:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            source = path.read_text(encoding="utf-8")
+            # Each module's own typed classes too (drivers/errors.py's, subclasses elsewhere).
+            tree = ast.parse(source)
+            local = {c.__name__: c.status for c in classes}
+            for node in ast.walk(tree):
+                if isinstance(node, ast.ClassDef):
+                    for base in node.bases:
+                        name = getattr(base, "id", getattr(base, "attr", ""))
+                        if name in local:
+                            local.setdefault(node.name, local[name])
+            for reason, found in reason_statuses(source, local).items():
+                statuses.setdefault(reason, set()).update(found)
+    problems: list[str] = []
+    checked = 0
+    for doc in DESIGN_DOCS:
+        for line, status, reason in documented_statuses(doc.read_text(encoding="utf-8")):
+            if reason in statuses:
+                checked += 1
+                if status not in statuses[reason]:
+                    problems.append(f"{doc.name}:{line}: {status} {reason} ({statuses[reason]})")
+    assert checked > 30
+    assert not problems, "the code answers these reasons otherwise:\n" + "\n".join(problems)
 
 
 def test_the_reliability_law_table_has_one_row_per_law() -> None:
