@@ -37,7 +37,8 @@ class FailpointAction(StrEnum):
     SLEEP = "sleep"
     """Sleep `sleep_ms` milliseconds, then continue."""
     HANG = "hang"
-    """Block the hitting thread forever (until the process is killed)."""
+    """Block the hitting thread until the point is armed otherwise (`off` or another action):
+    forever if it never is (until the process is killed)."""
     TAMPER = "tamper"
     """Run the site's tamper hook (a test hook that damages what the step just produced, e.g.
     the binder's copied rollouts), then continue; a site without one ignores it."""
