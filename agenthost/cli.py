@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 from agenthost import gc_policy, gil_policy
-from agenthost.config import ConfigError, check_home_paths, check_listen, load_config
+from agenthost.config import Config, ConfigError, check_home_paths, check_listen, load_config
 from agenthost.home import HomeInUse, HomeUnsafe
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
 from client.cli.parser import SubParsers, build_parser, run_command
@@ -43,7 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     from agenthost import __version__
 
     return build_parser(
-        __version__, __doc__, before=[_add_serve], after=[_add_keys, _add_providers]
+        __version__, __doc__, before=[_add_serve], after=[_add_config, _add_keys, _add_providers]
     )
 
 
@@ -81,9 +81,24 @@ def _add_serve(sub: SubParsers[argparse.ArgumentParser], common: argparse.Argume
     s.set_defaults(run=_serve)
 
 
+def _add_config(sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
+    c = sub.add_parser("config", help="check agenthost.toml without starting the daemon")
+    csub = c.add_subparsers(dest="config_command", metavar="{check}", required=True)
+    cc = csub.add_parser(
+        "check",
+        help="every mistake in the home's agenthost.toml, as `serve` would refuse it "
+        "(exit 0 when it would start, 2 when not)",
+    )
+    cc.add_argument(
+        "--config", type=Path, default=None, help="config file (default: HOME/agenthost.toml)"
+    )
+    c.set_defaults(run=_config_check)
+
+
 def _add_keys(sub: SubParsers[argparse.ArgumentParser], common: argparse.ArgumentParser) -> None:
     k = sub.add_parser("keys", help="client keys for TCP access (CURVE)")
-    ksub = k.add_subparsers(dest="keys_command", required=True)
+    # The metavar names the choices in a missing-subcommand error (argparse would say the dest).
+    ksub = k.add_subparsers(dest="keys_command", metavar="{add,revoke,list}", required=True)
     ka = ksub.add_parser("add", help="mint a client key and print its connection file")
     ka.add_argument("name")
     ka.add_argument(
@@ -100,7 +115,7 @@ def _add_providers(
     from agenthost.provider_install import INSTALLABLE
 
     p = sub.add_parser("providers", help="install the pinned Codex or Claude Code")
-    psub = p.add_subparsers(dest="providers_command", required=True)
+    psub = p.add_subparsers(dest="providers_command", metavar="{install}", required=True)
     pi = psub.add_parser(
         "install",
         parents=[common],
@@ -143,14 +158,13 @@ def _serve_logged(args: argparse.Namespace) -> int:
     from transport import accept_shim
 
     activity.enable(args.verbose > 0)
-    try:
-        config = load_config(args.home, args.config)
-        for endpoint in [*args.listen, *args.events_listen, *args.events_exact_listen]:
-            check_listen(endpoint, args.allow_remote or config.allow_remote)
-        check_home_paths(config)
-    except ConfigError as exc:
-        # Every configuration mistake: one line naming what is wrong, exit 2, no traceback.
-        print(f"agenthost: {exc}", file=sys.stderr)
+    config, problems = _checked_config(
+        args, [*args.listen, *args.events_listen, *args.events_exact_listen]
+    )
+    if config is None or problems:
+        # Every configuration mistake: one line each naming what is wrong, exit 2, no traceback.
+        for problem in problems:
+            print(f"agenthost: {problem}", file=sys.stderr)
         return EXIT_USAGE
     # Imported only now: a configuration error is reported without loading the daemon.
     from agenthost.daemon import Daemon
@@ -207,7 +221,52 @@ def _serve_logged(args: argparse.Namespace) -> int:
     return EXIT_ERROR if daemon.stop_requested.is_set() and not signalled else 0
 
 
+def _checked_config(
+    args: argparse.Namespace, endpoints: list[str]
+) -> tuple[Config | None, list[str]]:
+    """The configuration `serve` would run with and every mistake that would stop it: the file,
+    the command line's `endpoints`, the home's socket paths (nothing of the home is touched)."""
+    problems: list[str] = []
+    try:
+        config = load_config(args.home, args.config)
+    except ConfigError as exc:
+        return None, list(exc.problems)
+    for endpoint in endpoints:
+        try:
+            check_listen(endpoint, getattr(args, "allow_remote", False) or config.allow_remote)
+        except ConfigError as exc:
+            problems.extend(exc.problems)
+    try:
+        check_home_paths(config)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    return config, problems
+
+
+def _config_check(args: argparse.Namespace) -> int:
+    """`agenthost config check`: the checks `serve` makes before it touches the home, every
+    mistake at once, in `serve`'s words; exit 0 when it would start, 2 when not."""
+    config, problems = _checked_config(args, [])
+    for problem in problems:
+        print(f"agenthost: {problem}", file=sys.stderr)
+    if config is None or problems:
+        return EXIT_USAGE
+    path = args.config or config.home / "agenthost.toml"
+    said = f"{path}: ok" if path.exists() else f"{path}: no such file, every key at its default: ok"
+    print(said)
+    return EXIT_OK
+
+
 # -- keys -----------------------------------------------------------------------------------
+
+
+NO_TCP_WARNING = (
+    'agenthost: warning: the daemon listens on no TCP endpoint, so this file\'s "api" is null '
+    'and it connects nowhere: give the daemon one (`listen = ["tcp://127.0.0.1:7777"]` under '
+    "[daemon] in agenthost.toml, or `serve --listen tcp://127.0.0.1:7777`), restart it, then "
+    'set "api" (and "events") in this file to those endpoints or mint the key again'
+)
+"""`keys add` on a daemon without TCP: the file it prints holds a key and no address."""
 
 
 def _keys(args: argparse.Namespace) -> int:
@@ -219,6 +278,8 @@ def _keys(args: argparse.Namespace) -> int:
     try:
         if args.keys_command == "add":
             text = store.add(args.name)
+            if json.loads(text).get("api") is None:
+                print(NO_TCP_WARNING, file=sys.stderr)
             if args.output is not None:
                 from agenthost.keys import write_private
 

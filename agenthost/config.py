@@ -3,9 +3,9 @@
 
 Every key of every table has exactly one `Key` in `SCHEMA`: its table, name, type (with its
 range), default and one line of documentation. `parse_config` checks the whole file against
-it; any mistake is a `ConfigError` naming the file, table, key, what was expected and what was
-given, e.g. `agenthost.toml: [daemon] allow_remote must be a boolean (true/false), got the
-string "false"` (the CLI exits 2 with it; never a traceback).
+it; its mistakes are one `ConfigError` with a line for each, naming the file, table, key, what
+was expected and what was given, e.g. `agenthost.toml: [daemon] allow_remote must be a boolean
+(true/false), got the string "false"` (the CLI exits 2 with them; never a traceback).
 
 To add a key: append one `Key(...)` to `SCHEMA` in `agenthost/config_schema.py` (a new
 `[table]` is simply a new table name), document it in docs/user-guide.md "Configuration keys"

@@ -1,8 +1,8 @@
 """Loading the configuration: where the home is (`AGENTHOST_HOME`, else the XDG data dir:
 `domain.home_layout.default_home`, which the client shares), reading
-`agenthost.toml` (UTF-8 TOML), validating every table and key against `SCHEMA` (a
-`ConfigError` naming the file, table, key, what was expected and what was given), and the
-rule that a file holding a key must be private (mode 0600)."""
+`agenthost.toml` (UTF-8 TOML), validating every table and key against `SCHEMA` (one
+`ConfigError` listing every mistake, each naming the file, table, key, what was expected and
+what was given), and the rule that a file holding a key must be private (mode 0600)."""
 
 from __future__ import annotations
 
@@ -44,8 +44,13 @@ def load_config(home: Path | None = None, path: Path | None = None) -> Config:
         raise ConfigError(f"{path}: not valid TOML: {exc}") from exc
     except OSError as exc:
         raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    config = parse_config(home, raw, source=str(path))
-    check_secret_file(path, config)
+    config, problems = _parse(home, raw, str(path))
+    try:
+        check_secret_file(path, config)
+    except ConfigError as exc:
+        problems.extend(exc.problems)
+    if problems:
+        raise ConfigError(*problems)
     return config
 
 
@@ -65,62 +70,85 @@ def check_secret_file(path: Path, config: Config) -> None:
 
 
 def parse_config(home: Path, raw: Mapping[str, Any], *, source: str = "config") -> Config:
+    """The validated `Config`, or one `ConfigError` listing every mistake of `raw`."""
+    config, problems = _parse(home, raw, source)
+    if problems:
+        raise ConfigError(*problems)
+    return config
+
+
+def _parse(home: Path, raw: Mapping[str, Any], source: str) -> tuple[Config, list[str]]:
+    """The `Config` of what was valid in `raw` (defaults elsewhere) and every mistake found."""
     tables = schema_tables()
     known_top = sorted({t.split(".")[0] for t in tables})
     values: dict[str, dict[str, Any]] = defaults()
     providers: dict[str, dict[str, str | list[str]]] = {}
+    problems: list[str] = []
     for top, content in raw.items():
         if top not in known_top:
-            raise ConfigError(
+            problems.append(
                 f"{source}: unknown table or key {json.dumps(top)} (known: {', '.join(known_top)})"
             )
-        if not isinstance(content, Mapping):
-            raise ConfigError(f"{source}: [{top}] must be a table, got {describe(content)}")
-        if top == "providers":
+        elif not isinstance(content, Mapping):
+            problems.append(f"{source}: [{top}] must be a table, got {describe(content)}")
+        elif top == "providers":
             for name, table in content.items():
                 if f"providers.{name}" not in tables:
-                    raise ConfigError(
+                    problems.append(
                         f"{source}: unknown provider [providers.{name}] "
                         f"(known: {', '.join(PROVIDERS)})"
                     )
-                if not isinstance(table, Mapping):
-                    raise ConfigError(
+                elif not isinstance(table, Mapping):
+                    problems.append(
                         f"{source}: [providers.{name}] must be a table, got {describe(table)}"
                     )
-                providers[name] = _check_table(f"providers.{name}", table, tables, source)
+                else:
+                    table_name = f"providers.{name}"
+                    providers[name] = _check_table(table_name, table, tables, source, problems)
         else:
-            values[top] = {**values.get(top, {}), **_check_table(top, content, tables, source)}
+            checked = _check_table(top, content, tables, source, problems)
+            values[top] = {**values.get(top, {}), **checked}
     config = Config(home=home, providers=providers, tables=values)
-    for endpoint in config.listen:
-        check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] listen")
-    for endpoint in config.events_listen:
-        check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] events_listen")
-    for endpoint in config.events_exact_listen:
-        check_listen(
-            endpoint, config.allow_remote, source=f"{source}: [daemon] events_exact_listen"
-        )
-    return config
+    # An endpoint is judged against allow_remote: not against a default the file meant to change.
+    if not any(p.startswith(f"{source}: [daemon] allow_remote ") for p in problems):
+        for key, endpoints in (
+            ("listen", config.listen),
+            ("events_listen", config.events_listen),
+            ("events_exact_listen", config.events_exact_listen),
+        ):
+            for endpoint in endpoints:
+                try:
+                    check_listen(endpoint, config.allow_remote, source=f"{source}: [daemon] {key}")
+                except ConfigError as exc:
+                    problems.extend(exc.problems)
+    return config, problems
 
 
 def _check_table(
-    table: str, content: Mapping[str, Any], tables: Mapping[str, Mapping[str, Key]], source: str
+    table: str,
+    content: Mapping[str, Any],
+    tables: Mapping[str, Mapping[str, Key]],
+    source: str,
+    problems: list[str],
 ) -> dict[str, Any]:
+    """The valid keys of one table; each mistake is appended to `problems`."""
     keys = tables[table]
     out: dict[str, Any] = {}
     for name, value in content.items():
         key = keys.get(name)
         if key is None:
-            raise ConfigError(
+            problems.append(
                 f"{source}: [{table}] unknown key {json.dumps(name)} "
                 f"(known: {', '.join(sorted(keys))})"
             )
+            continue
         try:
             out[name] = key.type.check(value)
         except ValueError as exc:
             got = describe(value)
             if isinstance(value, str) and (key.secret or _looks_like_a_key(name, value)):
                 got = f"a string of {len(value)} characters (not shown)"
-            raise ConfigError(f"{source}: [{table}] {name} must be {exc}, got {got}") from None
+            problems.append(f"{source}: [{table}] {name} must be {exc}, got {got}")
     return out
 
 

@@ -16,7 +16,13 @@ from urllib.parse import urlparse
 
 
 class ConfigError(ValueError):
-    """The configuration is unreadable, names a key we do not know, or has a wrong value."""
+    """The configuration is unreadable, names a key we do not know, or has a wrong value:
+    one line per mistake in `problems` (a whole file is checked before it is refused, so a bad
+    value never hides an unknown key after it)."""
+
+    def __init__(self, problem: str, *more: str) -> None:
+        self.problems: tuple[str, ...] = (problem, *more)
+        super().__init__("\n".join(self.problems))
 
 
 # -- value types ---------------------------------------------------------------------------

@@ -1,5 +1,6 @@
 """A Turn's workspace checkpoint in words (`Turn.workspace`, docs/protocol.md "TurnWorkspace"):
-the files it changed for `agenthost show` and the GUI, and a restore's outcome."""
+the files it changed for `agenthost show` and the GUI, a restore's outcome, and the warning
+`say` gives when the Session's folder is gone."""
 
 from __future__ import annotations
 
@@ -35,6 +36,33 @@ def files_line(turn: Mapping[str, Any]) -> str | None:
     if not files:
         return "files: none changed"
     return f"files ({len(files)} changed): {change_list(files)}"
+
+
+def folder_missing(turn: Mapping[str, Any]) -> str | None:
+    """The warning `say` prints when the Session's folder was gone as the Turn ran (the
+    checkpoint says `cwd_missing`); None otherwise."""
+    workspace = turn.get("workspace")
+    if not isinstance(workspace, Mapping) or workspace.get("reason") != "cwd_missing":
+        return None
+    return (
+        f"cwd_missing: {workspace.get('message')}; the turn ran without its folder and no "
+        "checkpoint was taken (restore or diff cannot undo it): recreate the folder, or start "
+        "a session where the work is now (`agenthost new --cwd DIR`)"
+    )
+
+
+def restore_summary(files: Sequence[Mapping[str, Any]]) -> str:
+    """A restore's changes, written and removed apart: `1 file(s) written: M a.txt; 1 file(s)
+    removed: b.txt`, or `nothing differed`."""
+    written = [f for f in files if f.get("kind") != "deleted"]
+    removed = [f for f in files if f.get("kind") == "deleted"]
+    parts = []
+    if written:
+        parts.append(f"{len(written)} file(s) written: {change_list(written, limit=len(written))}")
+    if removed:
+        names = ", ".join(str(f["path"]) for f in removed)
+        parts.append(f"{len(removed)} file(s) removed: {names}")
+    return "; ".join(parts) or "nothing differed"
 
 
 def change_list(files: Sequence[Mapping[str, Any]], limit: int = SHOWN_FILES) -> str:

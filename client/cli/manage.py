@@ -132,6 +132,11 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
 def run_rename(args: argparse.Namespace, client: Client) -> int:
     from client.session_client import resolve_session
 
+    if args.title == "":
+        # The usage error `new --title ""` gives, before anything is sent.
+        raise CliError(
+            "invalid_argument", "the title is empty: give the new title", code=EXIT_USAGE
+        )
     sid = resolve_session(client, args.workspace, args.session)
     session = call(
         args,

@@ -151,8 +151,21 @@ def _absolute_cwd(value: str | None) -> str:
     return str(path)
 
 
+def refuse_empty(value: str | None, option: str, absent: str) -> None:
+    """A given `--title`/`--model` must have text (the protocol's 1.. characters): an empty one
+    is a usage error (exit 2, before anything is sent), never quietly taken for `absent`."""
+    if value == "":
+        raise CliError(
+            "invalid_argument",
+            f"{option} is empty: give a value, or leave {option} out for {absent}",
+            code=EXIT_USAGE,
+        )
+
+
 @with_client
 def run_new(args: argparse.Namespace, client: Client) -> int:
+    refuse_empty(args.title, "--title", '"New session"')
+    refuse_empty(args.model, "--model", "the provider's configured model")
     params = SessionCreateParams(
         workspaceId=args.workspace, provider=args.provider, cwd=_absolute_cwd(args.cwd)
     )

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from client.cli.command import api_error, call, with_client
 from client.cli.endpoints import curve, events_source
 from client.cli.output import EXIT_ERROR, EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, CliError, emit
+from client.workspace_text import folder_missing
 from protocol.methods import (
     INTERACTION_RESPOND,
     SESSION_GET,
@@ -220,6 +221,10 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
 
 def _report_turn(args: argparse.Namespace, turn: Mapping[str, Any]) -> int:
     ok = turn.get("outcome") == "completed"
+    missing = folder_missing(turn)
+    if missing is not None:
+        # On stderr in both modes: the turn itself may have gone well, and `--json` stays JSON.
+        print(f"agenthost: warning: {missing}", file=sys.stderr)
     if args.json:
         data: dict[str, Any] = {"type": "turn", "turn": turn}
         if not ok:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal, cast
 
 from client.cli.command import call, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
-from client.workspace_text import change_list
+from client.workspace_text import change_list, restore_summary
 from protocol.methods import (
     SESSION_WORKSPACE_DIFF,
     WORKSPACE_RESTORE,
@@ -109,12 +109,7 @@ def run_restore(args: argparse.Namespace, client: Client) -> int:
             f"other live sessions ({others}) work in this folder too: their files would change "
             "behind their back; run again with --force to restore anyway",
         ) from exc
-    files = result["changedFiles"]
-    changed = (
-        f"{len(files)} file(s) written: {change_list(files, limit=len(files))}"
-        if files
-        else "nothing differed"
-    )
+    changed = restore_summary(result["changedFiles"])
     emit(
         args,
         result,

@@ -107,7 +107,7 @@ class AgentHostApp(App[int]):
         "fork_turn": "Fork through a turn: pick it, then confirm",
         "turn_diff": "What a turn changed in its folder: pick it, see its diff",
         "details": "Details: the daemon's names for the session and its turns",
-        "help": "This list of keys",
+        "help": "This list of keys (? outside the message box)",
         "reload": "Reload the session list",
     }
 

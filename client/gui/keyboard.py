@@ -35,16 +35,15 @@ def key_name(key: str) -> str:
 
 
 def help_lines(bindings: Iterable[Binding]) -> list[str]:
-    """One line a key: `Ctrl+G   Interrupt the running turn`."""
-    seen: set[str] = set()
-    lines = []
+    """One line an action: `Ctrl+G   Interrupt the running turn`; the keys of one action
+    share its line (`F1 / ?   This list of keys`), in the order they are bound."""
+    keys_of: dict[str, list[str]] = {}
     for binding in bindings:
-        if not binding.description or binding.description in seen:
+        if not binding.description:
             continue
-        seen.add(binding.description)
-        keys = " / ".join(key_name(k.strip()) for k in binding.key.split(","))
-        lines.append(f"{keys:<12} {binding.description}")
-    return lines
+        named = keys_of.setdefault(binding.description, [])
+        named.extend(key_name(k.strip()) for k in binding.key.split(",") if k.strip())
+    return [f"{' / '.join(keys):<12} {words}" for words, keys in keys_of.items()]
 
 
 class HelpScreen(ModalScreen[None]):

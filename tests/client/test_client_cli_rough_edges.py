@@ -4,6 +4,7 @@ usage mistake, caught before anything is sent; 3 for no daemon)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -101,7 +102,7 @@ def test_restore_names_the_undo_option_and_says_how_the_turn_left_the_folder(
     before = cli.run("restore", sid, "--turn", "1", "--before")
     assert before.returncode == 0, before.stderr
     assert f"restored {tmp_path} as turn " in before.stdout
-    assert "found it: 1 file(s) written: D notes.txt" in before.stdout
+    assert "found it: 1 file(s) removed: notes.txt" in before.stdout
     assert not (tmp_path / "notes.txt").exists()
 
 
@@ -170,3 +171,72 @@ def test_new_with_a_cwd_that_is_a_file_says_it_is_not_a_directory(cli: Cli, tmp_
     assert f"invalid_cwd: --cwd '{a_file}': not a directory" in done.stderr
     missing = cli.run("new", "--cwd", str(tmp_path / "gone"))
     assert missing.returncode == 2 and "no such directory" in missing.stderr
+
+
+@pytest.mark.parametrize(
+    ("command", "choices"), [("keys", "{add,revoke,list}"), ("providers", "{install}")]
+)
+def test_a_missing_subcommand_names_its_choices_not_an_internal_name(
+    cli: Cli, command: str, choices: str
+) -> None:
+    done = cli.run(command)
+    assert done.returncode == 2
+    assert f"the following arguments are required: {choices}" in done.stderr
+    assert "_command" not in done.stderr
+
+
+def test_keys_add_without_a_tcp_endpoint_says_what_to_configure(cli: Cli) -> None:
+    done = cli.run("keys", "add", "laptop-ipc-only")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["api"] is None
+    assert done.stderr.startswith(
+        'agenthost: warning: the daemon listens on no TCP endpoint, so this file\'s "api" is null'
+    )
+    assert "listen = [" in done.stderr and "--listen tcp://127.0.0.1:7777" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("args", "said"),
+    [
+        (("new", "--title", ""), "invalid_argument: --title is empty"),
+        (("new", "--model", ""), "invalid_argument: --model is empty"),
+        (("rename", "{sid}", ""), "invalid_argument: the title is empty"),
+    ],
+)
+def test_an_empty_title_or_model_is_a_usage_error_and_changes_nothing(
+    cli: Cli, client: Client, ws: str, args: tuple[str, ...], said: str
+) -> None:
+    sid = new_session(cli, "Named")
+    done = cli.run(*(a.format(sid=sid) for a in args))
+    assert done.returncode == 2, (done.stdout, done.stderr)
+    assert said in done.stderr
+    sessions = client.call("session.list", {"workspaceId": ws})["sessions"]
+    assert [s["title"] for s in sessions] == ["Named"]
+
+
+def test_restore_says_written_and_removed_apart(cli: Cli, tmp_path: Path) -> None:
+    sid = session_in(cli, tmp_path, "Both")
+    say(cli, sid, "/write kept.txt one")
+    say(cli, sid, "/write kept.txt two")
+    say(cli, sid, "/write added.txt new")
+    done = cli.run("restore", sid, "--turn", "2", "--before")
+    assert done.returncode == 0, done.stderr
+    assert "1 file(s) written: M kept.txt; 1 file(s) removed: added.txt" in done.stdout
+    assert (tmp_path / "kept.txt").read_text() == "one" and not (tmp_path / "added.txt").exists()
+
+
+def test_say_in_a_removed_folder_warns_on_stderr(cli: Cli, tmp_path: Path) -> None:
+    folder = tmp_path / "gone"
+    folder.mkdir()
+    sid = session_in(cli, folder, "Gone")
+    folder.rmdir()
+    done = cli.run("say", sid, "hello")
+    assert done.returncode == 0, done.stderr
+    assert "echo: hello" in done.stdout and "cwd_missing" not in done.stdout
+    assert done.stderr.startswith(
+        f"agenthost: warning: cwd_missing: the working directory {folder} does not exist; "
+    )
+    # With --json too: stdout stays one JSON object a line.
+    done = cli.run("--json", "say", sid, "again")
+    assert "agenthost: warning: cwd_missing" in done.stderr
+    assert json.loads(done.stdout.splitlines()[-1])["turn"]["workspace"]["reason"] == "cwd_missing"

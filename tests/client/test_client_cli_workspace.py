@@ -60,7 +60,7 @@ def test_show_diff_and_restore_from_the_cli(
 
     done = cli.run("restore", sid, "--turn", "1", "--before", "--force")
     assert done.returncode == 0, done.stderr
-    assert "4 file(s) written" in done.stdout
+    assert "2 file(s) written: " in done.stdout and "2 file(s) removed: " in done.stdout
     assert (repo / "a.txt").read_text() == "one\n" and (repo / "b.txt").exists()
     assert not (repo / "c.txt").exists() and not (repo / "notes.md").exists()
     undo = done.stdout.strip().splitlines()[-1]

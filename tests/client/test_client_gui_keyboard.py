@@ -207,6 +207,8 @@ def test_every_key_is_listed_the_bar_stays_one_line_and_titles_are_elided(
         listed = "\n".join(app.screen.lines)
         for action, words in AgentHostApp.KEY_HELP.items():
             assert words in listed, action
+        # Both keys that open this list are on its line (docs/user-guide.md names both).
+        assert any(line.startswith("F1 / ?") for line in app.screen.lines), listed
         assert _fits(app)
         await pilot.press("escape")
         # A blocked fork: the reason goes in the bar, which stays one line.

@@ -1,7 +1,8 @@
 """`agenthost.toml` is typed and validated, through the real `agenthost serve`:
 every key of `agenthost.config.SCHEMA` given a value of the wrong type (and one out of its
-range) stops `serve` with exit 2 and one line naming the file, table, key, what was expected
-and what was given; never a traceback, never a started daemon. A too-long AGENTHOST_HOME is
+range) stops `serve` with exit 2 and a line for each mistake, naming the file, table, key, what
+was expected and what was given (`config check` says the same without starting anything); never
+a traceback, never a started daemon. A too-long AGENTHOST_HOME is
 reported before anything is created. A list `command` reaches the worker intact."""
 
 from __future__ import annotations
@@ -312,3 +313,78 @@ def test_provider_write_seconds_reaches_the_app_server_driver(
             driver.close()
     finally:
         daemon.stop()
+
+
+def config_check(home: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
+    return subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", str(home), "config", "check", *args],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+
+
+def test_serve_and_config_check_name_every_mistake_at_once(tmp_path: Path) -> None:
+    """A bad value does not hide the unknown key after it: `serve` refuses with a line for each
+    mistake, and `config check` says the same lines without starting anything."""
+    home = tmp_path / "home"
+    home.mkdir()
+    path = home / "agenthost.toml"
+    path.write_text(
+        '[daemon]\nallow_remote = "false"\nport = 1\n'
+        "[workspace]\ncheckpoints = 3\n[deamon]\nlisten = []\n"
+    )
+    expected = [
+        f"agenthost: {path}: [daemon] allow_remote must be a boolean (true/false), "
+        'got the string "false"',
+        f'agenthost: {path}: [daemon] unknown key "port" (known: actor_threads, ',
+        f"agenthost: {path}: [workspace] checkpoints must be a boolean (true/false), "
+        "got the integer 3",
+        f'agenthost: {path}: unknown table or key "deamon" (known: daemon, providers, workspace)',
+    ]
+    served = serve(home)
+    checked = config_check(home)
+    for done in (served, checked):
+        assert done.returncode == 2, done.stderr
+        lines = done.stderr.splitlines()
+        assert len(lines) == len(expected), lines
+        for line, start in zip(lines, expected, strict=True):
+            assert line.startswith(start), (line, start)
+        assert not (home / "store.sqlite3").exists() and not (home / "run").exists()
+    assert checked.stderr == served.stderr and checked.stdout == ""
+
+
+def test_config_check_passes_a_good_file_and_no_file(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    done = config_check(home)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == f"{home / 'agenthost.toml'}: no such file, every key at its default: ok\n"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[daemon]\nactor_threads = 4\n")
+    done = config_check(home)
+    assert (done.returncode, done.stdout, done.stderr) == (
+        0,
+        f"{home / 'agenthost.toml'}: ok\n",
+        "",
+    )
+    assert not (home / "run").exists()
+    # --config names another file; a too-long home is refused as `serve` refuses it.
+    other = tmp_path / "other.toml"
+    other.write_text("[daemon]\nworkers_ahead = 1\n")
+    done = config_check(home, "--config", str(other))
+    assert done.returncode == 2 and f"agenthost: {other}: [daemon] workers_ahead" in done.stderr
+    done = config_check(tmp_path / ("h" * 90) / "home")
+    assert done.returncode == 2 and "over the 107-byte limit" in done.stderr
+
+
+def test_parse_config_lists_every_problem() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_config(
+            Path("/tmp/h"),
+            {"daemon": {"actor_threads": "x", "nope": 1}, "providers": {"gpt": {}}},
+        )
+    assert len(err.value.problems) == 3
+    assert str(err.value) == "\n".join(err.value.problems)

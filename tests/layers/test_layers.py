@@ -263,8 +263,8 @@ def test_the_client_list_holds_every_client_part() -> None:
 
 def test_the_agenthost_command_builds_the_client_parser_and_adds_only_the_daemon_side() -> None:
     """`agenthost.cli` (the composition root's entry) keeps only the subcommands that need the
-    daemon side (`serve`, `keys`, `providers install` into the home); every other one is the
-    client's parser, importable without the daemon."""
+    daemon side (`serve`, `config check`, `keys`, `providers install` into the home); every
+    other one is the client's parser, importable without the daemon."""
     from agenthost.cli import _parser
     from client.cli.parser import build_parser
 
@@ -274,8 +274,8 @@ def test_the_agenthost_command_builds_the_client_parser_and_adds_only_the_daemon
 
     full = commands(_parser())
     client = commands(build_parser("0", None))
-    assert full == ["serve", *client, "keys", "providers"]
-    assert "serve" not in client and "keys" not in client and "providers" not in client
+    assert full == ["serve", *client, "config", "keys", "providers"]
+    assert not {"serve", "config", "keys", "providers"} & set(client)
     assert "status" in client and "say" in client and "fork" in client and "gui" in client
 
 
