@@ -408,7 +408,13 @@ class EventPublisher:
         """Changes of claims and settlements projected and handed to the sink on their
         writer's thread (`_publish_direct`, under `_order`); tests pin it."""
         self._unseen: dict[str, int] = {}
-        """Per workspace, `write_seq` when a Session change of it last went unpublished."""
+        """Per workspace, `write_seq` when a Session change of it last went unpublished (the
+        newest last; past `unseen_remembered` the oldest half are forgotten, each then taken
+        to be at `_unseen_floor`: workspaces are made by naming them, so any client can add
+        one)."""
+        self.unseen_remembered = SHOWN_REMEMBERED
+        self._unseen_floor = 0
+        """The largest `write_seq` of a workspace `_unseen` forgot (raised before it forgets)."""
 
     def offer(self, change: Any) -> None:
         """The store's subscriber (any writer's thread, after its COMMIT): queue `change`.
@@ -510,7 +516,22 @@ class EventPublisher:
         it is committed) is trusted there (`_session_event`, `_turn_event`). Under
         `_count_lock`."""
         if isinstance(change, (SessionChanged, TurnChanged, ForkOperationChanged)):
-            self._unseen[change.workspace_id] = self.store.db.write_seq
+            unseen = self._unseen
+            unseen.pop(change.workspace_id, None)
+            unseen[change.workspace_id] = self.store.db.write_seq
+            if len(unseen) > self.unseen_remembered:
+                # The floor is raised before any is forgotten (the publishing thread reads
+                # `_unseen` unlocked).
+                old = list(unseen)[: len(unseen) // 2]
+                self._unseen_floor = max(self._unseen_floor, *(unseen[w] for w in old))
+                for workspace_id in old:
+                    del unseen[workspace_id]
+
+    def _unseen_at(self, workspace_id: str) -> int:
+        """`_unseen`'s bound for `workspace_id` (the floor for one forgotten): a carried row
+        at or below it is read back instead (read before the floor, which rises first)."""
+        at = self._unseen.get(workspace_id)
+        return self._unseen_floor if at is None else at
 
     def run(self) -> None:
         while True:
@@ -669,7 +690,7 @@ class EventPublisher:
         if (
             newest is not None
             and newest[0] > self.shown.bound(key)
-            and newest[0] > self._unseen.get(change.workspace_id, 0)
+            and newest[0] > self._unseen_at(change.workspace_id)
         ):
             seq, row = newest
             self.shown.showed(key, seq)
@@ -706,7 +727,7 @@ class EventPublisher:
         if (
             newest is not None
             and newest[0] > self.shown_ops.bound(key)
-            and newest[0] > self._unseen.get(change.workspace_id, 0)
+            and newest[0] > self._unseen_at(change.workspace_id)
         ):
             seq, op = newest
             self.shown_ops.showed(key, seq)
@@ -728,7 +749,7 @@ class EventPublisher:
         if (
             row is not None
             and change.seq > self.shown_turns.bound(key)
-            and change.seq > self._unseen.get(change.workspace_id, 0)
+            and change.seq > self._unseen_at(change.workspace_id)
             and change.seq > self.removed.bound(key[:2])
         ):
             self.shown_turns.showed(key, change.seq)

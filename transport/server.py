@@ -264,8 +264,22 @@ class ReplyRouter:
         return queued == 0 or queued + size <= MAX_QUEUED_BYTES
 
     def _sent(self, peer: bytes, tracker: Any, size: int) -> None:
-        if tracker is not None:
-            self.queued.setdefault(peer, []).append((tracker, size))
+        if tracker is None:
+            return
+        held = self.queued.get(peer)
+        if held is None:
+            # A client is only looked up again when it is sent another large reply: one that
+            # went away would keep its entry for the daemon's life. So each new one first
+            # forgets the clients whose large replies are all written.
+            self.forget_written()
+            held = self.queued[peer] = []
+        held.append((tracker, size))
+
+    def forget_written(self) -> None:
+        """Forget the clients whose large replies ZeroMQ has all written: `queued` holds only
+        clients with bytes still in ZeroMQ's queue (at most one per open connection)."""
+        for peer in [p for p, held in self.queued.items() if all(t.done for t, _ in held)]:
+            del self.queued[peer]
 
     def unread(self, peer: bytes) -> bool:
         """Whether a request or a reply of this client is pending, or it was answered within
