@@ -99,6 +99,12 @@ class TuttiAgentProvider:
     def open_session(self, home: Path, params: Mapping[str, Any]) -> None:
         """Nothing: no Session setting lives in the home."""
 
+    def close_session(self, home: Path) -> None:
+        """Nothing: nothing was kept."""
+
+    def homes_kept(self) -> int:
+        return 0
+
     def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
         return {}
 

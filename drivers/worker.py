@@ -471,6 +471,8 @@ class WorkerServer:
             # Whether the driver is loaded (by `preload` as the worker started, or by a request).
             "driverLoaded": self._driver is not None,
             "turnStartsHere": self.turn_starts_here,
+            # What the provider keeps per Session home (None: the driver keeps nothing so).
+            "providerHomes": getattr(self._driver, "provider_homes", None),
         }
 
     def _sleep(self, params: Mapping[str, Any]) -> dict[str, Any]:

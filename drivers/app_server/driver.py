@@ -82,6 +82,9 @@ class AppServerDriver:
                 f"readability_proof must be {READABILITY_IN_WORKER} or {READABILITY_APP_SERVER}",
             )
         self._sessions = Sessions(provider.kind)
+        # Pairs the provider's `open_session` with the Session it opens, and a stop's pop with
+        # its `close_session`: a stop never forgets the params of a start that raced it.
+        self._opening = threading.Lock()
         # A write to an app-server that takes none of it (its stdin full: a wedged server) is
         # given up, the server killed, past this; longer than a busy server's liveness check
         # (`stopped_limit_s` after its first unanswered or unsent request), which then fails
@@ -240,6 +243,11 @@ class AppServerDriver:
         return None if runtime is None else runtime.proc.pid
 
     @property
+    def provider_homes(self) -> int:
+        """Homes whose Session params the provider keeps (`worker.ping`)."""
+        return self.provider.homes_kept()
+
+    @property
     def runtime_idle_s(self) -> float:
         """How long an idle app-server lives before `_reap_idle` stops it."""
         return self.idle_timeout
@@ -252,15 +260,18 @@ class AppServerDriver:
         if not home_text or not Path(home_text).is_absolute():
             raise InvalidArgument("home", "home must be an absolute path")
         home = Path(home_text)
-        self.provider.open_session(home, params)
-        if not sid:
-            raise InvalidArgument("agentSessionId", "agentSessionId is required")
         cwd = str(params.get("cwd") or "")
         wanted = str(params.get("providerSessionId") or "")
         model = params.get("model")
-        session, stale = self._sessions.open(
-            sid, home, cwd, wanted, model if isinstance(model, str) else None
-        )
+        with self._opening:
+            self.provider.open_session(home, params)
+            if not sid:
+                raise InvalidArgument("agentSessionId", "agentSessionId is required")
+            session, stale = self._sessions.open(
+                sid, home, cwd, wanted, model if isinstance(model, str) else None
+            )
+            if stale is not None and not self._sessions.on_home(stale.home):
+                self.provider.close_session(stale.home)
         if stale is not None and stale.runtime is not None:
             stale.runtime.proc.close()
         with session.op_lock:
@@ -276,9 +287,13 @@ class AppServerDriver:
         }
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        session = self._sessions.pop(str(params.get("agentSessionId") or ""))
-        if session is None:
-            return {}
+        with self._opening:
+            session = self._sessions.pop(str(params.get("agentSessionId") or ""))
+            if session is None:
+                return {}
+            # Its next start opens it again first: nothing kept for the worker's life.
+            if not self._sessions.on_home(session.home):
+                self.provider.close_session(session.home)
         # A start or turn start in progress finishes first: otherwise the app-server it is
         # spawning is attached to a Session nobody holds any more and lives on, uncounted
         # (the host's runtime bound was exceeded that way under load).

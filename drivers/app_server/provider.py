@@ -108,6 +108,17 @@ class AppServerProvider(Protocol):
         (Codex: the approval policy, sandbox mode and a fork child's recorded source)."""
         ...
 
+    def close_session(self, home: Path) -> None:
+        """The last Session on `home` stopped in this worker (`session.stop`: deleted, evicted
+        or idle): forget what `open_session` kept for it. Its next `session.start` opens it
+        again before any app-server starts, so nothing is kept for the worker's life."""
+        ...
+
+    def homes_kept(self) -> int:
+        """How many homes' `open_session` params the provider keeps now (`worker.ping`'s
+        `providerHomes`: bounded by the Sessions started and not stopped)."""
+        ...
+
     def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
         """Entries the provider adds to a started Session's runtime context."""
         ...

@@ -189,6 +189,11 @@ class Sessions:
         with self._lock:
             return self._by_id.pop(agent_session_id, None)
 
+    def on_home(self, home: Path) -> bool:
+        """Whether a Session started here runs on `home`."""
+        with self._lock:
+            return any(session.home == home for session in self._by_id.values())
+
     def all(self) -> list[SessionState]:
         with self._lock:
             return list(self._by_id.values())

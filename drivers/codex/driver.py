@@ -145,6 +145,14 @@ class CodexProvider:
         with self._homes_lock:
             self._homes[home] = spec
 
+    def close_session(self, home: Path) -> None:
+        with self._homes_lock:
+            self._homes.pop(home, None)
+
+    def homes_kept(self) -> int:
+        with self._homes_lock:
+            return len(self._homes)
+
     def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
         """The Session's home and thread, and a fork child's recorded source (what the next
         start re-binds from)."""
