@@ -60,6 +60,9 @@ HERE_SLOW_RUN = 2
 """A slow filesystem is slow at every capture; one slow capture alone is most often the
 thread waiting for a core on a loaded host, which the pool would not spare it."""
 HERE_PAUSE_S = 60.0
+HERE_KEPT = 256
+"""Folders whose one slow capture here is remembered at most (`HERE_SLOW_RUN`); past it the
+count starts again (a folder slow once and never captured again is a removed tree)."""
 
 
 @functools.lru_cache(maxsize=4096)
@@ -227,12 +230,20 @@ class FolderLock:
     git holds one pool thread, never every folder's captures). A parked job whose future was
     cancelled (its Turn stopped waiting) is skipped, never run."""
 
-    __slots__ = ("_held", "_mutex", "_waiting")
+    __slots__ = ("_held", "_mutex", "_users", "_waiting")
 
     def __init__(self) -> None:
         self._mutex = threading.Lock()
         self._held = False
         self._waiting: deque[threading.Event | tuple[Executor, _FolderJob]] = deque()
+        # Threads that took this lock from `DirectoryLocks` and have not yet acquired it or
+        # parked on it (counted under its guard; `DirectoryLocks.retire_held`).
+        self._users = 0
+
+    def waited_on(self) -> bool:
+        """Whether a thread or a parked job waits for this lock."""
+        with self._mutex:
+            return bool(self._waiting)
 
     def acquire(self, blocking: bool = True) -> bool:
         with self._mutex:
@@ -333,7 +344,14 @@ class DirectoryLocks:
     """One lock per working directory (`FolderLock`): its captures, drops and collections
     never overlap (they share the directory's shadow repository and index), and a job for a
     busy directory waits parked on it, never on a pool thread; and the `RefPins` of the
-    checkpoint refs Turns in flight name."""
+    checkpoint refs Turns in flight name.
+
+    A folder that is gone (a worktree fork's tree removed) has its entry retired
+    (`retire_held`), or the map would hold one lock per tree ever made. Never two locks of
+    one folder: a lock is handed out under the guard with `_users` counted until its taker
+    holds it or waits on it (`_using`), and an entry is dropped, under the same guard, only
+    by its holder and only while no one else is counted, holds or waits: no thread can
+    reach the old lock after that, and the next one makes the folder's only lock."""
 
     def __init__(self) -> None:
         self._locks: dict[str, FolderLock] = {}
@@ -345,12 +363,50 @@ class DirectoryLocks:
         return self.resolved(os.path.realpath(cwd))
 
     def resolved(self, real: str) -> FolderLock:
-        """The lock of a directory already resolved (`os.path.realpath`)."""
+        """The lock of a directory already resolved (`os.path.realpath`), handed out bare: it
+        is never retired (its taker is never known to be done with it)."""
+        with self._guard:
+            lock = self._entry(real)
+            lock._users += 1
+            return lock
+
+    def _entry(self, real: str) -> FolderLock:
+        lock = self._locks.get(real)
+        if lock is None:
+            lock = self._locks[real] = FolderLock()
+        return lock
+
+    @contextlib.contextmanager
+    def _using(self, real: str) -> Iterator[FolderLock]:
+        """`real`'s lock, counted as in use until the block ends: the block acquires it or
+        parks on it (where a retirement sees it), nothing more."""
+        with self._guard:
+            lock = self._entry(real)
+            lock._users += 1
+        try:
+            yield lock
+        finally:
+            with self._guard:
+                lock._users -= 1
+
+    def retire_held(self, shadow: ShadowStore, real: str) -> bool:
+        """Holding `real`'s lock, its folder gone: forget what this daemon keeps for it (its
+        lock's entry, `cleared`, the shadow store's caches of it). The entry stays while any
+        other thread took the lock and has not acquired it, or waits on it: True when it went.
+        The caller only lets the lock go after this."""
+        shadow.forget(real)
         with self._guard:
             lock = self._locks.get(real)
-            if lock is None:
-                lock = self._locks[real] = FolderLock()
-            return lock
+            if lock is None or lock._users or lock.waited_on():
+                return False
+            del self._locks[real]
+            self._cleared.discard(real)
+            return True
+
+    def __len__(self) -> int:
+        """Folders with a lock now."""
+        with self._guard:
+            return len(self._locks)
 
     def cleared(self, cwd: str) -> bool:
         """`clear_stale_once` ran for `cwd` (resolved)."""
@@ -377,8 +433,13 @@ class DirectoryLocks:
     def held(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:
         """Hold `cwd`'s (resolved) lock for one job on its shadow repository, waiting for it
         (a thread off the pool: a pool job goes through `submit`)."""
-        with self.resolved(cwd), self.holding(shadow, cwd):
-            yield
+        with self._using(cwd) as lock:
+            lock.acquire()
+        try:
+            with self.holding(shadow, cwd):
+                yield
+        finally:
+            lock.release()
 
     @contextlib.contextmanager
     def holding(self, shadow: ShadowStore, cwd: str) -> Iterator[None]:
@@ -397,19 +458,25 @@ class DirectoryLocks:
     def submit(self, pool: Executor, cwd: str, fn: Callable[..., T], *args: Any) -> Future[T]:
         """`fn(*args)` on `pool` holding `cwd`'s (resolved) lock, parked while another job of
         that directory holds it (`FolderLock.submit`); `fn` works within `holding`."""
-        return self.resolved(cwd).submit(pool, fn, *args)
+        with self._using(cwd) as lock:
+            return lock.submit(pool, fn, *args)
 
     def now_or_parked(self, pool: Executor, cwd: str, fn: Callable[..., T], *args: Any) -> T | None:
         """`fn(*args)` now, on this (pool) thread, holding `cwd`'s lock if it is free; else
         parked on the lock (`submit`) and None: a sweep never waits on a busy folder."""
-        lock = self.resolved(cwd)
-        if not lock.acquire(blocking=False):
-            self.submit(pool, cwd, fn, *args)
-            return None
+        with self._using(cwd) as lock:
+            if not lock.acquire(blocking=False):
+                lock.submit(pool, fn, *args)
+                return None
         try:
             return fn(*args)
         finally:
             lock.release()
+
+    def try_acquire(self, real: str) -> FolderLock | None:
+        """`real`'s lock acquired if it is free (the caller releases it), else None."""
+        with self._using(real) as lock:
+            return lock if lock.acquire(blocking=False) else None
 
 
 class _Job:
@@ -570,8 +637,8 @@ class TurnCheckpoints:
         real = os.path.realpath(cwd) if real is None else real
         if not self.locks.cleared(real):
             return None
-        lock = self.locks.resolved(real)
-        if not lock.acquire(blocking=False):
+        lock = self.locks.try_acquire(real)
+        if lock is None:
             return None
         started = time.monotonic()
         try:
@@ -597,10 +664,16 @@ class TurnCheckpoints:
                 if self._here_slow:
                     self._here_slow.pop(cwd, None)
             elif (slow := self._here_slow.get(cwd, 0) + 1) < HERE_SLOW_RUN:
+                if len(self._here_slow) >= HERE_KEPT:
+                    self._here_slow.clear()  # at worst, one folder's pause comes later
                 self._here_slow[cwd] = slow
             else:
                 self._here_slow.pop(cwd, None)
-                self._here_paused[cwd] = time.monotonic() + HERE_PAUSE_S
+                now = time.monotonic()
+                # Only folders paused now are kept: a removed tree's ended pause goes here.
+                for ended in [k for k, until in list(self._here_paused.items()) if until <= now]:
+                    self._here_paused.pop(ended, None)
+                self._here_paused[cwd] = now + HERE_PAUSE_S
 
     def _past_failpoint(self, args: tuple[str, str, str, str, str | None]) -> Future[Capture]:
         """A capture whose `host.checkpoint.<which>` failpoint may act: hit on a pool thread
@@ -802,6 +875,8 @@ class CheckpointJanitor:
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
             log.warning("dropping checkpoints in %s failed: %s", cwd, exc)
             return 0
+        finally:
+            self._retire_if_gone(cwd)
         if dropped:
             with self._guard:
                 self._dirty.add(cwd)
@@ -850,7 +925,16 @@ class CheckpointJanitor:
             with self._guard:
                 self._dirty.add(cwd)
             return 0
+        finally:
+            self._retire_if_gone(cwd)
         return 1
+
+    def _retire_if_gone(self, cwd: str) -> None:
+        """Holding `cwd`'s lock: a folder gone (a removed worktree fork's tree, whose drop
+        follows its Session's delete) keeps no lock or cache entry (`retire_held`); its
+        shadow repository stays (its refs until dropped, its objects until collected)."""
+        if not os.path.lexists(cwd):
+            self.locks.retire_held(self.shadow, cwd)
 
     def _cap(self) -> int:
         """Over `max_bytes`: drop the oldest Turns' checkpoints a batch at a time, collecting

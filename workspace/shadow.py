@@ -584,6 +584,25 @@ class ShadowStore:
         if exc.reason == "git_missing":
             self._git_found = None
 
+    def forget(self, real: str) -> None:
+        """Drop what this store keeps in memory for the directory `real` (resolved) and its
+        shadow repository: the directory is gone (a removed worktree fork's tree). Only
+        caches: a later capture of `real` finds each again. The caller holds the directory's
+        lock, as every user of these entries does (`actors.checkpoints.DirectoryLocks`)."""
+        with self._guard:
+            known = self._repos.pop(real, None)
+            repo = known[0] if known is not None else self.root / _real_key(real)
+            self._locations.pop(real, None)
+            self._repo_locks.pop(repo, None)
+            self._trees.pop(repo, None)
+            self._snapshots.pop(repo, None)
+            self._too_big.discard(repo)
+            self._backoff.pop(repo, None)
+            self._skip_walks.pop(repo, None)
+            self._young_until.pop(repo, None)
+            self._loose.pop(repo, None)
+            self._named.pop(repo, None)
+
     def _repo_lock(self, repo: Path) -> threading.Lock:
         with self._guard:
             return self._repo_locks.setdefault(repo, threading.Lock())

@@ -5,14 +5,18 @@ subscribes to — run N times leaves at most a constant behind, never one entry 
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agenthost.daemon import Daemon
-from tests.support.daemon import create_session
+from tests.daemon.test_fork_saga import until_terminal
+from tests.support.daemon import create_session, run_turn, wait_for
 from tests.support.in_process import in_process_daemon
+from tests.support.worktree_forks import trees_beside, worktree_fork_params
+from tests.support.worktree_repos import make_repo
 from transport.client import Client
 from transport.server import TRACKED_BYTES
 
@@ -70,3 +74,66 @@ def test_sessions_of_workspaces_nobody_hears_are_remembered_up_to_a_bound(
     assert all(publisher._unseen_at(ws) == publisher._unseen_floor > 0 for ws in forgotten)
     newest = publisher._unseen_at(workspaces[-1])
     assert newest >= publisher._unseen_floor
+
+
+TREES = 4
+
+
+def _folder_state(daemon: Daemon) -> dict[str, int]:
+    """What the daemon keeps per working folder: its lock, its stale-lock clearing, and the
+    shadow store's caches of it and its repository."""
+    janitor = daemon.ctx.checkpoint_janitor
+    assert janitor is not None
+    shadow, locks = janitor.shadow, janitor.locks
+    out = {"locks": len(locks), "cleared": len(locks._cleared)}
+    for name in (
+        "_repos",
+        "_locations",
+        "_repo_locks",
+        "_trees",
+        "_snapshots",
+        "_too_big",
+        "_backoff",
+        "_skip_walks",
+        "_young_until",
+        "_loose",
+        "_named",
+    ):
+        out[name] = len(getattr(shadow, name))
+    return out
+
+
+def test_removed_worktree_trees_leave_no_folder_state_behind(
+    running: tuple[Daemon, Client], tmp_path: Path
+) -> None:
+    """A worktree fork's child, run and deleted with `worktree: "remove"`: its tree is gone,
+    so is what the daemon kept for that folder (lock, caches) once its refs are dropped; the
+    source's folder keeps its own. N removed trees leave what one does."""
+    daemon, client = running
+    repo = make_repo(tmp_path / "project")
+    sid = create_session(client, WS, cwd=str(repo))["agentSessionId"]
+    run_turn(client, sid, "/write a.txt start", WS)
+    before = _folder_state(daemon)
+    for i in range(TREES):
+        turn = run_turn(client, sid, f"/write a{i}.txt more", WS)
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4()), ws=WS
+        )
+        op = until_terminal(client, client.call("fork.create", params)["operation"], ws=WS)
+        assert op["status"] == "committed", op
+        child = op["session"]["agentSessionId"]
+        run_turn(client, child, f"/write b{i}.txt in the tree", WS)
+        done = client.call(
+            "session.delete", {"workspaceId": WS, "agentSessionId": child, "worktree": "remove"}
+        )
+        assert done["worktree"]["state"] == "removed", done
+    assert trees_beside(repo) == []
+    janitor = daemon.ctx.checkpoint_janitor
+    assert janitor is not None
+    # The delete's own drop retires the folder; a sweep (which visits every shadow
+    # repository, the removed trees' too) leaves no entry behind either.
+    janitor.sweep()
+    # A drop or collection the sweep found busy runs parked, after it: waited for.
+    wait_for(lambda: _folder_state(daemon) == before, timeout=30.0)
+    after = _folder_state(daemon)
+    assert after["locks"] <= 1 and after["_repos"] <= 1, after
