@@ -515,12 +515,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["full_disk 503s"] += _refused(w) - refused_before
             if action == "full_disk":
                 space_returns(w)
-            if action == "stop_worker":
-                if stopped is None:
-                    action = "stop_missed"  # no worker of the provider ran in the round
-                else:
-                    stopped_gone_s.append(stopped_worker_gone(w, *stopped))
-                    stops[stopped[0]] += 1
+            if action == "stop_worker" and stopped is None:
+                action = "stop_missed"  # no worker of the provider ran in the round
             if action in ("stall_git", "stall_kill"):
                 with answered(w, command):
                     action = stall_met(w, command, kill=action == "stall_kill")
@@ -568,6 +564,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 full_disk_settles(w)
                 grace = LIVE_GRACE_S
             if action == "stop_worker" and stopped is not None:
+                # The clients parked (a call the stopped worker held ends `lost` meanwhile).
+                stopped_gone_s.append(stopped_worker_gone(w, *stopped))
+                stops[stopped[0]] += 1
                 stopped_worker_replaced(w, *stopped)
                 grace = LIVE_GRACE_S
             if action.startswith("stall_"):
@@ -798,7 +797,7 @@ def stop_worker(w: World, provider: str) -> tuple[str, int, float] | None:
 
 
 def stopped_worker_gone(w: World, provider: str, pid: int, at: float) -> float:
-    """The stopped worker's end, the clients still running: its pid is no running process
+    """The stopped worker's end, the clients parked: its pid is no running process
     within `STOPPED_GONE_S` of the stop (the supervisor declared it hung and killed it). A
     leftover is SIGCONTed (so it shows what it does) and the round fails. Returns the seconds
     from the stop to its end."""
