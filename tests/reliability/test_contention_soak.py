@@ -48,6 +48,18 @@ turns, forks, resolves and deletes take the same steps, the burst forks one of t
 soak asserts that a Claude fork committed and that the live check's `spare_home_empty` walked
 a home with spares in it.
 
+Clients that never read, held for the whole chaos: a subscriber on each events socket (the
+prefix-topic one and the terminated-topic one) that subscribes to everything and never reads,
+and a DEALER that sends `session.timeline` (limit 1000) and `session.list` (limit 200)
+requests all along and never reads a reply (each a real ZeroMQ socket with a tiny receive
+queue, so back-pressure reaches the daemon as from a client that stopped reading). Every other
+client is still answered (no client timeout), the queues `host.status` reports stay within
+their capacities at every look (`status_bounds`, sampled through the chaos), and the daemon's
+resident memory grows over the chaos by at most what the unread clients may make it hold —
+`EVENTS_HWM` events of the largest frame a reading subscriber heard meanwhile, per stalled
+subscriber, plus the per-connection bound of unread replies (`transport.server`: 32 queued,
+8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -72,6 +84,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import msgpack
 import pytest
 import zmq
 
@@ -95,6 +108,7 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     check_session_events,
+    check_status_bounds,
     check_turn_events,
     repository_state,
 )
@@ -103,6 +117,13 @@ from tests.support.store_lock import WriteLockHolder
 from tests.support.worktree_repos import make_repo
 from transport.client import Client, ClientClosed, ClientTimeout, EventSubscriber
 from transport.connections import OLD_LISTENERS_KEPT, ConnectionLimits
+from transport.server import (
+    EVENTS_HWM,
+    MAX_QUEUED_BYTES,
+    MAX_UNREAD_BYTES,
+    PEER_REPLY_HWM,
+    TRACKED_BYTES,
+)
 
 FD_LIMIT = 1024
 """The daemon's descriptor limit, soft and hard (it cannot raise it)."""
@@ -122,6 +143,11 @@ RUN_DELETIONS = trials(2, 12)
 WARM_AT_ONCE = 4
 SLOTS = trials(64, 32)
 STOPPED_LIMIT_S = 2
+RSS_NOISE_MB = 100.0
+"""The allocator's noise and the chaos's own growth allowed beyond what the unread clients may
+hold (`tests/resources/test_slow_clients.py`'s allowance: tens of MB either way)."""
+UNREAD_EVERY_S = 0.02
+"""The never-reading DEALER sends a request this often all through the chaos."""
 CLAUDE = "claude-code"
 
 BURST = trials(3, 8)
@@ -146,6 +172,7 @@ NEW_LAWS = (
     Law.FORK_EVENTS_HEARD,
     Law.SESSION_EVENTS_HEARD,
     Law.DESCRIPTOR_RESERVE,
+    Law.STATUS_BOUNDS,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -354,6 +381,105 @@ class FdPressure:
                 self.attempted += DEALERS + ipc.attempted + tcp.attempted
         finally:
             ctx.destroy(linger=0)
+
+
+class NeverRead:
+    """Clients that never read, held from `start` to `close`: a SUB on each events socket
+    subscribed to everything and a DEALER sending timeline and list requests (its thread,
+    until `stop`); beside them, one SUB that reads, to know the largest event frame the daemon
+    published meanwhile (what a stalled subscriber's queue holds at most `EVENTS_HWM` of)."""
+
+    def __init__(self, d: DaemonProcess, sids: list[str], seed: int) -> None:
+        self.d, self.sids, self.rng = d, sids, random.Random(seed)
+        self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context()
+        self.stalled = [self._socket(zmq.SUB, e) for e in (d.events, d.events_exact)]
+        self.dealer = self._socket(zmq.DEALER, d.api)
+        self.reader = self.ctx.socket(zmq.SUB)
+        self.reader.setsockopt(zmq.LINGER, 0)
+        self.reader.setsockopt(zmq.SUBSCRIBE, b"")
+        self.reader.connect(d.events)
+        self.sent = 0
+        self.refused_send = 0  # the DEALER's own queue full (zmq.Again)
+        self.largest_event = 0
+        self.events_heard = 0
+
+    def _socket(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
+        sock = self.ctx.socket(kind)
+        sock.setsockopt(zmq.RCVHWM, 1)
+        sock.setsockopt(zmq.RCVBUF, 4096)
+        sock.setsockopt(zmq.LINGER, 0)
+        if kind == zmq.SUB:
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+        sock.connect(endpoint)
+        return sock
+
+    def send(self, stop: threading.Event) -> None:
+        """Requests all along, none of whose replies is ever read."""
+        while not stop.wait(UNREAD_EVERY_S):
+            if self.rng.random() < 0.7:
+                method = "session.timeline"
+                params = {
+                    "workspaceId": WS,
+                    "agentSessionId": self.rng.choice(self.sids),
+                    "limit": 1000,
+                }
+            else:
+                method, params = "session.list", {"workspaceId": WS, "limit": 200}
+            frame = {"v": 1, "id": str(uuid.uuid4()), "method": method, "params": params}
+            try:
+                self.dealer.send(msgpack.packb(frame), zmq.NOBLOCK)
+                self.sent += 1
+            except zmq.Again:
+                self.refused_send += 1
+
+    def read(self, stop: threading.Event) -> None:
+        """The reading subscriber: the largest event frame (all its parts) published."""
+        poller = zmq.Poller()
+        poller.register(self.reader, zmq.POLLIN)
+        while not stop.is_set():
+            try:
+                if not poller.poll(200):
+                    continue
+                parts = self.reader.recv_multipart()
+            except zmq.ZMQError:
+                return  # closed under it (a failed run's clean-up)
+            self.largest_event = max(self.largest_event, sum(len(p) for p in parts))
+            self.events_heard += 1
+
+    def held_bound_mb(self, largest_reply: int) -> float:
+        """What the daemon may hold for the unread clients: per stalled subscriber its queue
+        of `EVENTS_HWM` events of the largest frame heard; for the DEALER, 32 replies queued in
+        ZeroMQ (those of `TRACKED_BYTES` or more within `MAX_QUEUED_BYTES`), the
+        `MAX_UNREAD_BYTES` backlog, one reply over each bound."""
+        events = len(self.stalled) * EVENTS_HWM * self.largest_event
+        replies = (
+            PEER_REPLY_HWM * TRACKED_BYTES + MAX_QUEUED_BYTES + MAX_UNREAD_BYTES + 2 * largest_reply
+        )
+        return (events + replies) / (1 << 20)
+
+    def close(self) -> None:
+        if not self.ctx.closed:
+            self.ctx.destroy(linger=0)
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError("no VmRSS")
+
+
+def _largest_reply(c: Client, sids: list[str]) -> int:
+    """The largest reply of the never-reading DEALER's kinds now (msgpack bytes): a bound on
+    each it was sent, as timelines and lists only grow over the chaos but for deletes."""
+    largest = 0
+    for sid in sids:
+        _, body = c.call_raw(
+            "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+        )
+        largest = max(largest, len(msgpack.packb(body)))
+    _, body = c.call_raw("session.list", {"workspaceId": WS, "limit": 200})
+    return max(largest, len(msgpack.packb(body)))
 
 
 @dataclass
@@ -576,6 +702,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     deletions = 0
     stopped: list[int] = []
     second_serves: Counter[str] = Counter()
+    never_read: NeverRead | None = None
+    status_violations: list[Violation] = []
+    status_looks = 0
     began = time.monotonic()
     try:
         c = d.client(timeout=60)
@@ -603,6 +732,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             for n in range(CLIENTS)
         ]
         threads.append(threading.Thread(target=pressure.run, args=(stop,), daemon=True))
+        # The clients that never read, held for the whole chaos (and its RSS's baseline).
+        never_read = NeverRead(d, sids, seed)
+        threads.append(threading.Thread(target=never_read.send, args=(stop,), daemon=True))
+        threads.append(threading.Thread(target=never_read.read, args=(stop,), daemon=True))
+        time.sleep(0.5)  # the subscriptions reach the daemon
+        assert d.proc is not None
+        rss_start = _rss_mb(d.proc.pid)
+        rss_peak = rss_start
         for th in threads:
             th.start()
         started = time.monotonic()
@@ -611,6 +748,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         delete_at = sorted(rng.uniform(0, CHAOS_S * 0.8) for _ in range(RUN_DELETIONS))
         while time.monotonic() < deadline or delete_at:
             time.sleep(rng.uniform(0.3, 1.5))
+            # What `host.status` reports within its capacities (`status_bounds`), and the RSS.
+            status_looks += 1
+            status_violations += check_status_bounds(c.call("host.status"))
+            rss_peak = max(rss_peak, _rss_mb(d.proc.pid))
             if delete_at and time.monotonic() - started >= delete_at[0]:
                 delete_at.pop(0)
                 shutil.rmtree(home / "run", ignore_errors=True)
@@ -647,6 +788,12 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         stop.set()
         for th in threads:
             th.join(90)
+        # The unread clients still held: what the daemon holds for them is bounded.
+        rss_end = _rss_mb(d.proc.pid)
+        status_looks += 1
+        status_violations += check_status_bounds(c.call("host.status"))
+        held_bound = never_read.held_bound_mb(_largest_reply(c, sids))
+        never_read.close()
 
         # The lock is gone for good: every Turn settles, every operation ends.
         def quiet() -> bool:
@@ -718,6 +865,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         live_processes = check_processes(home, d.proc.pid)
     finally:
         stop.set()
+        if never_read is not None:
+            never_read.close()
         for pid in stopped:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
@@ -730,8 +879,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + live_processes
         + check_processes(home, None)
         + pressure.violations
+        + status_violations
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
+    assert never_read is not None
     elapsed = time.monotonic() - began
     by_law = Counter(v.law.value for v in list(live.violations) + final_violations)
     requests = sum(t.calls.values())
@@ -753,6 +904,12 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f" {connections['refused']} ({connections['refusedAtAccept']} at accept, into the"
         f" reserve), shed {connections['shed']} (holds at most"
         f" {connections['max']}, reserve {connections['fdReserve']})",
+        f"  never-reading clients: {len(never_read.stalled)} subscribers, a DEALER sent"
+        f" {never_read.sent} requests ({never_read.refused_send} not queued); largest event"
+        f" {never_read.largest_event} B of {never_read.events_heard} heard; RSS"
+        f" {rss_start:.0f} -> {rss_end:.0f} MB (peak {rss_peak:.0f}), growth"
+        f" {rss_end - rss_start:+.0f} MB, bound {held_bound:.0f} + {RSS_NOISE_MB:.0f} MB;"
+        f" host.status looks: {status_looks}",
         f"  requests: {requests} unanswered={unanswered} status_500={status_500} "
         f"503_store_busy={busy}",
         f"  turns: {sum(turn_outcomes.values())} "
@@ -800,6 +957,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # ... and really met descriptor pressure, inside its limit.
     assert pressure.bursts > 0 and connections["refused"] + connections["shed"] > 0
     assert pressure.peak_fds < FD_LIMIT
+    # ... and held clients that never read all along, and nothing grew past their bound.
+    assert never_read.sent > 0 and status_looks > 1
+    assert rss_end - rss_start <= held_bound + RSS_NOISE_MB, (seed, rss_start, rss_end, held_bound)
     # ... and stopped app-servers, each replaced, leaving no timer per Turn behind.
     assert stopped, "no app-server was stopped"
     assert timers <= COMPACT_MIN + 16, timers

@@ -43,6 +43,19 @@ answered 500 (a write refused answers 503 `store_busy`), and, the clients parked
 and every operation in flight settles within 60 s with no restart (a saga's step, commit or
 abort refused by the full disk is retried until it lands) and the live laws hold
 (`active_turn_worked`, `fence_has_saga`).
+A stopped worker among the faults: every seventh round from the 2nd that is neither a stall
+nor a full-disk round (the 2nd, 16th, 37th, 51st) SIGSTOPs a driver worker at a random moment
+while the clients run (the round's seed fork in flight, Turns and forks of the clients too):
+the Claude worker in every other such round (the 2nd's: the short profile's), else Tutti
+Agent's; no `once:kill` point stays armed. With no restart of the daemon: the stopped worker
+is gone (its pid not alive: the supervisor's watchdog declared it hung and SIGKILLed it; a
+leftover is SIGCONTed, then the round fails) within `BUSY_SILENCE_LIMIT_S` of the stop (the
+supervisor's bound on a silent worker whatever its CPU: `drivers/supervisor.py`; a stopped one
+goes sooner, at `SILENCE_LIMIT_S` + `CPU_WINDOW_S`), every Turn and operation in flight
+settles within that bound again (the clients parked; a request it held is lost, `WorkerLost`:
+the Turn fails, the fork is `unknown`), every law holds with the live ones
+(`one_provider_child`, `child_iff_committed`: no provider child made twice or lost), and a
+Turn of a new Session of that provider completes on a new worker (another pid).
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -65,6 +78,7 @@ from typing import Any
 import psutil
 import pytest
 
+from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -76,6 +90,8 @@ from tests.reliability.reliability_harness import (
     worker_of,
 )
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.freezer import running as pid_running
+from tests.support.freezer import stop as sigstop
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
     assert_invariants,
@@ -86,6 +102,7 @@ from tests.support.invariants import (
 )
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
+from transport.worker_link import SILENCE_LIMIT_S
 from workspace.shadow import ShadowStore
 
 ROUNDS = 60 if SOAK else 5
@@ -143,6 +160,14 @@ FULL_DISK_BYTES = 64 * 1024
 holds more frames already, at its next one)."""
 FULL_DISK_SETTLE_S = 60
 """After space returns, every Turn and operation in flight settles within this (no restart)."""
+STOP_EVERY = 7
+"""Round `n` SIGSTOPs a driver worker when `n % STOP_EVERY == 2` and it is neither a stall nor
+a full-disk round (the 2nd: the short profile's; the 16th, 37th, 51st: the soak's)."""
+STOPPED_GONE_S = BUSY_SILENCE_LIMIT_S
+"""A stopped worker is gone within this of its stop: the supervisor kills a silent worker
+past it whatever its CPU (one whose CPU stands still, as a stopped one's, at
+`SILENCE_LIMIT_S` + `CPU_WINDOW_S`: `drivers/supervisor.py`); and then every Turn and
+operation it held settles within it again."""
 
 
 class World:
@@ -411,6 +436,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = spares_seen = 0
+    stops: Counter[str] = Counter()  # stopped workers, by provider
+    stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
@@ -431,6 +458,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             full = rounds % STALL_EVERY == 0
             if full:
                 plan = rng.choice(["full_disk", "full_disk_kill"])
+            stop_round = rounds % STOP_EVERY == 2 and not stall and not full
+            if stop_round:
+                plan = "stop_worker"
+                # Every other stop round's worker is Claude's (its seed fork Claude's too).
+                claude = stops.total() % 2 == 0
+                quiet_failpoints(w)
             if stall:
                 plan = "stall_git" if rounds % STALL_EVERY == 3 else "stall_kill"
                 if quiet_failpoints(w):
@@ -454,6 +487,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             deadline = began_round + rng.uniform(0.5, 2.5)
             arm_at = began_round + rng.uniform(0.0, 0.5) if stall else None
             fill_at = began_round + rng.uniform(0.0, 0.5) if full else None
+            stop_at = began_round + rng.uniform(0.0, 0.5) if stop_round else None
+            stopped: tuple[str, int, float] | None = None  # provider, pid, when
             refused_before = _refused(w)
             while time.monotonic() < deadline and w.daemon.proc.poll() is None:
                 if arm_at is not None and time.monotonic() >= arm_at:
@@ -462,6 +497,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 if fill_at is not None and time.monotonic() >= fill_at:
                     fill_disk(w)  # at a random moment of the clients' load
                     fill_at = None
+                if stop_at is not None and time.monotonic() >= stop_at:
+                    # At a random moment of the clients' load (a worker not running now,
+                    # restarting, is tried again at the next look).
+                    stopped = stop_worker(w, CLAUDE if claude else "tutti-agent")
+                    stop_at = None if stopped else stop_at
                 time.sleep(0.05)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
             # A daemon dead by itself was killed by an armed point, never by anything else (a
@@ -475,6 +515,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["full_disk 503s"] += _refused(w) - refused_before
             if action == "full_disk":
                 space_returns(w)
+            if action == "stop_worker" and stopped is None:
+                action = "stop_missed"  # no worker of the provider ran in the round
             if action in ("stall_git", "stall_kill"):
                 with answered(w, command):
                     action = stall_met(w, command, kill=action == "stall_kill")
@@ -520,6 +562,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             grace = None
             if action == "full_disk":
                 full_disk_settles(w)
+                grace = LIVE_GRACE_S
+            if action == "stop_worker" and stopped is not None:
+                # The clients parked (a call the stopped worker held ends `lost` meanwhile).
+                stopped_gone_s.append(stopped_worker_gone(w, *stopped))
+                stops[stopped[0]] += 1
+                stopped_worker_replaced(w, *stopped)
                 grace = LIVE_GRACE_S
             if action.startswith("stall_"):
                 with answered(w, command):
@@ -583,6 +631,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
         f"violations={violations} resumed_children={dict(resumed)}",
+        f"stopped workers: {dict(stops)} gone after "
+        + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
+        + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",
         f"claude: sessions_made={w.made[CLAUDE]} (of {w.made.total()}) fork_targets="
         f"{claude_children} forks_committed={claude_committed} "
         f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
@@ -617,6 +668,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert claude_committed > 0, ("no Claude fork committed", seed)
     assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
+    # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
+    assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
 
 
 def stall_probe(w: World) -> str:
@@ -721,6 +774,68 @@ def stall_after(w: World, command: str, probe: str) -> None:
         command,
         turn,
     )
+
+
+def stop_worker(w: World, provider: str) -> tuple[str, int, float] | None:
+    """SIGSTOPs `provider`'s driver worker (once the kernel shows it stopped) and returns the
+    provider, its pid and when; None when no worker of it runs now (or the daemon does not
+    answer: an armed point killed it)."""
+    try:
+        worker = worker_of(w.daemon, provider)
+    except (ClientTimeout, ClientClosed):
+        return None
+    if not worker or not worker.get("pid") or worker.get("state") != "ready":
+        return None
+    pid = int(worker["pid"])
+    if provider == CLAUDE and work_in_flight(w.home)[CLAUDE]:
+        w.met_claude = True
+    try:
+        sigstop(pid, timeout=5)
+    except (ProcessLookupError, FileNotFoundError):
+        return None  # it died meanwhile
+    return provider, pid, time.monotonic()
+
+
+def stopped_worker_gone(w: World, provider: str, pid: int, at: float) -> float:
+    """The stopped worker's end, the clients parked: its pid is no running process
+    within `STOPPED_GONE_S` of the stop (the supervisor declared it hung and killed it). A
+    leftover is SIGCONTed (so it shows what it does) and the round fails. Returns the seconds
+    from the stop to its end."""
+    try:
+        wait_for(lambda: not pid_running(pid), STOPPED_GONE_S - (time.monotonic() - at), 0.1)
+    except AssertionError:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        raise AssertionError(
+            (w.seed, f"the stopped {provider} worker {pid} outlived {STOPPED_GONE_S} s")
+        ) from None
+    return time.monotonic() - at
+
+
+def stopped_worker_replaced(w: World, provider: str, pid: int, at: float) -> None:
+    """After a stopped worker's end, the clients parked and no restart: every Turn and
+    operation in flight settles within `STOPPED_GONE_S`, and a new Session of `provider`
+    runs a Turn to its end on a new worker."""
+    try:
+        wait_for(lambda: not sum(work_in_flight(w.home).values()), STOPPED_GONE_S)
+    except AssertionError:
+        raise AssertionError(
+            (
+                w.seed,
+                f"work stayed active after the {provider} worker stopped",
+                work_in_flight(w.home),
+            )
+        ) from None
+    c = w.daemon.client(timeout=60)
+    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
+        "session"
+    ]["agentSessionId"]
+    with w.lock:
+        w.provider[sid] = provider
+        w.made[provider] += 1
+    turn = run_turn(c, sid, "after the stop")
+    now = (worker_of(w.daemon, provider) or {}).get("pid")
+    assert turn["outcome"] == "completed" and now and now != pid, (w.seed, provider, pid, turn)
 
 
 def fill_disk(w: World) -> None:

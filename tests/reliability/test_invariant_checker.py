@@ -26,6 +26,7 @@ from tests.support.invariants import (
     check_fork_events,
     check_invariants,
     check_session_events,
+    check_status_bounds,
     repository_state,
 )
 from workspace.shadow import ShadowStore
@@ -978,3 +979,28 @@ def test_a_connection_in_the_descriptor_reserve_is_reported(tmp_path: Path) -> N
             c.close()
         holder.kill()
         holder.wait(10)
+
+
+def test_a_status_queue_past_its_capacity_is_reported(tmp_path: Path) -> None:
+    """`status_bounds` over a real daemon's `host.status` (a Turn run: its runtime slots
+    reported): none as answered; tampered — the log queue one line past its capacity, a
+    provider's live runtimes one past its limit, its starting ones one past theirs — each
+    reported."""
+    d = DaemonProcess(tmp_path / "home").start()
+    try:
+        c = d.client(timeout=30)
+        run_turn(c, create_session(c)["agentSessionId"], "hello")
+        status = c.call("host.status")
+    finally:
+        d.stop()
+    assert status["log"] is not None and status["runtimes"]["tutti-agent"]["live"] == 1, status
+    assert check_status_bounds(status) == []
+    log = dict(status["log"], queued=status["log"]["capacity"] + 1)
+    slots = dict(status["runtimes"]["tutti-agent"])
+    slots["live"] = slots["limit"] + 1
+    slots["starting"] = slots["startLimit"] + 1
+    tampered = dict(status, log=log, runtimes={"tutti-agent": slots})
+    found = check_status_bounds(tampered)
+    assert [v.law for v in found] == [Law.STATUS_BOUNDS] * 3, found
+    assert "log queue" in found[0].detail and "live" in found[1].detail, found
+    assert "starting" in found[2].detail, found

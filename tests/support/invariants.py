@@ -213,6 +213,14 @@ class Law(StrEnum):
     ports, on two looks in a row: a flood took the reserve the accept shim keeps for the
     store, the workers and the logs (docs/design/connections.md, *The descriptor reserve at
     accept*). `check_descriptor_reserve`, on a live daemon, by the contention soak."""
+    STATUS_BOUNDS = "status_bounds"
+    """A queue or count the live daemon's `host.status` reports is past the capacity it
+    reports beside it: `log.queued` > `log.capacity` (the log queue, `agenthost/log_queue.py`),
+    or for a provider's runtime slots `live` > `limit` or `starting` > `startLimit`
+    (`actors/session_runtime.py`: at most `limit` live runtimes, `startLimit` starting): a
+    queue grown past its bound, e.g. under clients that never read (docs/reliability.md,
+    "Clients that never read, in the soak"). `check_status_bounds`, over each look, by the
+    contention soak."""
 
 
 STORE_LAWS = frozenset(
@@ -1812,6 +1820,28 @@ def check_descriptor_reserve(
     return [
         Violation(Law.DESCRIPTOR_RESERVE, detail) for key, detail in second.items() if key in first
     ]
+
+
+def check_status_bounds(status: Mapping[str, Any]) -> list[Violation]:
+    """`Law.STATUS_BOUNDS` over one `host.status` reply of a live daemon."""
+    out: list[Violation] = []
+    log = status.get("log")
+    if log is not None and int(log["queued"]) > int(log["capacity"]):
+        out.append(
+            Violation(
+                Law.STATUS_BOUNDS, f"log queue holds {log['queued']} of {log['capacity']} lines"
+            )
+        )
+    for provider, slots in (status.get("runtimes") or {}).items():
+        for count, bound in (("live", "limit"), ("starting", "startLimit")):
+            if int(slots[count]) > int(slots[bound]):
+                out.append(
+                    Violation(
+                        Law.STATUS_BOUNDS,
+                        f"{provider} runtimes: {count} {slots[count]} > {bound} {slots[bound]}",
+                    )
+                )
+    return out
 
 
 def check_session_events(
