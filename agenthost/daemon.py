@@ -649,6 +649,9 @@ class Daemon:
             # Delayed messages pending on the shared timer thread (watchdogs, retries, fork
             # budgets): bounded by the live ones, whatever the number of Turns run.
             "timers": len(self.ctx.actor_pool.timers),
+            # Requests taken and not yet answered, this one included: 1 once every other
+            # request has been answered (sent, kept for its client, or dropped).
+            "requestsInFlight": self.server.in_flight if self.server is not None else 0,
             # Live provider runtimes per provider: {live, busy, queued, limit}.
             "runtimes": self.ctx.runtime_slots.status(),
             # The workspace checkpoint store (docs/design/workspace.md): its size on disk.

@@ -82,6 +82,8 @@ class HostStatusResult(TypedDict):
     threads: NotRequired[int]
     storeConnections: NotRequired[int]
     timers: NotRequired[int]
+    requestsInFlight: NotRequired[int]
+    """Requests the daemon has taken and not yet answered, this `host.status` included."""
     providers: NotRequired[list[JsonObject]]
     runtimes: NotRequired[dict[str, dict[str, int]]]
     connections: NotRequired[JsonObject | None]

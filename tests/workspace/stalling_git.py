@@ -128,3 +128,12 @@ def running(pid: int) -> bool:
 
 def path_with(bin_dir: Path) -> str:
     return os.pathsep.join([str(bin_dir), os.environ.get("PATH", "/usr/bin:/bin")])
+
+
+def holds_files(pid: int) -> bool:
+    """`pid` still has a file open: a live process, or a killed one not yet past closing its
+    files in its exit (gone, a zombie, or past that point it can write nothing more)."""
+    try:
+        return bool(os.listdir(f"/proc/{pid}/fd"))
+    except (FileNotFoundError, ProcessLookupError):
+        return False
