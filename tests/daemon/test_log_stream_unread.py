@@ -36,6 +36,16 @@ def _unread_bytes(fd: int) -> int:
     return int.from_bytes(out, sys.byteorder)
 
 
+def fill_pipe(client: Client, sid: str, err: int) -> None:
+    """Requests until the log has filled the unread stderr pipe `err`: each request is a `-v`
+    line and more `-vv` debug lines, on the request's thread."""
+    for _ in range(5000):
+        if _unread_bytes(err) >= PIPE_FULL:
+            break
+        client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
+    assert _unread_bytes(err) >= PIPE_FULL, "the log never filled its pipe"
+
+
 def _serve_with_unread_stderr(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     home.mkdir(parents=True)
     work = home.parent / "work"
@@ -61,12 +71,7 @@ def test_a_daemon_whose_stderr_nobody_reads_still_answers_and_runs_turns(tmp_pat
     client = Client(str(ready["api"]), timeout=10)
     try:
         sid = create_session(client)["agentSessionId"]
-        # Each request is a `-v` line and more `-vv` debug lines, on the request's thread.
-        for _ in range(5000):
-            if _unread_bytes(err) >= PIPE_FULL:
-                break
-            client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
-        assert _unread_bytes(err) >= PIPE_FULL, "the log never filled its pipe"
+        fill_pipe(client, sid, err)
         for _ in range(50):  # and more lines than the log's queue holds: answered all along
             for _ in range(100):
                 client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})

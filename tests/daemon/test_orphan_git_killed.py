@@ -16,12 +16,28 @@ import pytest
 
 from tests.support.daemon import DaemonProcess, create_session, run_turn, submit, wait_for
 from tests.support.freezer import freeze, freezer_group, thaw
-from tests.support.stalling_git_home import stalling_git_home
+from tests.support.stalling_git_home import StallingGitHome, stalling_git_home
 from tests.workspace.stalling_git import path_with, running
 from workspace.git import gits_of
 from workspace.shadow import Checkpoint, ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
+
+
+def _kill_the_daemon_while_a_git_stalls(at: StallingGitHome) -> tuple[str, list[int]]:
+    """A Session of the folder with one Turn recorded, then a Turn whose `git add` stalls (and
+    its child): the daemon SIGKILLed under it. Returns the Session and the stalled pids."""
+    folder, stall = at.folder, at.stall
+    client = at.daemon.client()
+    sid = create_session(client, cwd=str(folder))["agentSessionId"]
+    assert run_turn(client, sid, "hello")["workspace"]["after"]
+
+    (folder / "a.txt").write_text("a, changed\n")
+    stall.arm()
+    submit(client, sid, "stalled")
+    wait_for(lambda: len(stall.pids()) == 2, 30)
+    at.daemon.kill()
+    return sid, stall.pids()
 
 
 def test_a_restarted_daemon_kills_the_git_its_killed_predecessor_left_before_any_capture(
@@ -31,16 +47,7 @@ def test_a_restarted_daemon_kills_the_git_its_killed_predecessor_left_before_any
     with stalling_git_home(tmp_path, "add", timeout_s=300.0) as at:
         folder, stall = at.folder, at.stall
         shadow_home = at.home / "checkpoints"
-        client = at.daemon.client()
-        sid = create_session(client, cwd=str(folder))["agentSessionId"]
-        assert run_turn(client, sid, "hello")["workspace"]["after"]
-
-        (folder / "a.txt").write_text("a, changed\n")
-        stall.arm()
-        submit(client, sid, "stalled")
-        wait_for(lambda: len(stall.pids()) == 2, 30)
-        at.daemon.kill()
-        stalled = stall.pids()
+        sid, stalled = _kill_the_daemon_while_a_git_stalls(at)
         # What the killed daemon left: its git and the git's child, still running.
         assert all(running(pid) for pid in stalled), stalled
         assert set(stalled) <= set(gits_of(shadow_home))
@@ -69,16 +76,7 @@ def test_a_left_git_that_outlives_its_kill_at_start_keeps_its_lock_files_until_i
     with stalling_git_home(tmp_path, "add", timeout_s=300.0) as at, freezer_group() as group:
         folder, stall = at.folder, at.stall
         shadow_home = at.home / "checkpoints"
-        client = at.daemon.client()
-        sid = create_session(client, cwd=str(folder))["agentSessionId"]
-        assert run_turn(client, sid, "hello")["workspace"]["after"]
-
-        (folder / "a.txt").write_text("a, changed\n")
-        stall.arm()
-        submit(client, sid, "stalled")
-        wait_for(lambda: len(stall.pids()) == 2, 30)
-        at.daemon.kill()
-        stalled = stall.pids()
+        sid, stalled = _kill_the_daemon_while_a_git_stalls(at)
         (lock,) = shadow_home.glob("*/index.lock")
         freeze(group, stalled)  # the start's SIGKILL lands only once thawed
         # The start waits this long for the killed gits, then goes on.

@@ -15,11 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.daemon.test_log_stream_unread import (
-    PIPE_FULL,
-    _serve_with_unread_stderr,
-    _unread_bytes,
-)
+from tests.daemon.test_log_stream_unread import _serve_with_unread_stderr, fill_pipe
 from tests.support.daemon import WS, create_session
 from transport.client import Client
 
@@ -57,11 +53,7 @@ def test_uncaught_thread_exceptions_are_logged_not_printed_to_an_unread_stderr(
         trash.parent.mkdir(parents=True, exist_ok=True)
         trash.write_text("not a directory\n")
         sid = create_session(client)["agentSessionId"]
-        for _ in range(5000):
-            if _unread_bytes(err) >= PIPE_FULL:
-                break
-            client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
-        assert _unread_bytes(err) >= PIPE_FULL, "the log never filled its pipe"
+        fill_pipe(client, sid, err)
         _delete_new_session(client)  # any thread a first delete starts, then counted from
         time.sleep(1.0)
         before = _threads(proc.pid)
