@@ -204,7 +204,12 @@ class LeftGits:
         """Those still alive now (a poll of each pidfd, no wait)."""
         with self._lock:
             if self._gits:
-                ready = select.select([g.pidfd for g in self._gits], [], [], 0)[0]
+                # poll, not select: a pidfd's number may pass select's 1,024 in a daemon
+                # holding thousands of connections.
+                poll = select.poll()
+                for git in self._gits:
+                    poll.register(git.pidfd, select.POLLIN)
+                ready = {fd for fd, _ in poll.poll(0)}
                 for git in [g for g in self._gits if g.pidfd in ready]:
                     self._gits.remove(git)
                     os.close(git.pidfd)
