@@ -70,11 +70,17 @@ def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
         log.warning("cannot keep the quarantine of %s aside, not removing it: %s", source, exc)
         return False
     trash = runtimes_dir / TRASH
-    trash.mkdir(mode=0o700, exist_ok=True)
     target = trash / f"{session_id}-{uuid.uuid4().hex[:8]}"
     try:
+        trash.mkdir(mode=0o700, exist_ok=True)
         os.rename(source, target)
     except FileNotFoundError:
+        return False
+    except OSError as exc:
+        # The trash unusable (a file in its place, no room, no permission): the directory
+        # stays whole — the store's `deleted` flag keeps the intent, and the next start's
+        # sweep retries. Never removed in place, where a kill would leave half of it.
+        log.warning("cannot move %s into %s, left for the next start: %s", source, trash, exc)
         return False
     _purge(target)
     return True
@@ -88,8 +94,8 @@ def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
     # worker or daemon left unused: no Session's, never a child's. Renamed into the trash
     # first (atomic: a rename racing a late worker's leaves the spare whole in one place).
     for spare in runtimes_dir.glob(f"*/{SPARE_PREFIX}*"):
-        trash.mkdir(mode=0o700, exist_ok=True)
         with contextlib.suppress(OSError):
+            trash.mkdir(mode=0o700, exist_ok=True)
             os.rename(spare, trash / f"{spare.name}-{uuid.uuid4().hex[:8]}")
     if trash.is_dir():
         for entry in trash.iterdir():

@@ -56,10 +56,15 @@ class SessionControls:
                 provider, SessionStop(self._core.key), 10.0
             )
             runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
+            failpoints = self._core.ctx.failpoints
+
+            def discard() -> None:
+                failpoints.hit("host.session.delete.discard")
+                runtime_dirs.discard(runtimes, ws, sid)
+
             stopped.add_done_callback(
                 lambda _f: threading.Thread(
-                    target=runtime_dirs.discard,
-                    args=(runtimes, ws, sid),
+                    target=discard,
                     name="agenthost-discard",
                     daemon=True,
                 ).start()

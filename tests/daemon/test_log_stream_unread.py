@@ -46,11 +46,13 @@ def fill_pipe(client: Client, sid: str, err: int) -> None:
     assert _unread_bytes(err) >= PIPE_FULL, "the log never filled its pipe"
 
 
-def _serve_with_unread_stderr(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
+def _serve_with_unread_stderr(
+    home: Path, **extra_env: str
+) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     home.mkdir(parents=True)
     work = home.parent / "work"
     work.mkdir()
-    env = dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO))
+    env = dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO), **extra_env)
     proc = subprocess.Popen(
         [sys.executable, "-m", "agenthost", "--home", str(home), "serve", "-vv"],
         stdout=subprocess.PIPE,

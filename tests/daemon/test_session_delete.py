@@ -96,3 +96,40 @@ def test_a_delete_killed_before_the_removal_finishes_at_the_next_start(tmp_path:
         assert err.value.status == 404
     finally:
         d2.stop()
+
+
+def test_a_trash_that_is_not_a_directory_keeps_the_dir_and_the_daemon_serving(
+    tmp_path: Path,
+) -> None:
+    """A file where `runtimes/.trash` goes: the delete still answers, the Session's dir is
+    left whole (logged), the next start does not fail on it, and once the file is gone a
+    start removes the dir."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "a private transcript")
+        blocker = home / "runtimes" / ".trash"
+        if blocker.is_dir():
+            blocker.rmdir()
+        blocker.write_text("not a directory\n")
+        delete(c, sid)
+        wait_for(lambda: "cannot move" in d.log_path.read_text(errors="replace"))
+        assert session_dir(home, sid).exists()
+        assert run_turn(c, create_session(c)["agentSessionId"], "still")["outcome"] == "completed"
+    finally:
+        d.stop()
+    d = DaemonProcess(home).start()  # the start-up sweep meets the same file
+    try:
+        assert session_dir(home, sid).exists() and blocker.is_file()
+        listed = d.client().call("session.list", {"workspaceId": WS})["sessions"]
+        assert sid not in [s["agentSessionId"] for s in listed]
+    finally:
+        d.stop()
+    blocker.unlink()
+    d = DaemonProcess(home).start()
+    try:
+        assert not session_dir(home, sid).exists() and not trash(home)
+    finally:
+        d.stop()

@@ -1,15 +1,15 @@
-"""An exception no thread of the daemon caught goes through its log, never straight to stderr:
-a real `agenthost serve -vv` whose stderr is a pipe nobody reads, each `session.delete` of
-which raises in the thread that removes the Session's runtime dir (its `runtimes/.trash`
-made a file), ends those threads — Python's default `threading.excepthook` wrote the
-traceback to the full pipe and held each one for good — and still answers; read again, the
-exception's text is in the log, a line of its own format."""
+"""An exception no thread of the daemon caught goes through its log, never straight to stderr: a
+real `agenthost serve -vv` whose stderr is a pipe nobody reads, each `session.delete` of which
+raises in the thread that removes the Session's runtime dir (a `bug` failpoint at
+`host.session.delete.discard`: a bare `RuntimeError`, as a programming error would), ends those
+threads — Python's default `threading.excepthook` wrote the traceback to the full pipe and held
+each one for good — and still answers; read again, the exception's text is in the log, a line of
+its own format."""
 
 from __future__ import annotations
 
 import os
 import select
-import shutil
 import time
 from pathlib import Path
 
@@ -40,18 +40,13 @@ def test_uncaught_thread_exceptions_are_logged_not_printed_to_an_unread_stderr(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    proc, ready = _serve_with_unread_stderr(home)
+    proc, ready = _serve_with_unread_stderr(home, AGENTHOST_ENABLE_FAILPOINTS="1")
     assert proc.stderr is not None
     err = proc.stderr.fileno()
     client = Client(str(ready["api"]), timeout=10)
     try:
-        # A file where the deletes' trash directory goes: each delete's discard thread raises
-        # FileExistsError, caught by nothing.
-        trash = home / "runtimes" / ".trash"
-        if trash.is_dir():
-            shutil.rmtree(trash)
-        trash.parent.mkdir(parents=True, exist_ok=True)
-        trash.write_text("not a directory\n")
+        # Each delete's discard thread raises a bare RuntimeError, caught by nothing.
+        client.call("debug.failpoints", {"points": {"host.session.delete.discard": "bug"}})
         sid = create_session(client)["agentSessionId"]
         fill_pipe(client, sid, err)
         _delete_new_session(client)  # any thread a first delete starts, then counted from
@@ -68,7 +63,7 @@ def test_uncaught_thread_exceptions_are_logged_not_printed_to_an_unread_stderr(
         # Read again: the exception's text comes out as a log line (time, level, logger).
         seen = b""
         deadline = time.monotonic() + 30
-        while b"FileExistsError" not in seen:
+        while b"RuntimeError: failpoint host.session.delete.discard fired" not in seen:
             assert time.monotonic() < deadline, "the exception never reached the log"
             _delete_new_session(client)
             while select.select([err], [], [], 0.2)[0]:
