@@ -8,7 +8,8 @@ a request's reader, a Session's actor, `host.status`'s — and, behind the handl
 other thread's that logged after it: the daemon answered nothing. Now a thread that logs only
 formats the line and queues it; a line that finds the queue full is dropped and counted
 (`host.status` → `log: {dropped, queued, capacity}`, an extension). A SIGKILL loses the lines
-still queued; a clean stop writes them first, for a bounded time (`stop`). An exception nothing
+still queued; a clean stop writes them first, for a bounded time (`stop`), and the process then
+exits whether or not they were read (`LogQueue._write`). An exception nothing
 caught (in a thread, on the main thread, or "ignored" in a `__del__` or a callback) is logged
 the same way while the queue is installed, never printed to stderr by Python's default hooks.
 """
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import logging.handlers
+import os
 import queue
 import sys
 import threading
@@ -55,8 +57,9 @@ class LogQueue:
         self.capacity = capacity
         self.dropped = 0
         self._lock = threading.Lock()
-        self.writer = logging.StreamHandler(stream)
-        self.writer.setFormatter(logging.Formatter(FORMAT))
+        self.formatter = logging.Formatter(FORMAT)
+        self._stream = stream
+        self._fd = _fileno(stream)
         self.handler = _Dropping(self)
         self._thread = threading.Thread(target=self._drain, name="agenthost-log", daemon=True)
         self._hooks: _Hooks | None = None
@@ -70,7 +73,32 @@ class LogQueue:
 
     def _drain(self) -> None:
         while (record := self.queue.get()) is not None:
-            self.writer.handle(record)  # its write may wait on the stream: here only
+            self._write(record)  # its write may wait on the stream: here only
+
+    def _write(self, record: logging.LogRecord) -> None:
+        """One line, written by `os.write` to the stream's descriptor: a write that waits on
+        a stream nobody reads holds no lock of Python's (not a `logging.Handler`'s, which
+        `logging.shutdown` takes at exit, nor `sys.stderr`'s buffer, which the interpreter
+        flushes at exit) — a stop whose bound ran out leaves this thread waiting and the
+        process still exits. A line the stream refuses (closed, broken) is counted dropped."""
+        try:
+            line = self.formatter.format(record) + "\n"
+        except Exception:  # noqa: BLE001 - a record that cannot be formatted is one line lost
+            self.count_dropped()
+            return
+        if self._fd is None:
+            try:
+                self._stream.write(line)
+                self._stream.flush()
+            except (OSError, ValueError):
+                self.count_dropped()
+            return
+        data = memoryview(line.encode("utf-8", "backslashreplace"))
+        try:
+            while data:
+                data = data[os.write(self._fd, data) :]
+        except OSError:
+            self.count_dropped()
 
     def stop(self, timeout: float) -> bool:
         """Write what is queued and end the writer, waited for up to `timeout` (a stream
@@ -88,6 +116,16 @@ class LogQueue:
 
     def status(self) -> dict[str, Any]:
         return {"dropped": self.dropped, "queued": self.queue.qsize(), "capacity": self.capacity}
+
+
+def _fileno(stream: IO[str]) -> int | None:
+    """The descriptor under `stream`, its buffer written out first; None for a stream with no
+    descriptor (written through its own `write`)."""
+    try:
+        stream.flush()
+        return stream.fileno()
+    except (AttributeError, OSError, ValueError):  # io.UnsupportedOperation is an OSError
+        return None
 
 
 _INSTALLED: list[LogQueue] = []

@@ -103,3 +103,29 @@ def test_a_daemon_whose_stderr_nobody_reads_still_answers_and_runs_turns(tmp_pat
             while select.select([proc.stderr], [], [], 1)[0] and os.read(err, 1 << 16):
                 pass
         proc.wait(30)
+
+
+def test_a_daemon_whose_stderr_nobody_reads_stops_on_sigterm(tmp_path: Path) -> None:
+    """A clean stop writes the queued lines for a bounded time, then exits: neither the log's
+    writer, still waiting on the full pipe, nor the interpreter's exit (which takes every
+    logging handler's lock and flushes stderr) waits for a reader that never comes."""
+    proc, ready = _serve_with_unread_stderr(tmp_path / "home")
+    assert proc.stderr is not None
+    err = proc.stderr.fileno()
+    client = Client(str(ready["api"]), timeout=10)
+    try:
+        sid = create_session(client)["agentSessionId"]
+        fill_pipe(client, sid, err)
+        for _ in range(100):
+            client.call("session.get", {"workspaceId": WS, "agentSessionId": sid})
+        assert client.call("host.status")["log"]["queued"] > 0  # lines wait on the pipe
+    finally:
+        client.close()
+    proc.terminate()
+    try:
+        assert proc.wait(30) == 0  # nothing read from its stderr meanwhile
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        proc.stderr.close()
