@@ -1,0 +1,69 @@
+"""`bench/fork_cpu.py` reads the daemon tree's CPU per fork from its threads' run time
+(nanoseconds, not the 10 ms ticks of `/proc/PID/stat`) over a fixed number of forks: a thread
+born in the window counts from 0, one that ended is named as lost, and a real daemon's warm
+forks all commit and are all counted."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+import pytest
+
+from bench.fork_cpu import TreeReading, difference, main, read_tree, thread_times
+
+
+def test_a_live_threads_wake_ups_and_run_time_are_counted_in_nanoseconds() -> None:
+    go, done, leave = threading.Event(), threading.Event(), threading.Event()
+
+    def sleeper() -> None:
+        for _ in range(20):
+            go.wait()
+            go.clear()
+        done.set()
+        leave.wait()
+
+    t = threading.Thread(target=sleeper, daemon=True)
+    t.start()
+    before = thread_times(os.getpid())
+    while not done.is_set():
+        go.set()
+        done.wait(0.001)
+    after = thread_times(os.getpid())
+    leave.set()
+    t.join(5)
+    assert t.native_id in before and t.native_id in after
+    ns0, cs0 = before[t.native_id]
+    ns1, cs1 = after[t.native_id]
+    assert cs1 - cs0 >= 20  # the sleeper woke at least once per set
+    assert ns1 > ns0
+    assert sum(ns for ns, _ in after.values()) % 10_000_000 != 0  # not a tick count
+
+
+def test_a_thread_born_in_the_window_counts_from_zero_and_an_ended_one_is_named() -> None:
+    before = TreeReading({1: "daemon"}, {(1, 1): (1_000, 5), (1, 2): (7_000, 9)}, {1: 0.0})
+    after = TreeReading({1: "daemon"}, {(1, 1): (3_000, 8), (1, 3): (500, 2)}, {1: 0.01})
+    got = difference(before, after)
+    assert got["daemon"] == pytest.approx((2_000 + 500) / 1e9)
+    assert got["cs:daemon"] == 3 + 2
+    assert got["ended"] == 1  # thread 2's share of the window is lost, and said so
+    assert got["reaped"] == pytest.approx(0.01)
+
+
+def test_the_tree_is_read_by_kind() -> None:
+    reading = read_tree(os.getpid())
+    assert os.getpid() in reading.kind
+    assert (os.getpid(), threading.get_native_id()) in reading.threads
+
+
+@pytest.mark.timeout(300)
+def test_a_real_daemons_fixed_forks_all_commit_and_are_counted(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--clients", "1,2", "--forks", "3,2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [ln.split()[2] for ln in lines] == ["clients=1", "clients=2"]
+    assert "forks=3/3" in lines[0] and "forks=4/4" in lines[1]
+    for ln in lines:
+        assert "daemon=" in ln and "worker=" in ln and "app-server=" in ln
+        assert " ended=0 " in ln  # a warm fork ends no thread of the tree
