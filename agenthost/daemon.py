@@ -89,6 +89,8 @@ KEYS_KEPT = 4096
 """Parsed runtime keys the worker events' sink keeps (a host with more parses again)."""
 RUN_DIR_CHECK_S = 0.5
 """How often the daemon looks for its `run/` (removed under it: made again) and its home."""
+STOP_GIT_WAIT_S = 2.0
+"""How long a stop waits for the gits it killed to be gone (`Daemon._kill_gits`)."""
 STATUS_PART_WAIT_S = 1.0
 """How long `host.status` waits for a part that can take long (the checkpoint store's size
 walk, a provider's `--version`) before answering it as last known and naming it in `late`."""
@@ -559,6 +561,12 @@ class Daemon:
             self.server.close()
         if self.deferred_commits is not None:
             self.deferred_commits.close()
+        # A git still running (a stalled capture, a `gc`, a restore's checkout) would hold the
+        # stop for its whole bound — a thread of the checkpoint pool waits on it and the
+        # process exits only once that thread does: killed now, as a killed daemon's are at
+        # the next start (their lock files are `clear_stale_once`'s then). Again once the
+        # actors are gone, for one a Turn's end started meanwhile.
+        self._kill_gits()
         if getattr(self, "host", None) is not None:
             try:
                 self.host.stop(timeout=15)
@@ -574,6 +582,7 @@ class Daemon:
             self._event_thread.join(5)
         if getattr(self, "ctx", None) is not None:
             self.ctx.actor_pool.close()
+            self._kill_gits()
             if self.ctx.checkpoint_janitor is not None:
                 self.ctx.checkpoint_janitor.close()
             self._checkpoint_pool.shutdown(wait=False, cancel_futures=True)
@@ -582,6 +591,15 @@ class Daemon:
         if self._home_lock is not None:
             self._home_lock.release()
             self._home_lock = None
+
+    def _kill_gits(self) -> None:
+        """Kill every git this home runs (`kill_left_gits`), waiting `STOP_GIT_WAIT_S` at
+        most for them to go (one in the kernel on a stalled disk is left to the next start)."""
+        killed, left = kill_left_gits(self.config.checkpoints_dir, STOP_GIT_WAIT_S)
+        alive = len(left.alive())
+        left.close()
+        if killed:
+            log.info("stop: killed %d running git process(es) (%d still alive)", killed, alive)
 
     @property
     def api_endpoint(self) -> str:
