@@ -381,8 +381,9 @@ def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) 
             t.failures.append(f"{method}: no reply ({type(exc).__name__})")
         return
     reason = str(body.get("reason")) if status >= 400 else ""
+    why = (body.get("params") or {}).get("workspaceReason") if status >= 400 else None
     with t.lock:
-        t.calls[f"{method} {status} {reason}".rstrip()] += 1
+        t.calls[f"{method} {status} {reason}".rstrip() + (f"/{why}" if why else "")] += 1
         if status >= 400:
             if reason not in WORKSPACE_REFUSALS[method]:
                 t.failures.append(f"{method} {s} → {status} {body}")

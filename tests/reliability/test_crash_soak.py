@@ -454,7 +454,8 @@ def workspace_step(w: World, rng: random.Random, c: Client, tag: str, sid: str, 
         return
     if status >= 400:
         reason = str(body.get("reason"))
-        w.calls[f"{method} {status} {reason}"] += 1
+        why = (body.get("params") or {}).get("workspaceReason")
+        w.calls[f"{method} {status} {reason}" + (f"/{why}" if why else "")] += 1
         if reason not in WORKSPACE_REFUSALS[method]:
             w.failures.append(f"{tag}: {method} {s} → {status} {body}")
         return
