@@ -3,7 +3,9 @@
 the lock its killed `read-tree` held goes before the folder's lock does, not at the daemon's
 next start; the folder's next restore and its next Turn's checkpoints work from the same
 daemon. The real daemon, real git behind a PATH wrapper that stalls one `read-tree` holding
-the lock of the restore's own index."""
+the lock of the restore's own index. And a daemon SIGKILLed while its restore's
+`checkout-index` stalls (a file already removed) leaves the restore's undo kept by its ref:
+the next daemon puts the folder back from it."""
 
 from __future__ import annotations
 
