@@ -197,11 +197,12 @@ def restore_fn(
             # `held`: the lock files a git of the restore left (its own index's, killed past
             # the bound; a ref's) go before the folder's lock does, not at the next start.
             with locks.held(shadow, os.path.realpath(cwd)):
-                before = shadow.restore(path, target)
+                # The undo is kept before any file is written: a restore killed midway
+                # loses nothing its undo cannot put back.
+                undo = checkpoint_ref(sid, f"restore-{time.time_ns()}", "before")
+                before = shadow.restore(path, target, undo)
                 if isinstance(before, Unavailable):
                     raise _unavailable(before, f"the restore of {cwd} did not start")
-                undo = checkpoint_ref(sid, f"restore-{time.time_ns()}", "before")
-                shadow.keep(path, undo, before.commit)
                 changes = shadow.changed_files(path, before.tree, target)
         except GitUnavailable as exc:
             raise _unavailable(exc, f"the restore of {cwd} failed") from exc

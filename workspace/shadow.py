@@ -1103,13 +1103,15 @@ class ShadowStore:
             index.unlink(missing_ok=True)
         return dest
 
-    def restore(self, cwd: Path, commit: str) -> Checkpoint | Unavailable:
+    def restore(self, cwd: Path, commit: str, undo: str) -> Checkpoint | Unavailable:
         """Put `cwd`'s captured files back to the checkpoint `commit`. First checkpoints the
-        current state (returned: a restore can itself be undone); files the checkpoints never
+        current state, kept under `refs/agenthost/<undo>` before any file is touched (returned:
+        a restore can itself be undone, even one killed midway); files the checkpoints never
         capture (ignored, excluded, too large) are never touched."""
         now = self.capture(cwd)
         if isinstance(now, Unavailable):
             return now
+        self.keep(cwd, undo, now.commit)
         changes = self.changed_files(cwd, now.commit, commit)
         git = self._git()
         repo = self.repo_dir(cwd)

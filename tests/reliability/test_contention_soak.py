@@ -27,6 +27,14 @@ repository must gain nothing but the forks' worktrees and `agenthost/` branches
 current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT` per endpoint),
 whatever the number of re-binds.
 
+The clients restore folders and read diffs in the same chaos (`workspace.restore` to a Turn's
+`before` or `after` or the undo of the last restore, `force` at times; `session.workspaceDiff`),
+racing Turns, forks (worktree ones too) and deletes: a refusal a law allows
+(`agent_session_busy`, `workspace_shared`, `workspace_checkpoint_missing`,
+`workspace_unavailable`, `store_busy`, a deleted Session's 404) is counted, any other error is
+a failure, and the answers are held to the store after the chaos (`check_workspace_answers`:
+`restore_undo_kept`, `workspace_answer`).
+
 Then, with the chaos over, a held-events burst: a subscriber connected all along hears
 concurrent forks (each boundary asked twice at once, by `throughTurn` and `latestSettled`; some
 into a worktree), and the checker's `fork_events_heard` law holds over what it heard: every
@@ -103,6 +111,7 @@ from tests.support.floods import dealer_flood, free_port, raw_flood
 from tests.support.invariants import (
     Law,
     Violation,
+    WorkspaceAnswer,
     check_descriptor_reserve,
     check_fork_events,
     check_invariants,
@@ -110,7 +119,9 @@ from tests.support.invariants import (
     check_session_events,
     check_status_bounds,
     check_turn_events,
+    check_workspace_answers,
     repository_state,
+    workspace_answer,
 )
 from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
@@ -173,6 +184,8 @@ NEW_LAWS = (
     Law.SESSION_EVENTS_HEARD,
     Law.DESCRIPTOR_RESERVE,
     Law.STATUS_BOUNDS,
+    Law.RESTORE_UNDO_KEPT,
+    Law.WORKSPACE_ANSWER,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -189,6 +202,8 @@ class Tally:
         self.ops: set[str] = set()
         self.unknown: set[str] = set()
         self.children: list[str] = []  # committed fork children, alive as far as we know
+        self.answers: list[WorkspaceAnswer] = []  # restores' and diffs' answers
+        self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
 
     def note(self, op: dict[str, Any]) -> None:
         with self.lock:
@@ -226,8 +241,19 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         sid = rng.choice(sids)
         s = {"workspaceId": WS, "agentSessionId": sid}
         action = rng.choices(
-            ["submit", "fork", "fork_latest", "resolve", "ack", "delete", "settings", "get"],
-            weights=[6, 2, 1, 1, 1, 0.5, 1, 1],
+            [
+                "submit",
+                "fork",
+                "fork_latest",
+                "resolve",
+                "ack",
+                "delete",
+                "settings",
+                "get",
+                "restore",
+                "workspace_diff",
+            ],
+            weights=[6, 2, 1, 1, 1, 0.5, 1, 1, 1, 0.5],
         )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
@@ -291,11 +317,81 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
             if got and "worktree" in got:
                 with t.lock:
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
+        elif action in ("restore", "workspace_diff"):
+            workspace_call(t, c, rng, sid, action)
         elif action == "settings":
             t.call(c, "session.updateSettings", s | {"settings": {"r": rng.randrange(100)}})
         else:
             t.call(c, "session.get", s)
         time.sleep(rng.uniform(0.0, 0.1))
+
+
+WORKSPACE_REFUSALS = {
+    "workspace.restore": (
+        "agent_session_busy",  # a Turn of the Session is active
+        "workspace_shared",  # another live Session works in the folder (no `force`)
+        "workspace_checkpoint_missing",  # the Turn not settled, or its checkpoint unavailable
+        "workspace_unavailable",  # git could not be used now
+        "workspace_agent_session_not_found",  # deleted meanwhile
+        "store_busy",  # the write lock held by the fault
+    ),
+    "session.workspaceDiff": (
+        "workspace_checkpoint_missing",
+        "workspace_unavailable",
+        "workspace_agent_session_not_found",
+        "turn_not_found",
+        "store_busy",
+    ),
+}
+"""The refusals a law allows `workspace.restore` and `session.workspaceDiff` in this chaos
+(counted in the summary); any other error answer is a failure."""
+
+
+def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) -> None:
+    """A `workspace.restore` of `sid` (a Turn's `before` or `after`, or the undo of its last
+    restore; `force` at times) or a `session.workspaceDiff`, racing Turns, forks (worktree
+    ones too) and deletes of the same Sessions and folders; answers kept for
+    `check_workspace_answers`."""
+    with t.lock:
+        turns = list(t.turns.get(sid, []))
+        undo = t.undos.get(sid)
+    s: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
+    asked: str | None = None
+    if how == "restore":
+        method = "workspace.restore"
+        if undo is not None and (not turns or rng.random() < 0.25):
+            s["tree"] = asked = undo
+        elif turns:
+            s |= {"turnId": rng.choice(turns), "which": rng.choice(["before", "after"])}
+        else:
+            return
+        if rng.random() < 0.5:
+            s["force"] = True
+    else:
+        method = "session.workspaceDiff"
+        if turns and rng.random() < 0.7:
+            s["turnId"] = rng.choice(turns)
+            if rng.random() < 0.3:
+                s["fromTurnId"] = rng.choice(turns)
+    try:
+        status, body = c.call_raw(method, s, timeout=60)
+    except (ClientTimeout, ClientClosed) as exc:
+        with t.lock:
+            t.calls[f"{method} unanswered"] += 1
+            t.failures.append(f"{method}: no reply ({type(exc).__name__})")
+        return
+    reason = str(body.get("reason")) if status >= 400 else ""
+    why = (body.get("params") or {}).get("workspaceReason") if status >= 400 else None
+    with t.lock:
+        t.calls[f"{method} {status} {reason}".rstrip() + (f"/{why}" if why else "")] += 1
+        if status >= 400:
+            if reason not in WORKSPACE_REFUSALS[method]:
+                t.failures.append(f"{method} {s} → {status} {body}")
+            return
+        answer = workspace_answer(method, sid, body, asked)
+        t.answers.append(answer)
+        if how == "restore":
+            t.undos[sid] = answer.tree_from
 
 
 def app_servers(home: Path) -> list[int]:
@@ -860,6 +956,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         fork_outcomes = Counter(op["status"] for op in ops if op["operationId"] in t.ops)
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
+        answers_wrong = check_workspace_answers(home, t.answers)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
@@ -880,6 +977,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + check_processes(home, None)
         + pressure.violations
         + status_violations
+        + answers_wrong
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -915,6 +1013,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f"  turns: {sum(turn_outcomes.values())} "
         + " ".join(f"{k}={v}" for k, v in sorted(turn_outcomes.items())),
         f"  forks: {len(t.ops)} " + " ".join(f"{k}={v}" for k, v in sorted(fork_outcomes.items())),
+        f"  workspace answers checked: {len(t.answers)} (restores"
+        f" {sum(a.method == 'workspace.restore' for a in t.answers)})",
         f"  ipc listeners after the chaos: {len(listeners)} (at most {cap}): "
         + " ".join(os.path.basename(a) for a in listeners),
         f"  held-events burst: {burst.boundaries} boundaries, asked "

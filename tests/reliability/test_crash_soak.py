@@ -9,6 +9,15 @@ first Session touched it (`repository_kept`, law 10: only the forks' worktrees a
 `agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
 (`force` or not). A fork request answered earlier is sent again, across restarts (law 6: the
 same `requestId` and body get the same operation; a changed body under it is never accepted).
+The clients restore Sessions' folders too (`workspace.restore` to an earlier Turn's `before` or
+`after`, or the undo of the Session's last restore; `force` at times) and read their diffs
+(`session.workspaceDiff`), racing the Turns, forks and deletes of the same folder and the
+kills: a refusal a law allows (`agent_session_busy`, `workspace_shared`,
+`workspace_checkpoint_missing`, `workspace_unavailable`, a deleted Session's 404) is counted,
+any other error is a failure, and after every check the answers so far are held to the store
+(`check_workspace_answers`: each answered undo of a live Session still kept by its ref, each
+`changedFiles` the diff of its trees); every undo ref on disk names a tree the store holds
+(`restore_undo_kept`, in every check: a kill mid-restore included).
 
 One Session in four (seeded; one in ten in the short profile) is a `claude-code` one (the real
 `claude` program against the fake Messages API), and so is the seed fork of the first two
@@ -94,11 +103,14 @@ from tests.support.freezer import running as pid_running
 from tests.support.freezer import stop as sigstop
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
+    WorkspaceAnswer,
     assert_invariants,
     check_invariants,
     check_processes,
+    check_workspace_answers,
     repository_state,
     work_in_flight,
+    workspace_answer,
 )
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
@@ -197,6 +209,9 @@ class World:
         self.asked: dict[str, dict[str, Any]] = {}  # operation id → the request that made it
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
+        self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
+        self.answers: list[WorkspaceAnswer] = []  # restores' and diffs' answers
+        self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
         self.met_claude = False
         """A kill since the last invariant check met Claude work (an active Claude Turn or fork
         in the store as the daemon died or the Claude worker was killed, or the Claude worker
@@ -279,8 +294,10 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             "goal",
             "delete",
             "replay",
+            "restore",
+            "workspace_diff",
         ],
-        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 4, 3, 3, 3, 2, 2, 1, 1, 0.6, 2],
+        weights=[3 if len(sessions) < 30 else 0, 4, 6, 10, 4, 3, 3, 3, 2, 2, 1, 1, 0.6, 2, 3, 1],
     )[0]
     s = {"workspaceId": WS, "agentSessionId": sid}
     if action == "create" or sid is None:
@@ -367,6 +384,8 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             asked = sorted(w.asked.items(), key=lambda kv: kv[0])
         if asked:
             replay(w, rng, c, tag, *rng.choice(asked))
+    elif action in ("restore", "workspace_diff"):
+        workspace_step(w, rng, c, tag, str(sid), action)
     elif action == "delete":
         # A worktree fork's child keeps or removes its tree (a dirty one only by force); any
         # other Session ignores both fields.
@@ -379,6 +398,80 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                 w.calls[f"session.delete worktree {body['worktree']['state']}"] += 1
             with w.lock:
                 w.sessions.pop(sid, None)
+
+
+WORKSPACE_REFUSALS = {
+    "workspace.restore": (
+        "agent_session_busy",  # a Turn of the Session is active
+        "workspace_shared",  # another live Session works in the folder (no `force`)
+        "workspace_checkpoint_missing",  # the Turn's checkpoint `unavailable` (a stall, a kill)
+        "workspace_unavailable",  # git stalled past its bound
+        "workspace_agent_session_not_found",  # deleted meanwhile
+        "store_busy",
+    ),
+    "session.workspaceDiff": (
+        "workspace_checkpoint_missing",
+        "workspace_unavailable",
+        "workspace_agent_session_not_found",
+        "turn_not_found",
+        "store_busy",
+    ),
+}
+"""The refusals a law allows `workspace.restore` and `session.workspaceDiff` under this load
+(counted in the summary); any other error answer is a failure."""
+
+
+def workspace_step(w: World, rng: random.Random, c: Client, tag: str, sid: str, how: str) -> None:
+    """A `workspace.restore` of `sid` (to an earlier Turn's `before` or `after`, or the undo of
+    its last restore; `force` at times) or a `session.workspaceDiff` (a Turn's, or from
+    another Turn's `after`), racing the other clients' Turns, forks and deletes. Answers are
+    kept for `check_workspace_answers`."""
+    with w.lock:
+        turns = list(w.sessions.get(sid, []))
+        undo = w.undos.get(sid)
+    s: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
+    asked: str | None = None
+    if how == "restore":
+        method = "workspace.restore"
+        if undo is not None and (not turns or rng.random() < 0.25):
+            s["tree"] = asked = undo
+        elif turns:
+            s |= {"turnId": rng.choice(turns), "which": rng.choice(["before", "after"])}
+        else:
+            return
+        if rng.random() < 0.5:
+            s["force"] = True
+    else:
+        method = "session.workspaceDiff"
+        if turns and rng.random() < 0.7:
+            s["turnId"] = rng.choice(turns)
+            if rng.random() < 0.3:
+                s["fromTurnId"] = rng.choice(turns)
+    try:
+        status, body = c.call_raw(method, s)
+    except (ClientTimeout, ClientClosed):
+        w.calls[f"{method} lost"] += 1
+        return
+    if status >= 400:
+        reason = str(body.get("reason"))
+        why = (body.get("params") or {}).get("workspaceReason")
+        w.calls[f"{method} {status} {reason}" + (f"/{why}" if why else "")] += 1
+        if reason not in WORKSPACE_REFUSALS[method]:
+            w.failures.append(f"{tag}: {method} {s} → {status} {body}")
+        return
+    w.calls[f"{method} {status}"] += 1
+    answer = workspace_answer(method, sid, body, asked)
+    with w.lock:
+        w.answers.append(answer)
+        if how == "restore":
+            w.undos[sid] = answer.tree_from
+
+
+def check_answers(w: World) -> list[str]:
+    """`check_workspace_answers` over every answer so far (the clients parked)."""
+    with w.lock:
+        answers = list(w.answers)
+    return [str(v) for v in check_workspace_answers(w.home, answers, diffed=w.diffed)]
 
 
 def replay(
@@ -581,6 +674,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 claude_checks += 1
                 w.met_claude = False
             assert report.ok, (seed, report.violations)
+            answers_wrong = check_answers(w)
+            violations += len(answers_wrong)
+            assert not answers_wrong, (seed, answers_wrong)
             # No process of a killed daemon (its workers, their app-servers) outlives it, and
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
@@ -615,6 +711,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
+        assert not check_answers(w), (seed, check_answers(w))
         checks += 1
         spares_seen = max(spares_seen, final.spare_homes)
     finally:
@@ -640,6 +737,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"(after kills: {spares_after_kills}) last_fork={last_claude_fork} "
         f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
         final.summary(),
+        f"workspace answers checked: {len(w.answers)} (restores"
+        f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
+        f" {len(w.diffed)})",
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))

@@ -9,6 +9,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -23,10 +24,12 @@ from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
     Law,
+    WorkspaceAnswer,
     check_fork_events,
     check_invariants,
     check_session_events,
     check_status_bounds,
+    check_workspace_answers,
     repository_state,
 )
 from workspace.shadow import ShadowStore
@@ -555,6 +558,59 @@ def test_a_turns_changed_files_unlike_its_own_before_and_after_are_reported(
         f"UPDATE turns SET checkpoint_json = '{broken}' WHERE session_id = '{base.source}'",
     )
     assert Law.CHECKPOINT_CHANGES in laws(home)
+
+
+def _write_ref(home: Path, cwd: str, name: str, tree: str) -> None:
+    """A loose ref file under `refs/agenthost/` of `cwd`'s shadow store, as `keep` writes it."""
+    ref = ShadowStore(home / "checkpoints").repo_dir(Path(cwd)) / "refs" / "agenthost" / name
+    ref.parent.mkdir(parents=True, exist_ok=True)
+    ref.write_text(tree + "\n")
+
+
+def test_a_restore_undo_ref_naming_a_tree_the_store_lacks_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """A live Session's `restore-<ns>/before` ref must name a tree the store holds (the undo
+    a person restores from); one of a deleted Session's is no longer its law."""
+    record = _source_checkpoint(base.home, base.source)
+    home = tampered(base, tmp_path)
+    _write_ref(home, record["cwd"], f"{base.source}/restore-1/before", record["after"])
+    assert Law.RESTORE_UNDO_KEPT not in laws(home)
+    ghost = hashlib.sha1(b"an undo no checkpoint store holds").hexdigest()
+    _write_ref(home, record["cwd"], f"{base.source}/restore-2/before", ghost)
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.RESTORE_UNDO_KEPT]
+    assert len(found) == 1 and "restore-2" in found[0], found
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    conn.execute("UPDATE sessions SET deleted = 1 WHERE session_id = ?", (base.source,))
+    conn.close()
+    assert Law.RESTORE_UNDO_KEPT not in laws(home)
+
+
+def test_restore_and_diff_answers_unlike_the_store_are_reported(base: Base, tmp_path: Path) -> None:
+    """`check_workspace_answers`: a restore's answered undo kept by no `restore-*/before` ref
+    of its Session, a restore that restored another tree than asked, and `changedFiles` that
+    are not the diff of the answer's two trees are each reported; the true answers are not."""
+    record = _source_checkpoint(base.home, base.source)
+    home = tampered(base, tmp_path)
+    tree, cwd = str(record["after"]), str(record["cwd"])
+    restore = WorkspaceAnswer(
+        "workspace.restore", base.source, cwd, tree, tree, frozenset(), asked=tree
+    )
+    diff = WorkspaceAnswer("session.workspaceDiff", base.source, cwd, tree, tree, frozenset())
+
+    def found(*answers: WorkspaceAnswer) -> list[Law]:
+        return [v.law for v in check_workspace_answers(home, answers)]
+
+    assert found(restore) == [Law.RESTORE_UNDO_KEPT]  # no ref keeps the undo yet
+    _write_ref(home, cwd, f"{base.source}/restore-1/before", tree)
+    assert found(restore, diff) == []
+    other = frozenset({("written-by-another-turn.txt", "added")})
+    assert found(replace(diff, changed=other)) == [Law.WORKSPACE_ANSWER]
+    assert found(replace(restore, changed=other)) == [Law.WORKSPACE_ANSWER]
+    ghost = hashlib.sha1(b"another tree").hexdigest()
+    assert found(replace(restore, asked=ghost)) == [Law.WORKSPACE_ANSWER]
+    # The law of a kept undo is a live Session's.
+    assert found(replace(restore, session="gone-session", tree_from=ghost)) == []
 
 
 def test_a_cloned_message_unlike_its_source_is_reported(base: Base, tmp_path: Path) -> None:

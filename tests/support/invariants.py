@@ -25,7 +25,7 @@ from typing import Any
 
 import apsw
 
-from actors.checkpoints import checkpoint_ref, commit_ref
+from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
 from actors.context import _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
 from storage.fork_child import OrdinalPrefixes, ordinal_id
@@ -206,6 +206,18 @@ class Law(StrEnum):
     between its own `before` and `after` trees (git's `diff-tree` in the home's shadow
     store), e.g. another Turn's changes of the same folder (docs/design/workspace.md,
     "Laws")."""
+    RESTORE_UNDO_KEPT = "restore_undo_kept"
+    """A `workspace.restore`'s undo is not kept (docs/design/workspace.md, "Laws"): a
+    `refs/agenthost/<session>/restore-<ns>/before` ref of a live Session, in the shadow store
+    of a folder it works in, names a tree the store does not hold; or (`check_workspace_answers`,
+    over what a soak's clients were answered) the `undo.tree` a restore of a Session still live
+    answered is named by no such ref of that Session. The ref is written before the restore
+    touches a file, so this holds after any kill."""
+    WORKSPACE_ANSWER = "workspace_answer"
+    """A `workspace.restore` or `session.workspaceDiff` answer's `changedFiles` is not git's
+    `diff-tree` of the two trees it names (a restore's `undo.tree` → `restored`, a diff's
+    `from` → `to`), or a restore's `restored` is not the tree it was asked for
+    (`check_workspace_answers`, over what a soak's clients were answered)."""
     DESCRIPTOR_RESERVE = "descriptor_reserve"
     """The live daemon holds as many descriptors as its soft limit allows, or one of its top
     `acceptReserve` descriptor numbers holds a connection accepted on one of its ipc endpoints
@@ -1389,6 +1401,183 @@ def _check_checkpoint_changes(ctx: _Ctx, conn: apsw.Connection) -> None:
             )
 
 
+def _undo_owner(ref: str) -> str | None:
+    """The Session segment of a restore's undo ref (`refs/agenthost/<session>/restore-<ns>/before`,
+    `checkpoint_ref`), None for any other ref."""
+    parts = ref.split("/")
+    if len(parts) == 5 and parts[3].startswith("restore-") and parts[4] == "before":
+        return parts[2]
+    return None
+
+
+def _ref_now(home: Path, cwd: str, ref: str) -> str | None:
+    """What `ref` names in `cwd`'s shadow repository now (no cache), None when it is gone."""
+    repo = ShadowStore(home / "checkpoints").repo_dir(Path(cwd))
+    out = subprocess.run(
+        ["git", "for-each-ref", "--format=%(objectname)", ref],
+        env={"GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)},
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout.split()
+    return out[0] if out else None
+
+
+def _live_folders(conn: apsw.Connection) -> tuple[dict[str, str], set[str]]:
+    """The live Sessions (ref segment → id) and every folder they work in: their `cwd`s and
+    those their Turns' checkpoint records name."""
+    live = _rows(conn, "SELECT session_id, cwd FROM sessions WHERE deleted = 0")
+    folders = {str(r["cwd"]) for r in live if r["cwd"]}
+    for r in _rows(
+        conn,
+        "SELECT DISTINCT json_extract(t.checkpoint_json, '$.cwd') AS cwd FROM turns t"
+        " JOIN sessions s USING (workspace_id, session_id)"
+        " WHERE s.deleted = 0 AND t.checkpoint_json IS NOT NULL",
+    ):
+        if r["cwd"]:
+            folders.add(str(r["cwd"]))
+    return {ref_segment(str(r["session_id"])): str(r["session_id"]) for r in live}, folders
+
+
+def _check_restore_undos(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """Every restore's undo ref of a live Session names a tree its shadow store holds (read
+    after the store was copied; a ref dropped since — its Session deleted — is no miss)."""
+    owners, folders = _live_folders(conn)
+    cache: dict[str, dict[str, str]] = {}
+    for cwd in sorted(folders):
+        undos = {
+            ref: tree
+            for ref, tree in _shadow_refs(ctx.home, cwd, cache).items()
+            if _undo_owner(ref) in owners
+        }
+        if not undos:
+            continue
+        absent = _absent_trees(ctx.home, cwd, set(undos.values()))
+        for ref, tree in sorted(undos.items()):
+            if tree in absent and _ref_now(ctx.home, cwd, ref) == tree:
+                ctx.fail(
+                    Law.RESTORE_UNDO_KEPT,
+                    f"{cwd}: {ref} names {tree}, a tree the shadow store does not hold",
+                )
+
+
+@dataclass(frozen=True, slots=True)
+class WorkspaceAnswer:
+    """What a client was answered by `workspace.restore` (`tree_from`: its `undo.tree`,
+    `tree_to`: `restored`, `asked`: the tree it was asked to restore) or by
+    `session.workspaceDiff` (`from` → `to`; `asked` None)."""
+
+    method: str
+    session: str
+    cwd: str
+    tree_from: str
+    tree_to: str
+    changed: frozenset[tuple[str, str]]
+    asked: str | None = None
+
+
+def workspace_answer(
+    method: str, session: str, body: Mapping[str, Any], asked: str | None = None
+) -> WorkspaceAnswer:
+    """A `workspace.restore` / `session.workspaceDiff` answer body as `check_workspace_answers`
+    reads it."""
+    restore = method == "workspace.restore"
+    return WorkspaceAnswer(
+        method,
+        session,
+        str(body["cwd"]),
+        str(body["undo"]["tree"] if restore else body["from"]),
+        str(body["restored"] if restore else body["to"]),
+        frozenset((str(c["path"]), str(c["kind"])) for c in body["changedFiles"]),
+        asked,
+    )
+
+
+def check_workspace_answers(
+    home: Path, answers: Iterable[WorkspaceAnswer], *, diffed: set[WorkspaceAnswer] | None = None
+) -> list[Violation]:
+    """`restore_undo_kept` and `workspace_answer` over answers a soak's clients were given:
+    each restore's undo of a Session live now is named by one of that Session's
+    `restore-*/before` refs; each answer's `changedFiles` is the diff of its two trees while
+    the store holds both (a deleted Session's may be collected). `diffed`: answers whose
+    changes an earlier call compared (added to; each is compared once)."""
+    ctx = _Ctx(home)
+    answers = list(answers)
+    tmp = Path(tempfile.mkdtemp(prefix="answers-"))
+    try:
+        snapshot_store(home / "store.sqlite3", tmp / "store.sqlite3")
+        conn = apsw.Connection(str(tmp / "store.sqlite3"))
+        try:
+            owners, _ = _live_folders(conn)
+        finally:
+            conn.close()
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    live = set(owners.values())
+    cache: dict[str, dict[str, str]] = {}
+    for a in answers:
+        if a.asked is not None and a.tree_to != a.asked:
+            ctx.fail(
+                Law.WORKSPACE_ANSWER,
+                f"session {a.session}: {a.method} asked for {a.asked} restored {a.tree_to}",
+            )
+        if a.method != "workspace.restore" or a.session not in live:
+            continue
+        seg = ref_segment(a.session)
+        refs = _shadow_refs(home, a.cwd, cache)
+        if not any(_undo_owner(r) == seg and t == a.tree_from for r, t in refs.items()):
+            ctx.fail(
+                Law.RESTORE_UNDO_KEPT,
+                f"session {a.session}: the undo {a.tree_from} a restore of {a.cwd} answered"
+                " is kept by no restore-*/before ref of the Session",
+            )
+    by_cwd: dict[str, list[WorkspaceAnswer]] = defaultdict(list)
+    for a in answers:
+        if diffed is None or a not in diffed:
+            by_cwd[a.cwd].append(a)
+    for cwd, some in sorted(by_cwd.items()):
+        absent = _absent_trees(home, cwd, {t for a in some for t in (a.tree_from, a.tree_to)})
+        diffs: dict[tuple[str, str], set[tuple[str, str]] | None] = {}
+        for a in some:
+            if a.tree_from in absent or a.tree_to in absent:
+                continue
+            key = (a.tree_from, a.tree_to)
+            if key not in diffs:
+                diffs[key] = _tree_diff(home, cwd, *key)
+            want = diffs[key]
+            if diffed is not None:
+                diffed.add(a)
+            if want is not None and set(a.changed) != want:
+                ctx.fail(
+                    Law.WORKSPACE_ANSWER,
+                    f"session {a.session}: {a.method} of {cwd} listed {sorted(a.changed)},"
+                    f" not the diff of {a.tree_from} and {a.tree_to} {sorted(want)}",
+                )
+    return ctx.violations
+
+
+def _tree_diff(home: Path, cwd: str, before: str, after: str) -> set[tuple[str, str]] | None:
+    """git's `diff-tree` of two trees of `cwd`'s shadow store as (path, kind); None when git
+    cannot read them."""
+    if before == after:
+        return set()
+    repo = ShadowStore(home / "checkpoints").repo_dir(Path(cwd))
+    done = subprocess.run(
+        ["git", "diff-tree", "-r", "-z", "--no-renames", "--name-status", before, after],
+        env={"GIT_DIR": str(repo), "GIT_CONFIG_NOSYSTEM": "1", "HOME": str(repo)},
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode != 0:
+        return None
+    kinds = {"A": "added", "M": "modified", "D": "deleted"}
+    parts = [os.fsdecode(p) for p in done.stdout.split(b"\0") if p]
+    return {
+        (path, kinds.get(status[:1], "modified"))
+        for status, path in zip(parts[::2], parts[1::2], strict=False)
+    }
+
+
 def _check_liveness(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     """On a live daemon with nothing in flight: no Turn stays active with nothing written for
     it (and no interaction waiting on the user), no active operation stays unmoved."""
@@ -2057,6 +2246,7 @@ def check_invariants(
             _check_completed_turns(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)
+            _check_restore_undos(ctx, conn)
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
             ops = _rows(

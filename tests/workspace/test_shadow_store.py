@@ -142,13 +142,13 @@ def test_restore_puts_the_files_back_and_can_itself_be_undone(
     (repo / "link").write_text("a file where the link was\n")
     (repo / "ignored" / "cache.dat").write_text("changed, but never captured\n")
     damaged = tree_files(repo)
-    undo = store.restore(repo, start.commit)
+    undo = store.restore(repo, start.commit, "s1/restore-1/before")
     assert isinstance(undo, Checkpoint)
     restored = tree_files(repo)
     assert restored == {**wanted, "ignored/cache.dat": damaged["ignored/cache.dat"]}
     assert not (repo / "src" / "extra").exists()
     # The restore's own checkpoint brings the damaged state back.
-    store.restore(repo, undo.commit)
+    store.restore(repo, undo.commit, "s1/restore-2/before")
     assert tree_files(repo) == damaged
 
 
