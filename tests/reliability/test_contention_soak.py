@@ -60,6 +60,13 @@ resident memory grows over the chaos by at most what the unread clients may make
 subscriber, plus the per-connection bound of unread replies (`transport.server`: 32 queued,
 8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
 
+Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti
+Agent Turns whose fake model asks for an approval or an answer, answered at random moments
+(approve or decline, sometimes twice at once, sometimes never), and `turn.interrupt` of random
+Turns, racing the forks, deletes and lock takes; once the chaos is over the asked Turns still
+active are interrupted, and what the clients were answered is checked (`interaction_answered`,
+`interrupt_answered`; `interaction_state` with every store law), the answers counted by status.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -90,6 +97,7 @@ import zmq
 
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
+from tests.reliability.interaction_chaos import Asker
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -164,6 +172,8 @@ STREAMS = trials(4, 12)
 IPC_ENDPOINTS = 3
 """The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
 
+ASK_SHARE = 0.12
+"""The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 NEW_LAWS = (
     Law.COMPLETED_TURN_RECORDED,
     Law.ACTIVE_TURN_WORKED,
@@ -189,6 +199,9 @@ class Tally:
         self.ops: set[str] = set()
         self.unknown: set[str] = set()
         self.children: list[str] = []  # committed fork children, alive as far as we know
+        self.claude: set[str] = set()  # Claude Sessions: their fake model asks nothing
+        self.asker = Asker(lambda sid: sid not in self.claude)
+        """Interactions and interrupts of the clients (`interaction_chaos`)."""
 
     def note(self, op: dict[str, Any]) -> None:
         with self.lock:
@@ -225,6 +238,10 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
     while not stop.is_set():
         sid = rng.choice(sids)
         s = {"workspaceId": WS, "agentSessionId": sid}
+        if rng.random() < ASK_SHARE:
+            t.asker.step(c, rng, sids, f"client {n}")  # ask, answer or interrupt
+            time.sleep(rng.uniform(0.0, 0.1))
+            continue
         action = rng.choices(
             ["submit", "fork", "fork_latest", "resolve", "ack", "delete", "settings", "get"],
             weights=[6, 2, 1, 1, 1, 0.5, 1, 1],
@@ -721,6 +738,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             for i in range(SESSIONS)
         ]
         claude = {sids[i] for i in claude_at}
+        t.claude |= claude
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`
         # out, and a Turn that never reached the provider leaves its Session unforkable).
@@ -794,6 +812,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         status_violations += check_status_bounds(c.call("host.status"))
         held_bound = never_read.held_bound_mb(_largest_reply(c, sids))
         never_read.close()
+        t.asker.release(c, "release")  # asked Turns still waiting: interrupted
 
         # The lock is gone for good: every Turn settles, every operation ends.
         def quiet() -> bool:
@@ -860,6 +879,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         fork_outcomes = Counter(op["status"] for op in ops if op["operationId"] in t.ops)
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
+        asked_violations = t.asker.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
@@ -880,6 +900,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + check_processes(home, None)
         + pressure.violations
         + status_violations
+        + asked_violations
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -933,6 +954,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
+        "  " + t.asker.summary(),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -949,6 +971,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         map(str, list(live.violations) + final_violations)
     )
     assert not t.failures, (seed, t.failures[:10])
+    lost = [k for k in t.asker.calls if k.endswith(" lost")]
+    assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

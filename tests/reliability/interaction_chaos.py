@@ -1,0 +1,205 @@
+"""Interactions and interrupts in the soaks' chaos (docs/design/internals.md, "Interactions and
+interrupts: their laws"): Tutti Agent Turns whose fake model asks (`/approve …` for an
+approval, `/ask …` for a question), answered by `interaction.respond` at a random moment —
+approve or decline, a text, sometimes twice at once, sometimes never (left to an interrupt, a
+kill or the round's release) — and `turn.interrupt` of a random Session's active Turn (or of
+one it had settled), racing the other clients' forks, deletes and turns of the same Session.
+What the clients were answered is kept for `check_interaction_answers` and `check_interrupts`;
+answers a law allows (409 for a second answer or a fenced Session, 404 for a deleted one) are
+counted, not failures. Claude's permission requests are not asked here (its fake Messages API
+is not told to call a tool that needs one)."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from tests.support.daemon import WS
+from tests.support.invariants import (
+    Answered,
+    Violation,
+    check_interaction_answers,
+    check_interrupts,
+)
+from transport.client import Client, ClientClosed, ClientTimeout
+
+ASKS = ("/approve rm -rf build", "/approve ls", "/ask what colour?")
+
+
+class Asker:
+    """The interaction and interrupt actions of one soak's clients, and what they heard."""
+
+    def __init__(self, asks_on: Callable[[str], bool]) -> None:
+        self.asks_on = asks_on
+        """Whether a Session's provider's fake model asks (Tutti Agent's)."""
+        self.lock = threading.Lock()
+        self.asking: dict[str, str] = {}  # turn id → its Session: asked, maybe still pending
+        self.answers: list[Answered] = []
+        self.interrupts: list[Answered] = []
+        self.calls: Counter[str] = Counter()
+        self.failures: list[str] = []
+
+    def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
+        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked)."""
+        mine = [s for s in sids if self.asks_on(s)]
+        with self.lock:
+            asked = sorted(self.asking.items())
+        action = rng.choices(["ask", "answer", "interrupt"], weights=[3, 4, 3])[0]
+        if action == "answer" and asked:
+            self._answer(c, rng, *rng.choice(asked), tag)
+        elif action == "interrupt" and mine:
+            self._interrupt(c, rng, rng.choice(mine), tag)
+        elif mine:
+            sid = rng.choice(mine)
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": f"ask-{rng.getrandbits(64):x}",
+                "input": [{"type": "text", "text": rng.choice(ASKS)}],
+            }
+            status, body = self._call(c, "turn.submit", params, tag)
+            if status is not None and status < 400:
+                with self.lock:
+                    self.asking[str(body["turn"]["turnId"])] = sid
+
+    def release(self, c: Client, tag: str) -> None:
+        """Every asked Turn still active is interrupted (so the soak's waits for settled work
+        end): an Interaction left unanswered to the end is superseded by its Turn's
+        settlement. The interrupts are kept as any other."""
+        with self.lock:
+            asked = sorted(self.asking.items())
+            self.asking.clear()
+        for turn_id, sid in asked:
+            self._send_interrupt(c, sid, turn_id, None, tag)
+
+    def check(self, c: Client) -> list[Violation]:
+        """Both laws over what was answered, against each Turn as its Session's timeline
+        answers now (the clients quiet; a deleted Session's Turns are left alone)."""
+        with self.lock:
+            sent = self.answers + self.interrupts
+        turns: dict[str, dict[str, Any]] = {}
+        for sid in sorted({a.sid for a in sent}):
+            status, body = c.call_raw(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            if status == 200:
+                turns.update({str(t["turnId"]): t for t in body["turns"]})
+        for t in turns.values():
+            for i in t.get("interactions") or []:
+                self.calls[f"interaction recorded {i.get('status')}"] += 1
+        return check_interaction_answers(self.answers, turns) + check_interrupts(
+            self.interrupts, turns
+        )
+
+    def summary(self) -> str:
+        return "interactions and interrupts: " + " ".join(
+            f"{k}={v}" for k, v in sorted(self.calls.items())
+        )
+
+    def _answer(self, c: Client, rng: random.Random, turn_id: str, sid: str, tag: str) -> None:
+        """An answer (or two at once) to one of the Turn's Interactions, as it reads now."""
+        turn = self._turn(c, sid, turn_id, tag)
+        if turn is None:
+            return
+        if turn["phase"] == "settled":
+            with self.lock:
+                self.asking.pop(turn_id, None)
+        interactions = turn.get("interactions") or []
+        if not interactions:
+            self.calls["interaction.respond none opened yet"] += 1
+            return
+        interaction = rng.choice(interactions)
+        twice = rng.random() < 0.3
+        futures = []
+        for _ in range(2 if twice else 1):
+            if interaction.get("kind") == "question":
+                response: dict[str, Any] = {"text": rng.choice(["blue", "green"])}
+            else:
+                response = {"decision": rng.choice(["approve", "decline"])}
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "turnId": turn_id,
+                "requestId": interaction["requestId"],
+                "response": response,
+            }
+            futures.append((response, c.submit("interaction.respond", params)))
+        if twice:
+            self.calls["interaction.respond sent twice at once"] += 1
+        for response, future in futures:
+            try:
+                status, body = future.result(timeout=30)
+            except (ClientTimeout, ClientClosed, TimeoutError):
+                status, body = None, {}
+            self._tally("interaction.respond", status, body, tag)
+            with self.lock:
+                self.answers.append(
+                    Answered(sid, turn_id, interaction["requestId"], response, status, body)
+                )
+
+    def _interrupt(self, c: Client, rng: random.Random, sid: str, tag: str) -> None:
+        """`turn.interrupt` of the Session's active Turn, or (when it has none, or now and
+        then) of a Turn it had settled, as the client last read it."""
+        status, body = self._call(
+            c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}, tag
+        )
+        if status != 200 or not body["turns"]:
+            return
+        active = [t for t in body["turns"] if t["phase"] == "active"]
+        if active and rng.random() < 0.8:
+            self._send_interrupt(c, sid, str(active[0]["turnId"]), None, tag)
+        else:
+            seen = rng.choice(body["turns"])
+            self._send_interrupt(c, sid, str(seen["turnId"]), seen, tag)
+
+    def _send_interrupt(
+        self, c: Client, sid: str, turn_id: str, seen: dict[str, Any] | None, tag: str
+    ) -> None:
+        params = {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id}
+        status, body = self._call(c, "turn.interrupt", params, tag)
+        with self.lock:
+            self.interrupts.append(
+                Answered(
+                    sid,
+                    turn_id,
+                    "",
+                    {},
+                    status,
+                    body,
+                    seen if seen is not None and seen["phase"] == "settled" else None,
+                )
+            )
+
+    def _turn(self, c: Client, sid: str, turn_id: str, tag: str) -> dict[str, Any] | None:
+        status, body = self._call(
+            c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}, tag
+        )
+        if status != 200:
+            if status == 404:
+                with self.lock:
+                    self.asking.pop(turn_id, None)
+            return None
+        return next((dict(t) for t in body["turns"] if t["turnId"] == turn_id), None)
+
+    def _call(
+        self, c: Client, method: str, params: dict[str, Any], tag: str
+    ) -> tuple[int | None, dict[str, Any]]:
+        try:
+            status, body = c.call_raw(method, params)
+        except (ClientTimeout, ClientClosed):
+            status, body = None, {}
+        self._tally(method, status, body, tag)
+        return status, dict(body)
+
+    def _tally(self, method: str, status: int | None, body: Any, tag: str) -> None:
+        if status is None:
+            key = f"{method} lost"
+        else:
+            key = f"{method} {status}" + ("" if status < 400 else f" {body.get('reason')}")
+        with self.lock:
+            self.calls[key] += 1
+            if status == 500:
+                self.failures.append(f"{tag}: {method} → 500 {body}")
