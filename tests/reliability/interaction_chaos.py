@@ -14,7 +14,7 @@ from __future__ import annotations
 import random
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from tests.support.daemon import WS
@@ -27,6 +27,22 @@ from tests.support.invariants import (
 from transport.client import Client, ClientClosed, ClientTimeout
 
 ASKS = ("/approve rm -rf build", "/approve ls", "/ask what colour?")
+
+
+def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The answer Tutti Agent's fake model says it took, from a completed Turn's reply:
+    `approved: …` / `declined: …` for an approval, the answer's text for a question."""
+    asked = turn.get("interactions") or []
+    replies = [m for m in turn.get("messages") or [] if m.get("kind") == "assistant"]
+    if turn.get("outcome") != "completed" or len(asked) != 1 or not replies:
+        return None
+    text = str(replies[-1].get("text") or "")
+    if asked[0].get("kind") == "question":
+        return {"text": text}
+    for said, decision in (("approved: ", "approve"), ("declined: ", "decline")):
+        if text.startswith(said):
+            return {"decision": decision}
+    return None
 
 
 class Asker:
@@ -90,7 +106,7 @@ class Asker:
         for t in turns.values():
             for i in t.get("interactions") or []:
                 self.calls[f"interaction recorded {i.get('status')}"] += 1
-        return check_interaction_answers(self.answers, turns) + check_interrupts(
+        return check_interaction_answers(self.answers, turns, took) + check_interrupts(
             self.interrupts, turns
         )
 

@@ -17,6 +17,7 @@ import msgpack
 import pytest
 
 from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
+from tests.reliability.interaction_chaos import took
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import (
     WS,
@@ -1129,6 +1130,11 @@ def test_an_interaction_answered_twice_or_recorded_otherwise_is_reported(asked: 
     for answers in (twice, other):
         found = check_interaction_answers(answers, asked.turns)
         assert [v.law for v in found][:1] == [Law.INTERACTION_ANSWERED], found
+    assert check_interaction_answers(asked.answers, asked.turns, took) == []
+    declined = check_interaction_answers(
+        asked.answers, asked.turns, lambda turn: {"decision": "decline"}
+    )
+    assert [v.law for v in declined] == [Law.INTERACTION_ANSWERED], declined
 
 
 def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked: Asked) -> None:

@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -227,12 +227,13 @@ class Law(StrEnum):
     settlement supersedes pending Interactions in its own transaction) or with an answer or an
     end time; `resolved` without its answer or end time, or ended before it was opened;
     `superseded` with an answer, without an end time, or on a Turn still active
-    (docs/design/internals.md, "Interactions and interrupts")."""
+    (docs/design/internals.md, "Interactions and interrupts: their laws")."""
     INTERACTION_ANSWERED = "interaction_answered"
     """Over what the soak's clients were answered (`check_interaction_answers`): an
     Interaction answered 200 twice, or one whose recorded answer (its `output`, `by` aside)
-    is not the answer its 200 carried, or a `resolved` one whose output is no answer that was
-    sent and not refused (docs/design/internals.md, "Interactions and interrupts")."""
+    is not the answer its 200 carried or not the one the provider took (what its reply says),
+    or a `resolved` one whose output is no answer that was sent and not refused
+    (docs/design/internals.md, "Interactions and interrupts: their laws")."""
     INTERRUPT_ANSWERED = "interrupt_answered"
     """Over what the soak's clients were answered (`check_interrupts`): a Turn whose
     `turn.interrupt` answered 200 still active once the clients are quiet, or settled with
@@ -2082,13 +2083,17 @@ class Answered:
 
 
 def check_interaction_answers(
-    answers: Iterable[Answered], turns: Mapping[str, Mapping[str, Any]]
+    answers: Iterable[Answered],
+    turns: Mapping[str, Mapping[str, Any]],
+    took: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
 ) -> list[Violation]:
     """`interaction_answered` over the answers sent (`answers`) and each Turn as
     `session.timeline` answered once the clients were quiet (`turns`: turn id → Turn; a Turn
     of a deleted Session is absent and left alone): at most one 200 per Interaction, its
     record `resolved` with the answer that 200 carried, and a `resolved` record's answer one
-    that was sent and not refused (answered 200, or its reply lost)."""
+    that was sent and not refused (answered 200, or its reply lost). `took`: the answer the
+    provider says it took, read from a settled Turn (its fake model's reply; None: none said),
+    which a `resolved` record of the Turn's one Interaction must be."""
     out: list[Violation] = []
     sent: dict[tuple[str, str], list[Answered]] = defaultdict(list)
     for a in answers:
@@ -2114,6 +2119,14 @@ def check_interaction_answers(
                     Law.INTERACTION_ANSWERED,
                     f"{where}: answered 200 with {dict(ok[0].response)}, recorded"
                     f" {record.get('status')} {output}",
+                )
+            )
+        got = took(turn) if took is not None and len(turn.get("interactions") or []) == 1 else None
+        if got is not None and record.get("status") == "resolved" and output != dict(got):
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: recorded {output}, the provider took {dict(got)}",
                 )
             )
         taken = [dict(a.response) for a in mine if a.status in (200, None)]
