@@ -6,17 +6,20 @@ kill or the round's release) — and `turn.interrupt` of a random Session's acti
 one it had settled), racing the other clients' forks, deletes and turns of the same Session.
 What the clients were answered is kept for `check_interaction_answers` and `check_interrupts`;
 answers a law allows (409 for a second answer or a fenced Session, 404 for a deleted one) are
-counted, not failures. Claude's permission requests are not asked here (its fake Messages API
-is not told to call a tool that needs one)."""
+counted, not failures. Claude Code's Sessions ask too: `/bash echo … > asked-….txt` makes the
+fake Messages API (`soak_reply`, what the soaks' `provider_env` serves) call Bash with a
+command that writes, which the CLI asks permission for (`can_use_tool`: an approval)."""
 
 from __future__ import annotations
 
 import random
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from model_fakes.messages import Reply, ToolUse, default_reply, last_user_text, tool_result
 from tests.support.daemon import WS
 from tests.support.invariants import (
     Answered,
@@ -27,6 +30,23 @@ from tests.support.invariants import (
 from transport.client import Client, ClientClosed, ClientTimeout
 
 ASKS = ("/approve rm -rf build", "/approve ls", "/ask what colour?")
+"""What a Tutti Agent Turn asks with (its built-in model's directives)."""
+BASH = "/bash "
+RELEASE_S = 30.0
+"""How long `release` asks again an interrupt a fork's fence or a busy store refused."""
+
+
+def soak_reply(body: dict[str, Any]) -> Reply:
+    """The soaks' fake Messages API: `/bash <cmd>` → a Bash call; the follow-up carrying its
+    result → `tool ok|error: <result>` (a declined call's result is an error); else the
+    default echo."""
+    result = tool_result(body)
+    if result is not None:
+        return "tool error: declined" if result.get("is_error") else "tool ok: ran"
+    text = last_user_text(body)
+    if text.startswith(BASH):
+        return ToolUse("Bash", {"command": text[len(BASH) :], "description": "soak command"})
+    return default_reply(body)
 
 
 def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
@@ -37,6 +57,9 @@ def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
     if turn.get("outcome") != "completed" or len(asked) != 1 or not replies:
         return None
     text = str(replies[-1].get("text") or "")
+    if (asked[0].get("input") or {}).get("tool") == "Bash":  # Claude Code's (`soak_reply`)
+        said = {"tool ok: ran": "approve", "tool error: declined": "decline"}.get(text)
+        return None if said is None else {"decision": said}
     if asked[0].get("kind") == "question":
         return {"text": text}
     for said, decision in (("approved: ", "approve"), ("declined: ", "decline")):
@@ -48,9 +71,9 @@ def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
 class Asker:
     """The interaction and interrupt actions of one soak's clients, and what they heard."""
 
-    def __init__(self, asks_on: Callable[[str], bool]) -> None:
-        self.asks_on = asks_on
-        """Whether a Session's provider's fake model asks (Tutti Agent's)."""
+    def __init__(self, provider_of: Callable[[str], str | None]) -> None:
+        self.provider_of = provider_of
+        """A Session's provider (its fake model asks if it is Tutti Agent or Claude Code)."""
         self.lock = threading.Lock()
         self.asking: dict[str, str] = {}  # turn id → its Session: asked, maybe still pending
         self.answers: list[Answered] = []
@@ -60,7 +83,7 @@ class Asker:
 
     def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
         """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked)."""
-        mine = [s for s in sids if self.asks_on(s)]
+        mine = [s for s in sids if self.provider_of(s) in ("tutti-agent", "claude-code")]
         with self.lock:
             asked = sorted(self.asking.items())
         action = rng.choices(["ask", "answer", "interrupt"], weights=[3, 4, 3])[0]
@@ -74,12 +97,19 @@ class Asker:
                 "workspaceId": WS,
                 "agentSessionId": sid,
                 "requestId": f"ask-{rng.getrandbits(64):x}",
-                "input": [{"type": "text", "text": rng.choice(ASKS)}],
+                "input": [{"type": "text", "text": self._ask_text(rng, sid)}],
             }
             status, body = self._call(c, "turn.submit", params, tag)
             if status is not None and status < 400:
                 with self.lock:
                     self.asking[str(body["turn"]["turnId"])] = sid
+                    self.calls[f"asked {self.provider_of(sid)}"] += 1
+
+    def _ask_text(self, rng: random.Random, sid: str) -> str:
+        if self.provider_of(sid) == "claude-code":
+            n = rng.randrange(1000)
+            return f"{BASH}echo {n} > asked-{n}.txt"  # a write: the CLI asks
+        return rng.choice(ASKS)
 
     def release(self, c: Client, tag: str) -> None:
         """Every asked Turn still active is interrupted (so the soak's waits for settled work
@@ -88,8 +118,18 @@ class Asker:
         with self.lock:
             asked = sorted(self.asking.items())
             self.asking.clear()
-        for turn_id, sid in asked:
-            self._send_interrupt(c, sid, turn_id, None, tag)
+        deadline = time.monotonic() + RELEASE_S
+        while asked:
+            # One a fork's fence or a busy store refused (or whose reply was lost) is asked
+            # again, until `RELEASE_S`.
+            asked = [
+                (turn_id, sid)
+                for turn_id, sid in asked
+                if self._send_interrupt(c, sid, turn_id, None, tag) in (None, 409, 503)
+                and time.monotonic() < deadline
+            ]
+            if asked:
+                time.sleep(0.5)
 
     def check(self, c: Client) -> list[Violation]:
         """Both laws over what was answered, against each Turn as its Session's timeline
@@ -105,7 +145,9 @@ class Asker:
                 turns.update({str(t["turnId"]): t for t in body["turns"]})
         for t in turns.values():
             for i in t.get("interactions") or []:
-                self.calls[f"interaction recorded {i.get('status')}"] += 1
+                tool = (i.get("input") or {}).get("tool")
+                kind = f"{i.get('kind')}" + (f" {tool}" if tool else "")
+                self.calls[f"interaction recorded {kind} {i.get('status')}"] += 1
         return check_interaction_answers(self.answers, turns, took) + check_interrupts(
             self.interrupts, turns
         )
@@ -173,7 +215,7 @@ class Asker:
 
     def _send_interrupt(
         self, c: Client, sid: str, turn_id: str, seen: dict[str, Any] | None, tag: str
-    ) -> None:
+    ) -> int | None:
         params = {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id}
         status, body = self._call(c, "turn.interrupt", params, tag)
         with self.lock:
@@ -188,6 +230,7 @@ class Asker:
                     seen if seen is not None and seen["phase"] == "settled" else None,
                 )
             )
+        return status
 
     def _turn(self, c: Client, sid: str, turn_id: str, tag: str) -> dict[str, Any] | None:
         status, body = self._call(

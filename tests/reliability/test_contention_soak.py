@@ -61,7 +61,8 @@ subscriber, plus the per-connection bound of unread replies (`transport.server`:
 8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
 
 Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti
-Agent Turns whose fake model asks for an approval or an answer, answered at random moments
+Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
+call asks for its permission, answered at random moments
 (approve or decline, sometimes twice at once, sometimes never), and `turn.interrupt` of random
 Turns, racing the forks, deletes and lock takes; once the chaos is over the asked Turns still
 active are interrupted, and what the clients were answered is checked (`interaction_answered`,
@@ -199,8 +200,8 @@ class Tally:
         self.ops: set[str] = set()
         self.unknown: set[str] = set()
         self.children: list[str] = []  # committed fork children, alive as far as we know
-        self.claude: set[str] = set()  # Claude Sessions: their fake model asks nothing
-        self.asker = Asker(lambda sid: sid not in self.claude)
+        self.claude: set[str] = set()  # the Claude Code Sessions
+        self.asker = Asker(lambda sid: CLAUDE if sid in self.claude else "tutti-agent")
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
 
     def note(self, op: dict[str, Any]) -> None:
@@ -542,6 +543,13 @@ def _joined(c: Client, sub: EventSubscriber, sid: str) -> bool:
     return False
 
 
+def _reached(turn: dict[str, Any]) -> bool:
+    """A Turn completed, or interrupted after its provider started it."""
+    return turn.get("outcome") == "completed" or bool(
+        turn.get("outcome") == "interrupted" and turn.get("rootProviderTurnId")
+    )
+
+
 def held_events_burst(
     d: DaemonProcess,
     c: Client,
@@ -564,8 +572,9 @@ def held_events_burst(
         if status == 200:
             live.append(sid)
             # A Turn that never reached its provider (one stopped under it) makes every later
-            # boundary unforkable (`provider_turn_missing`): prefer Sessions without one.
-            if all(x.get("outcome") == "completed" for x in body["turns"]):
+            # boundary unforkable (`provider_turn_missing`): prefer Sessions without one (an
+            # interrupted Turn the provider ran, `interaction_chaos`'s, is one it has).
+            if all(_reached(x) for x in body["turns"]):
                 forkable.append(sid)
     heard: list[dict[str, Any]] = []
     stop = threading.Event()

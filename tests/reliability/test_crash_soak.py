@@ -57,7 +57,8 @@ the Turn fails, the fork is `unknown`), every law holds with the live ones
 (`one_provider_child`, `child_iff_committed`: no provider child made twice or lost), and a
 Turn of a new Session of that provider completes on a new worker (another pid).
 Interactions and interrupts among the client actions (`interaction_chaos.Asker`): Tutti
-Agent Turns whose fake model asks for an approval or an answer, answered at random moments
+Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
+call asks for its permission, answered at random moments
 (approve or decline, sometimes twice at once, sometimes never: left to an interrupt or a
 kill), and `turn.interrupt` of random Turns, racing the forks and deletes of the same Session;
 after every round's kill or fault the Turns asked and still active are interrupted (so the
@@ -208,7 +209,7 @@ class World:
         self.asked: dict[str, dict[str, Any]] = {}  # operation id → the request that made it
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
-        self.asker = Asker(lambda sid: self.provider.get(sid) == "tutti-agent")
+        self.asker = Asker(self.provider.get)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
         self.met_claude = False
         """A kill since the last invariant check met Claude work (an active Claude Turn or fork
