@@ -73,8 +73,10 @@ def provider_env(provider: str, home: Path, *, config: str = "") -> Iterator[Pat
         return
     if provider == "claude-code":
         from model_fakes.messages import MessagesServer
+        from tests.reliability.interaction_chaos import soak_reply
 
-        with MessagesServer() as server:
+        # The default echo, and a Bash call for `/bash …` (the soaks' permission asks).
+        with MessagesServer(reply=soak_reply) as server:
             toml.write_text(
                 f'{config}[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
             )

@@ -68,6 +68,14 @@ resident memory grows over the chaos by at most what the unread clients may make
 subscriber, plus the per-connection bound of unread replies (`transport.server`: 32 queued,
 8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
 
+Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti
+Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
+call asks for its permission, answered at random moments
+(approve or decline, sometimes twice at once, sometimes never), and `turn.interrupt` of random
+Turns, racing the forks, deletes and lock takes; once the chaos is over the asked Turns still
+active are interrupted, and what the clients were answered is checked (`interaction_answered`,
+`interrupt_answered`; `interaction_state` with every store law), the answers counted by status.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -98,6 +106,7 @@ import zmq
 
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
+from tests.reliability.interaction_chaos import Asker
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -175,6 +184,8 @@ STREAMS = trials(4, 12)
 IPC_ENDPOINTS = 3
 """The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
 
+ASK_SHARE = 0.12
+"""The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 NEW_LAWS = (
     Law.COMPLETED_TURN_RECORDED,
     Law.ACTIVE_TURN_WORKED,
@@ -204,6 +215,9 @@ class Tally:
         self.children: list[str] = []  # committed fork children, alive as far as we know
         self.answers: list[WorkspaceAnswer] = []  # restores' and diffs' answers
         self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
+        self.claude: set[str] = set()  # the Claude Code Sessions
+        self.asker = Asker(lambda sid: CLAUDE if sid in self.claude else "tutti-agent")
+        """Interactions and interrupts of the clients (`interaction_chaos`)."""
 
     def note(self, op: dict[str, Any]) -> None:
         with self.lock:
@@ -240,6 +254,10 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
     while not stop.is_set():
         sid = rng.choice(sids)
         s = {"workspaceId": WS, "agentSessionId": sid}
+        if rng.random() < ASK_SHARE:
+            t.asker.step(c, rng, sids, f"client {n}")  # ask, answer or interrupt
+            time.sleep(rng.uniform(0.0, 0.1))
+            continue
         action = rng.choices(
             [
                 "submit",
@@ -621,6 +639,13 @@ def _joined(c: Client, sub: EventSubscriber, sid: str) -> bool:
     return False
 
 
+def _reached(turn: dict[str, Any]) -> bool:
+    """A Turn completed, or interrupted after its provider started it."""
+    return turn.get("outcome") == "completed" or bool(
+        turn.get("outcome") == "interrupted" and turn.get("rootProviderTurnId")
+    )
+
+
 def held_events_burst(
     d: DaemonProcess,
     c: Client,
@@ -643,8 +668,9 @@ def held_events_burst(
         if status == 200:
             live.append(sid)
             # A Turn that never reached its provider (one stopped under it) makes every later
-            # boundary unforkable (`provider_turn_missing`): prefer Sessions without one.
-            if all(x.get("outcome") == "completed" for x in body["turns"]):
+            # boundary unforkable (`provider_turn_missing`): prefer Sessions without one (an
+            # interrupted Turn the provider ran, `interaction_chaos`'s, is one it has).
+            if all(_reached(x) for x in body["turns"]):
                 forkable.append(sid)
     heard: list[dict[str, Any]] = []
     stop = threading.Event()
@@ -817,6 +843,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             for i in range(SESSIONS)
         ]
         claude = {sids[i] for i in claude_at}
+        t.claude |= claude
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`
         # out, and a Turn that never reached the provider leaves its Session unforkable).
@@ -890,6 +917,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         status_violations += check_status_bounds(c.call("host.status"))
         held_bound = never_read.held_bound_mb(_largest_reply(c, sids))
         never_read.close()
+        t.asker.release(c, "release")  # asked Turns still waiting: interrupted
 
         # The lock is gone for good: every Turn settles, every operation ends.
         def quiet() -> bool:
@@ -957,6 +985,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
+        asked_violations = t.asker.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
@@ -978,6 +1007,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + pressure.violations
         + status_violations
         + answers_wrong
+        + asked_violations
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -1033,6 +1063,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
+        "  " + t.asker.summary(),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -1049,6 +1080,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         map(str, list(live.violations) + final_violations)
     )
     assert not t.failures, (seed, t.failures[:10])
+    lost = [k for k in t.asker.calls if k.endswith(" lost")]
+    assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

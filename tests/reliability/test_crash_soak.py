@@ -65,6 +65,15 @@ settles within that bound again (the clients parked; a request it held is lost, 
 the Turn fails, the fork is `unknown`), every law holds with the live ones
 (`one_provider_child`, `child_iff_committed`: no provider child made twice or lost), and a
 Turn of a new Session of that provider completes on a new worker (another pid).
+Interactions and interrupts among the client actions (`interaction_chaos.Asker`): Tutti
+Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
+call asks for its permission, answered at random moments
+(approve or decline, sometimes twice at once, sometimes never: left to an interrupt or a
+kill), and `turn.interrupt` of random Turns, racing the forks and deletes of the same Session;
+after every round's kill or fault the Turns asked and still active are interrupted (so the
+round's waits for settled work end), `interaction_state` is checked with every law, and at the
+end what the clients were answered is checked (`interaction_answered`,
+`interrupt_answered`); the summary counts the answers by status.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -88,6 +97,7 @@ import psutil
 import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
+from tests.reliability.interaction_chaos import Asker
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -155,6 +165,8 @@ CLAUDE_POINTS = (
 """The worker's points on a Claude fork: the first round arms one before its seed fork."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude round arms before its seed fork."""
+ASK_SHARE = 0.15
+"""The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 STALL_EVERY = 5
 """Round `n` is a stalled-git round when `n % STALL_EVERY == 3`, and one whose daemon is
 SIGKILLed while the git stalls when `n % STALL_EVERY == 4` (both among the short profile's)."""
@@ -212,6 +224,8 @@ class World:
         self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
         self.answers: list[WorkspaceAnswer] = []  # restores' and diffs' answers
         self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
+        self.asker = Asker(self.provider.get)
+        """Interactions and interrupts of the clients (`interaction_chaos`)."""
         self.met_claude = False
         """A kill since the last invariant check met Claude work (an active Claude Turn or fork
         in the store as the daemon died or the Claude worker was killed, or the Claude worker
@@ -277,6 +291,9 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
     with w.lock:
         sessions = list(w.sessions)
         ops = list(w.ops)
+    if rng.random() < ASK_SHARE:
+        w.asker.step(c, rng, sessions, tag)  # ask, answer or interrupt
+        return
     sid = rng.choice(sessions) if sessions else None
     action = rng.choices(
         [
@@ -652,6 +669,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
+            if action != "stop_worker" or stopped is None:
+                release_asks(w)
             grace = None
             if action == "full_disk":
                 full_disk_settles(w)
@@ -660,6 +679,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 # The clients parked (a call the stopped worker held ends `lost` meanwhile).
                 stopped_gone_s.append(stopped_worker_gone(w, *stopped))
                 stops[stopped[0]] += 1
+                release_asks(w)  # the stopped worker gone: Tutti Agent's asks answer again
                 stopped_worker_replaced(w, *stopped)
                 grace = LIVE_GRACE_S
             if action.startswith("stall_"):
@@ -709,7 +729,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         # With the clients parked, the live laws too: no Turn stays active and no
         # operation keeps its fence with nothing working on it (`active_turn_worked`,
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
+        release_asks(w)
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
+        asked_violations = w.asker.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
         checks += 1
@@ -720,7 +742,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         for t in threads:
             t.join(10)
         w.daemon.stop()
-    assert not w.failures, (seed, w.failures[:10])
+    assert not w.failures + w.asker.failures, (seed, (w.failures + w.asker.failures)[:10])
+    assert not asked_violations, (seed, asked_violations)
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
@@ -740,6 +763,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"workspace answers checked: {len(w.answers)} (restores"
         f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
         f" {len(w.diffed)})",
+        w.asker.summary(),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))
@@ -770,6 +794,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
+
+
+def release_asks(w: World) -> None:
+    """The clients parked: the Turns asked and maybe still waiting for an answer are
+    interrupted, as a person who never answers would (a full-disk round's: once space
+    returned, its interrupt may still meet the full disk: 503, then its settle)."""
+    w.asker.release(w.daemon.client(timeout=30), "release")
 
 
 def stall_probe(w: World) -> str:

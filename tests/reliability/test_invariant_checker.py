@@ -18,14 +18,27 @@ import msgpack
 import pytest
 
 from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
+from tests.reliability.interaction_chaos import took
 from tests.reliability.reliability_harness import fork_params
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    turn_of,
+    wait_for,
+)
 from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
+    Answered,
     Law,
     WorkspaceAnswer,
     check_fork_events,
+    check_interaction_answers,
+    check_interrupts,
     check_invariants,
     check_session_events,
     check_status_bounds,
@@ -1060,3 +1073,135 @@ def test_a_status_queue_past_its_capacity_is_reported(tmp_path: Path) -> None:
     assert [v.law for v in found] == [Law.STATUS_BOUNDS] * 3, found
     assert "log queue" in found[0].detail and "live" in found[1].detail, found
     assert "starting" in found[2].detail, found
+
+
+class Asked:
+    """A stopped daemon's home with a resolved Interaction (an approval answered 200, then
+    answered again: 409) and a superseded one (a question left to an interrupt, the Turn
+    interrupted again once settled), with what the client was answered and the Turns at the
+    end."""
+
+    def __init__(
+        self,
+        home: Path,
+        answers: list[Answered],
+        interrupts: list[Answered],
+        turns: dict[str, dict[str, Any]],
+    ) -> None:
+        self.home = home
+        self.answers = answers
+        self.interrupts = interrupts
+        self.turns = turns
+
+
+def _control(
+    c: Any, method: str, sid: str, turn_id: str, extra: dict[str, Any], seen: Any = None
+) -> Answered:
+    params = {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id} | extra
+    status, body = c.call_raw(method, params)
+    return Answered(
+        sid,
+        turn_id,
+        str(extra.get("requestId", "")),
+        dict(extra.get("response", {})),
+        status,
+        body,
+        seen,
+    )
+
+
+@pytest.fixture(scope="module")
+def asked(tmp_path_factory: pytest.TempPathFactory) -> Asked:
+    home = tmp_path_factory.mktemp("asked") / "home"
+    d = DaemonProcess(home).start()
+    answers: list[Answered] = []
+    interrupts: list[Answered] = []
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        approve = submit(c, sid, "/approve ls")["turnId"]
+        req = wait_for(lambda: turn_of(c, sid, approve)["interactions"])[0]["requestId"]
+        for decision in ("approve", "decline"):
+            answers.append(
+                _control(
+                    c,
+                    "interaction.respond",
+                    sid,
+                    approve,
+                    {"requestId": req, "response": {"decision": decision}},
+                )
+            )
+        settle(c, sid, approve)
+        ask = submit(c, sid, "/ask what colour?")["turnId"]
+        wait_for(lambda: turn_of(c, sid, ask)["interactions"])
+        interrupts.append(_control(c, "turn.interrupt", sid, ask, {}))
+        seen = settle(c, sid, ask)
+        interrupts.append(_control(c, "turn.interrupt", sid, ask, {}, seen))
+        turns = {t["turnId"]: t for t in [turn_of(c, sid, approve), turn_of(c, sid, ask)]}
+    finally:
+        d.stop()
+    return Asked(home, answers, interrupts, turns)
+
+
+def _asked_tampered(asked: Asked, tmp_path: Path, sql: str) -> Path:
+    home = tmp_path / "home"
+    shutil.copytree(asked.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    conn.execute(sql)
+    conn.close()
+    return home
+
+
+def test_a_home_with_answered_and_interrupted_interactions_is_clean(asked: Asked) -> None:
+    assert [a.status for a in asked.answers] == [200, 409]
+    statuses = [i["status"] for t in asked.turns.values() for i in t["interactions"]]
+    assert sorted(statuses) == ["resolved", "superseded"]
+    assert [a.status for a in asked.interrupts] == [200, 200]
+    report = check_invariants(asked.home)
+    assert report.ok, report.violations
+    assert check_interaction_answers(asked.answers, asked.turns) == []
+    assert check_interrupts(asked.interrupts, asked.turns) == []
+
+
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "UPDATE interactions SET status = 'pending', resolved_at_ms = NULL"
+        " WHERE status = 'superseded'",
+        "UPDATE interactions SET output_json = NULL WHERE status = 'resolved'",
+        "UPDATE interactions SET resolved_at_ms = created_at_ms - 1 WHERE status = 'resolved'",
+    ],
+    ids=["pending_on_settled_turn", "resolved_without_answer", "resolved_before_opened"],
+)
+def test_an_interaction_record_its_turn_cannot_leave_is_reported(
+    asked: Asked, tmp_path: Path, sql: str
+) -> None:
+    assert Law.INTERACTION_STATE in laws(_asked_tampered(asked, tmp_path, sql))
+
+
+def test_an_interaction_answered_twice_or_recorded_otherwise_is_reported(asked: Asked) -> None:
+    first, second = asked.answers
+    twice = [first, Answered(**{**_fields(second), "status": 200})]
+    other = [Answered(**{**_fields(first), "response": {"decision": "decline"}}), second]
+    for answers in (twice, other):
+        found = check_interaction_answers(answers, asked.turns)
+        assert [v.law for v in found][:1] == [Law.INTERACTION_ANSWERED], found
+    assert check_interaction_answers(asked.answers, asked.turns, took) == []
+    declined = check_interaction_answers(
+        asked.answers, asked.turns, lambda turn: {"decision": "decline"}
+    )
+    assert [v.law for v in declined] == [Law.INTERACTION_ANSWERED], declined
+
+
+def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked: Asked) -> None:
+    first, again = asked.interrupts
+    active = {k: t | {"phase": "active"} for k, t in asked.turns.items()}
+    assert [v.law for v in check_interrupts([first], active)] == [Law.INTERRUPT_ANSWERED]
+    body = {"turn": again.body["turn"] | {"outcome": "completed"}}
+    changed = Answered(**{**_fields(again), "body": body})
+    found = check_interrupts([changed], asked.turns)
+    assert [v.law for v in found] == [Law.INTERRUPT_ANSWERED] * 2, found
+
+
+def _fields(a: Answered) -> dict[str, Any]:
+    return {name: getattr(a, name) for name in Answered.__slots__}

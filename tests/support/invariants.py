@@ -17,7 +17,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -233,6 +233,25 @@ class Law(StrEnum):
     queue grown past its bound, e.g. under clients that never read (docs/reliability.md,
     "Clients that never read, in the soak"). `check_status_bounds`, over each look, by the
     contention soak."""
+
+    INTERACTION_STATE = "interaction_state"
+    """An Interaction's record is not one its Turn can leave: `pending` on a settled Turn (the
+    settlement supersedes pending Interactions in its own transaction) or with an answer or an
+    end time; `resolved` without its answer or end time, or ended before it was opened;
+    `superseded` with an answer, without an end time, or on a Turn still active
+    (docs/design/internals.md, "Interactions and interrupts: their laws")."""
+    INTERACTION_ANSWERED = "interaction_answered"
+    """Over what the soak's clients were answered (`check_interaction_answers`): an
+    Interaction answered 200 twice, or one whose recorded answer (its `output`, `by` aside)
+    is not the answer its 200 carried or not the one the provider took (what its reply says),
+    or a `resolved` one whose output is no answer that was sent and not refused
+    (docs/design/internals.md, "Interactions and interrupts: their laws")."""
+    INTERRUPT_ANSWERED = "interrupt_answered"
+    """Over what the soak's clients were answered (`check_interrupts`): a Turn whose
+    `turn.interrupt` answered 200 still active once the clients are quiet, or settled with
+    another outcome than that answer showed as settled (a settlement is final: an interrupt of
+    a settled Turn answers it unchanged) (docs/design/internals.md, "Interactions and
+    interrupts")."""
 
 
 STORE_LAWS = frozenset(
@@ -1249,6 +1268,33 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
             )
 
 
+def _check_interactions(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`interaction_state`: each Interaction's record is one its Turn's life can leave."""
+    for i in _rows(
+        conn,
+        "SELECT i.session_id, i.turn_id, i.request_id, i.status, i.output_json IS NOT NULL"
+        " AS answered, i.created_at_ms, i.resolved_at_ms, t.phase FROM interactions i"
+        " JOIN turns t USING (workspace_id, session_id, turn_id)",
+    ):
+        where = f"session {i['session_id']} turn {i['turn_id']} interaction {i['request_id']}"
+        ended, status = i["resolved_at_ms"], i["status"]
+        problem = None
+        if status == "pending":
+            if i["phase"] != "active":
+                problem = "pending on a settled Turn"
+            elif i["answered"] or ended is not None:
+                problem = "pending with an answer or an end time"
+        elif status == "resolved":
+            if not i["answered"] or ended is None:
+                problem = "resolved without its answer or end time"
+            elif ended < i["created_at_ms"]:
+                problem = "resolved before it was opened"
+        elif i["answered"] or ended is None or i["phase"] != "settled":
+            problem = "superseded with an answer, without an end time, or on an active Turn"
+        if problem is not None:
+            ctx.fail(Law.INTERACTION_STATE, f"{where}: {problem}")
+
+
 def _shadow_refs(home: Path, cwd: str, cache: dict[str, dict[str, str]]) -> dict[str, str]:
     """`refs/agenthost/...` → object of the shadow repository of `cwd` (read with git)."""
     if cwd not in cache:
@@ -2209,6 +2255,118 @@ def check_turn_events(
     return out
 
 
+@dataclass(frozen=True, slots=True)
+class Answered:
+    """One control request a soak sent and how it was answered: `interaction.respond` (its
+    `request_id` and `response`) or `turn.interrupt` (`request_id` ""), `status` the HTTP
+    status (None: the reply was lost, e.g. to a SIGKILL) and `body` its reply."""
+
+    sid: str
+    turn_id: str
+    request_id: str
+    response: Mapping[str, Any]
+    status: int | None
+    body: Mapping[str, Any]
+    seen: Mapping[str, Any] | None = None
+    """`turn.interrupt`: the Turn as the client last saw it before asking (None: not read)."""
+
+
+def check_interaction_answers(
+    answers: Iterable[Answered],
+    turns: Mapping[str, Mapping[str, Any]],
+    took: Callable[[Mapping[str, Any]], Mapping[str, Any] | None] | None = None,
+) -> list[Violation]:
+    """`interaction_answered` over the answers sent (`answers`) and each Turn as
+    `session.timeline` answered once the clients were quiet (`turns`: turn id → Turn; a Turn
+    of a deleted Session is absent and left alone): at most one 200 per Interaction, its
+    record `resolved` with the answer that 200 carried, and a `resolved` record's answer one
+    that was sent and not refused (answered 200, or its reply lost). `took`: the answer the
+    provider says it took, read from a settled Turn (its fake model's reply; None: none said),
+    which a `resolved` record of the Turn's one Interaction must be."""
+    out: list[Violation] = []
+    sent: dict[tuple[str, str], list[Answered]] = defaultdict(list)
+    for a in answers:
+        sent[(a.turn_id, a.request_id)].append(a)
+    for (turn_id, request_id), mine in sorted(sent.items()):
+        where = f"turn {turn_id} interaction {request_id}"
+        ok = [a for a in mine if a.status == 200]
+        if len(ok) > 1:
+            out.append(Violation(Law.INTERACTION_ANSWERED, f"{where}: answered 200 {len(ok)}x"))
+        turn = turns.get(turn_id)
+        if turn is None:
+            continue
+        record = next(
+            (i for i in turn.get("interactions") or [] if i.get("requestId") == request_id), None
+        )
+        if record is None:
+            out.append(Violation(Law.INTERACTION_ANSWERED, f"{where}: answered, not recorded"))
+            continue
+        output = {k: v for k, v in (record.get("output") or {}).items() if k != "by"}
+        if ok and (record.get("status") != "resolved" or output != dict(ok[0].response)):
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: answered 200 with {dict(ok[0].response)}, recorded"
+                    f" {record.get('status')} {output}",
+                )
+            )
+        got = took(turn) if took is not None and len(turn.get("interactions") or []) == 1 else None
+        if got is not None and record.get("status") == "resolved" and output != dict(got):
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: recorded {output}, the provider took {dict(got)}",
+                )
+            )
+        taken = [dict(a.response) for a in mine if a.status in (200, None)]
+        if record.get("status") == "resolved" and output not in taken:
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: recorded {output}, an answer not sent or refused",
+                )
+            )
+    return out
+
+
+def check_interrupts(
+    interrupts: Iterable[Answered], turns: Mapping[str, Mapping[str, Any]]
+) -> list[Violation]:
+    """`interrupt_answered` over the `turn.interrupt`s sent and each Turn as
+    `session.timeline` answered once the clients were quiet (`turns`, as for
+    `check_interaction_answers`): a Turn an interrupt answered 200 is settled; one that answer
+    showed settled keeps that outcome, and one the client had seen settled before asking is
+    answered with that outcome (an interrupt settles an active Turn; it changes no settled
+    one)."""
+    out: list[Violation] = []
+    for a in interrupts:
+        turn = turns.get(a.turn_id)
+        if a.status != 200 or turn is None:
+            continue
+        where = f"turn {a.turn_id}"
+        shown = a.body.get("turn") or {}
+        if turn.get("phase") != "settled":
+            out.append(Violation(Law.INTERRUPT_ANSWERED, f"{where}: interrupted, still active"))
+        elif shown.get("phase") == "settled" and shown.get("outcome") != turn.get("outcome"):
+            out.append(
+                Violation(
+                    Law.INTERRUPT_ANSWERED,
+                    f"{where}: interrupt answered {shown.get('outcome')}, settled"
+                    f" {turn.get('outcome')}",
+                )
+            )
+        seen = a.seen or {}
+        if seen.get("phase") == "settled" and shown.get("outcome") != seen.get("outcome"):
+            out.append(
+                Violation(
+                    Law.INTERRUPT_ANSWERED,
+                    f"{where}: seen settled {seen.get('outcome')}, its interrupt answered"
+                    f" {shown.get('phase')} {shown.get('outcome')}",
+                )
+            )
+    return out
+
+
 def check_invariants(
     home: Path,
     *,
@@ -2244,6 +2402,7 @@ def check_invariants(
             _check_integrity(ctx, conn)
             _check_schema(ctx, conn)
             _check_completed_turns(ctx, conn)
+            _check_interactions(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)
             _check_restore_undos(ctx, conn)

@@ -1,0 +1,264 @@
+"""Interactions and interrupts in the soaks' chaos (docs/design/internals.md, "Interactions and
+interrupts: their laws"): Tutti Agent Turns whose fake model asks (`/approve …` for an
+approval, `/ask …` for a question), answered by `interaction.respond` at a random moment —
+approve or decline, a text, sometimes twice at once, sometimes never (left to an interrupt, a
+kill or the round's release) — and `turn.interrupt` of a random Session's active Turn (or of
+one it had settled), racing the other clients' forks, deletes and turns of the same Session.
+What the clients were answered is kept for `check_interaction_answers` and `check_interrupts`;
+answers a law allows (409 for a second answer or a fenced Session, 404 for a deleted one) are
+counted, not failures. Claude Code's Sessions ask too: `/bash echo … > asked-….txt` makes the
+fake Messages API (`soak_reply`, what the soaks' `provider_env` serves) call Bash with a
+command that writes, which the CLI asks permission for (`can_use_tool`: an approval)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from model_fakes.messages import Reply, ToolUse, default_reply, last_user_text, tool_result
+from tests.support.daemon import WS
+from tests.support.invariants import (
+    Answered,
+    Violation,
+    check_interaction_answers,
+    check_interrupts,
+)
+from transport.client import Client, ClientClosed, ClientTimeout
+
+ASKS = ("/approve rm -rf build", "/approve ls", "/ask what colour?")
+"""What a Tutti Agent Turn asks with (its built-in model's directives)."""
+BASH = "/bash "
+RELEASE_S = 30.0
+"""How long `release` asks again an interrupt a fork's fence or a busy store refused."""
+
+
+def soak_reply(body: dict[str, Any]) -> Reply:
+    """The soaks' fake Messages API: `/bash <cmd>` → a Bash call; the follow-up carrying its
+    result → `tool ok|error: <result>` (a declined call's result is an error); else the
+    default echo."""
+    result = tool_result(body)
+    if result is not None:
+        return "tool error: declined" if result.get("is_error") else "tool ok: ran"
+    text = last_user_text(body)
+    if text.startswith(BASH):
+        return ToolUse("Bash", {"command": text[len(BASH) :], "description": "soak command"})
+    return default_reply(body)
+
+
+def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The answer Tutti Agent's fake model says it took, from a completed Turn's reply:
+    `approved: …` / `declined: …` for an approval, the answer's text for a question."""
+    asked = turn.get("interactions") or []
+    replies = [m for m in turn.get("messages") or [] if m.get("kind") == "assistant"]
+    if turn.get("outcome") != "completed" or len(asked) != 1 or not replies:
+        return None
+    text = str(replies[-1].get("text") or "")
+    if (asked[0].get("input") or {}).get("tool") == "Bash":  # Claude Code's (`soak_reply`)
+        said = {"tool ok: ran": "approve", "tool error: declined": "decline"}.get(text)
+        return None if said is None else {"decision": said}
+    if asked[0].get("kind") == "question":
+        return {"text": text}
+    for said, decision in (("approved: ", "approve"), ("declined: ", "decline")):
+        if text.startswith(said):
+            return {"decision": decision}
+    return None
+
+
+class Asker:
+    """The interaction and interrupt actions of one soak's clients, and what they heard."""
+
+    def __init__(self, provider_of: Callable[[str], str | None]) -> None:
+        self.provider_of = provider_of
+        """A Session's provider (its fake model asks if it is Tutti Agent or Claude Code)."""
+        self.lock = threading.Lock()
+        self.asking: dict[str, str] = {}  # turn id → its Session: asked, maybe still pending
+        self.answers: list[Answered] = []
+        self.interrupts: list[Answered] = []
+        self.calls: Counter[str] = Counter()
+        self.failures: list[str] = []
+
+    def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
+        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked)."""
+        mine = [s for s in sids if self.provider_of(s) in ("tutti-agent", "claude-code")]
+        with self.lock:
+            asked = sorted(self.asking.items())
+        action = rng.choices(["ask", "answer", "interrupt"], weights=[3, 4, 3])[0]
+        if action == "answer" and asked:
+            self._answer(c, rng, *rng.choice(asked), tag)
+        elif action == "interrupt" and mine:
+            self._interrupt(c, rng, rng.choice(mine), tag)
+        elif mine:
+            sid = rng.choice(mine)
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": f"ask-{rng.getrandbits(64):x}",
+                "input": [{"type": "text", "text": self._ask_text(rng, sid)}],
+            }
+            status, body = self._call(c, "turn.submit", params, tag)
+            if status is not None and status < 400:
+                with self.lock:
+                    self.asking[str(body["turn"]["turnId"])] = sid
+                    self.calls[f"asked {self.provider_of(sid)}"] += 1
+
+    def _ask_text(self, rng: random.Random, sid: str) -> str:
+        if self.provider_of(sid) == "claude-code":
+            n = rng.randrange(1000)
+            return f"{BASH}echo {n} > asked-{n}.txt"  # a write: the CLI asks
+        return rng.choice(ASKS)
+
+    def release(self, c: Client, tag: str) -> None:
+        """Every asked Turn still active is interrupted (so the soak's waits for settled work
+        end): an Interaction left unanswered to the end is superseded by its Turn's
+        settlement. The interrupts are kept as any other."""
+        with self.lock:
+            asked = sorted(self.asking.items())
+            self.asking.clear()
+        deadline = time.monotonic() + RELEASE_S
+        while asked:
+            # One a fork's fence or a busy store refused (or whose reply was lost) is asked
+            # again, until `RELEASE_S`.
+            asked = [
+                (turn_id, sid)
+                for turn_id, sid in asked
+                if self._send_interrupt(c, sid, turn_id, None, tag) in (None, 409, 503)
+                and time.monotonic() < deadline
+            ]
+            if asked:
+                time.sleep(0.5)
+
+    def check(self, c: Client) -> list[Violation]:
+        """Both laws over what was answered, against each Turn as its Session's timeline
+        answers now (the clients quiet; a deleted Session's Turns are left alone)."""
+        with self.lock:
+            sent = self.answers + self.interrupts
+        turns: dict[str, dict[str, Any]] = {}
+        for sid in sorted({a.sid for a in sent}):
+            status, body = c.call_raw(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            if status == 200:
+                turns.update({str(t["turnId"]): t for t in body["turns"]})
+        for t in turns.values():
+            for i in t.get("interactions") or []:
+                tool = (i.get("input") or {}).get("tool")
+                kind = f"{i.get('kind')}" + (f" {tool}" if tool else "")
+                self.calls[f"interaction recorded {kind} {i.get('status')}"] += 1
+        return check_interaction_answers(self.answers, turns, took) + check_interrupts(
+            self.interrupts, turns
+        )
+
+    def summary(self) -> str:
+        return "interactions and interrupts: " + " ".join(
+            f"{k}={v}" for k, v in sorted(self.calls.items())
+        )
+
+    def _answer(self, c: Client, rng: random.Random, turn_id: str, sid: str, tag: str) -> None:
+        """An answer (or two at once) to one of the Turn's Interactions, as it reads now."""
+        turn = self._turn(c, sid, turn_id, tag)
+        if turn is None:
+            return
+        if turn["phase"] == "settled":
+            with self.lock:
+                self.asking.pop(turn_id, None)
+        interactions = turn.get("interactions") or []
+        if not interactions:
+            self.calls["interaction.respond none opened yet"] += 1
+            return
+        interaction = rng.choice(interactions)
+        twice = rng.random() < 0.3
+        futures = []
+        for _ in range(2 if twice else 1):
+            if interaction.get("kind") == "question":
+                response: dict[str, Any] = {"text": rng.choice(["blue", "green"])}
+            else:
+                response = {"decision": rng.choice(["approve", "decline"])}
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "turnId": turn_id,
+                "requestId": interaction["requestId"],
+                "response": response,
+            }
+            futures.append((response, c.submit("interaction.respond", params)))
+        if twice:
+            self.calls["interaction.respond sent twice at once"] += 1
+        for response, future in futures:
+            try:
+                status, body = future.result(timeout=30)
+            except (ClientTimeout, ClientClosed, TimeoutError):
+                status, body = None, {}
+            self._tally("interaction.respond", status, body, tag)
+            with self.lock:
+                self.answers.append(
+                    Answered(sid, turn_id, interaction["requestId"], response, status, body)
+                )
+
+    def _interrupt(self, c: Client, rng: random.Random, sid: str, tag: str) -> None:
+        """`turn.interrupt` of the Session's active Turn, or (when it has none, or now and
+        then) of a Turn it had settled, as the client last read it."""
+        status, body = self._call(
+            c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}, tag
+        )
+        if status != 200 or not body["turns"]:
+            return
+        active = [t for t in body["turns"] if t["phase"] == "active"]
+        if active and rng.random() < 0.8:
+            self._send_interrupt(c, sid, str(active[0]["turnId"]), None, tag)
+        else:
+            seen = rng.choice(body["turns"])
+            self._send_interrupt(c, sid, str(seen["turnId"]), seen, tag)
+
+    def _send_interrupt(
+        self, c: Client, sid: str, turn_id: str, seen: dict[str, Any] | None, tag: str
+    ) -> int | None:
+        params = {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id}
+        status, body = self._call(c, "turn.interrupt", params, tag)
+        with self.lock:
+            self.interrupts.append(
+                Answered(
+                    sid,
+                    turn_id,
+                    "",
+                    {},
+                    status,
+                    body,
+                    seen if seen is not None and seen["phase"] == "settled" else None,
+                )
+            )
+        return status
+
+    def _turn(self, c: Client, sid: str, turn_id: str, tag: str) -> dict[str, Any] | None:
+        status, body = self._call(
+            c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}, tag
+        )
+        if status != 200:
+            if status == 404:
+                with self.lock:
+                    self.asking.pop(turn_id, None)
+            return None
+        return next((dict(t) for t in body["turns"] if t["turnId"] == turn_id), None)
+
+    def _call(
+        self, c: Client, method: str, params: dict[str, Any], tag: str
+    ) -> tuple[int | None, dict[str, Any]]:
+        try:
+            status, body = c.call_raw(method, params)
+        except (ClientTimeout, ClientClosed):
+            status, body = None, {}
+        self._tally(method, status, body, tag)
+        return status, dict(body)
+
+    def _tally(self, method: str, status: int | None, body: Any, tag: str) -> None:
+        if status is None:
+            key = f"{method} lost"
+        else:
+            key = f"{method} {status}" + ("" if status < 400 else f" {body.get('reason')}")
+        with self.lock:
+            self.calls[key] += 1
+            if status == 500:
+                self.failures.append(f"{tag}: {method} → 500 {body}")
