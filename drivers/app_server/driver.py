@@ -509,13 +509,20 @@ class AppServerDriver:
         runtime = session.runtime
         if runtime is None:
             raise Conflict("no live runtime for this session", reason="interaction_not_pending")
+        # Taken before it is sent, under the lock it was found with: of two answers at once
+        # only one reaches the provider (it takes the first response to its request), the
+        # other is refused — never both accepted while the provider kept one of them.
+        with session.state_lock:
+            if session.pending.get(request_id) is not pending:
+                raise Conflict(
+                    f"interaction {request_id} is not pending", reason="interaction_not_pending"
+                )
+            del session.pending[request_id]
         session.history_changed()
         try:
             runtime.proc.respond(pending.request.id, result)
         except AppServerClosed as exc:
             raise DriverError(f"cannot answer interaction: {exc}") from exc
-        with session.state_lock:
-            session.pending.pop(request_id, None)
         return {}
 
     # ------------------------------------------------------------------ fork and fork.resolve

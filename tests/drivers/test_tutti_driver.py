@@ -4,10 +4,12 @@ with every delivery disposition (seed 000 §7.1) and the host_copy binder."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,6 +181,55 @@ def test_declined_approval_round_trip(make_driver: Make, log: EventLog, tmp_path
     log.wait_for(completed("A"))
     texts = [e["item"]["text"] for e in log.of_turn("A") if e["type"] == "item"]
     assert "declined: rm -rf x" in texts
+
+
+@pytest.mark.timeout(60)
+def test_two_answers_at_once_reach_the_provider_once(
+    make_driver: Make, log: EventLog, tmp_path: Path
+) -> None:
+    """Two answers to one pending approval, sent at once: one is taken (it reaches the
+    provider), the other is refused `interaction_not_pending` before it is sent — never
+    both accepted, the provider taking one while the host records the other."""
+    driver = make_driver()
+    open_session(driver, log, tmp_path, texts=())
+    driver.start_turn({"agentSessionId": "src", "turnId": "R", "text": "/approve ls"}, log)
+    asked = log.wait_for(lambda e: e["type"] == "interaction.requested")
+    proc = driver._session({"agentSessionId": "src"}).runtime.proc
+    sent: list[object] = []
+    both_in = threading.Barrier(2, timeout=2)
+    real_respond = proc.respond
+
+    def respond(request_id: object, result: dict[str, object]) -> None:
+        sent.append(result)
+        with contextlib.suppress(threading.BrokenBarrierError):
+            both_in.wait()  # the first waits for a second answer to reach the provider too
+        real_respond(request_id, result)
+
+    proc.respond = respond  # type: ignore[method-assign]
+    answers: list[str] = []
+
+    def answer(decision: str) -> None:
+        try:
+            driver.respond_interaction(
+                {
+                    "agentSessionId": "src",
+                    "requestId": asked["requestId"],
+                    "response": {"decision": decision},
+                }
+            )
+            answers.append(f"taken {decision}")
+        except HostError as exc:
+            answers.append(f"refused {exc.reason}")
+
+    threads = [threading.Thread(target=answer, args=(d,)) for d in ("approve", "decline")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(10)
+    assert len(sent) == 1, sent
+    assert sorted(a.split()[0] for a in answers) == ["refused", "taken"], answers
+    assert "refused interaction_not_pending" in answers
+    log.wait_for(completed("R"))
 
 
 @pytest.mark.timeout(60)
