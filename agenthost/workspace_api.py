@@ -26,7 +26,7 @@ from domain.errors import (
 from protocol.methods import WorkspaceDiffResult, WorkspaceRestoreResult
 from storage.models import Session
 from workspace.git import GitUnavailable
-from workspace.shadow import ChangeKind, ShadowStore, Unavailable
+from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
 
 DIFF_MAX_BYTES = 256_000
 """The unified diff a `session.workspaceDiff` returns by default, at most (`maxBytes`)."""
@@ -81,10 +81,21 @@ def _side(record: dict[str, Any], turn_id: str, which: str) -> str:
     return tree
 
 
-def _unavailable(exc: GitUnavailable | Unavailable, what: str) -> WorkspaceUnavailable:
+def _unavailable(
+    exc: GitUnavailable | Unavailable, what: str, undo: Checkpoint | None = None
+) -> WorkspaceUnavailable:
+    """503 `workspace_unavailable`; `undo`: a restore that failed once its undo was kept
+    (some files may be written) names it, as a restore's answer does, to put them back."""
     reason = exc.reason
     message = str(exc) if isinstance(exc, GitUnavailable) else exc.message
-    return WorkspaceUnavailable(f"{what}: {message}", params={"workspaceReason": reason})
+    params: dict[str, Any] = {"workspaceReason": reason}
+    if undo is None:
+        return WorkspaceUnavailable(f"{what}: {message}", params=params)
+    params["undo"] = {"tree": undo.tree, "headCommit": undo.head_commit}
+    return WorkspaceUnavailable(
+        f"{what}: {message}; restore `undo.tree` {undo.tree} to put its files back",
+        params=params,
+    )
 
 
 def workspace_diff(
@@ -193,6 +204,7 @@ def restore_fn(
                 params={"agentSessionIds": others[:20]},
             )
         path = Path(cwd)
+        begun: Checkpoint | None = None
         try:
             # `held`: the lock files a git of the restore left (its own index's, killed past
             # the bound; a ref's) go before the folder's lock does, not at the next start.
@@ -200,12 +212,19 @@ def restore_fn(
                 # The undo is kept before any file is written: a restore killed midway
                 # loses nothing its undo cannot put back.
                 undo = checkpoint_ref(sid, f"restore-{time.time_ns()}", "before")
-                before = shadow.restore(path, target, undo)
+                before = shadow.begin_restore(path, undo)
                 if isinstance(before, Unavailable):
                     raise _unavailable(before, f"the restore of {cwd} did not start")
+                begun = before
+                shadow.write_restore(path, before, target)
                 changes = shadow.changed_files(path, before.tree, target)
         except GitUnavailable as exc:
-            raise _unavailable(exc, f"the restore of {cwd} failed") from exc
+            raise _unavailable(exc, f"the restore of {cwd} failed", undo=begun) from exc
+        except OSError as exc:
+            if begun is None:
+                raise
+            failed = Unavailable("write_failed", f"a file could not be written: {exc}")
+            raise _unavailable(failed, f"the restore of {cwd} failed", undo=begun) from exc
         return {
             "cwd": cwd,
             "turnId": turn_id,

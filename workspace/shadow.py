@@ -1104,14 +1104,30 @@ class ShadowStore:
         return dest
 
     def restore(self, cwd: Path, commit: str, undo: str) -> Checkpoint | Unavailable:
-        """Put `cwd`'s captured files back to the checkpoint `commit`. First checkpoints the
-        current state, kept under `refs/agenthost/<undo>` before any file is touched (returned:
-        a restore can itself be undone, even one killed midway); files the checkpoints never
-        capture (ignored, excluded, too large) are never touched."""
+        """Put `cwd`'s captured files back to the checkpoint `commit`: `begin_restore`, then
+        `write_restore`. Returns the undo (a restore can itself be undone, even one killed
+        or failed midway); files the checkpoints never capture (ignored, excluded, too large)
+        are never touched."""
+        now = self.begin_restore(cwd, undo)
+        if isinstance(now, Unavailable):
+            return now
+        self.write_restore(cwd, now, commit)
+        return now
+
+    def begin_restore(self, cwd: Path, undo: str) -> Checkpoint | Unavailable:
+        """A restore's first step: checkpoint `cwd`'s current files and keep them under
+        `refs/agenthost/<undo>` — before any file is touched."""
         now = self.capture(cwd)
         if isinstance(now, Unavailable):
             return now
         self.keep(cwd, undo, now.commit)
+        return now
+
+    def write_restore(self, cwd: Path, now: Checkpoint, commit: str) -> None:
+        """A restore's second step, from `now` (its `begin_restore`): write back the files
+        that differ from `commit` and remove those it lacks. Raises `GitUnavailable` (a git
+        failed or was killed at its bound) or `OSError` (a file could not be removed) with
+        some files written: `now` puts them back."""
         changes = self.changed_files(cwd, now.commit, commit)
         git = self._git()
         repo = self.repo_dir(cwd)
@@ -1142,4 +1158,3 @@ class ShadowStore:
             index.unlink(missing_ok=True)
         # The shadow index learns the restored state (the next capture starts from it).
         self.capture(cwd)
-        return now

@@ -48,6 +48,9 @@ def test_a_restore_whose_git_was_killed_leaves_no_lock_and_the_folder_works_on(
             "workspace_unavailable",
             "timed_out",
         ), info.value
+        # It failed once its undo was kept: the answer names it, the ref keeps it.
+        undo = info.value.params.get("undo") or {}
+        assert undo.get("tree") in _undo_refs(repo, sid).values(), (undo, info.value)
         assert not [p for p in stall.pids() if running(p)], "the stalled git outlived its bound"
         # The killed git's lock (its restore index's) went with the restore, not at a restart.
         assert _locks(repo) == []
@@ -56,6 +59,12 @@ def test_a_restore_whose_git_was_killed_leaves_no_lock_and_the_folder_works_on(
         done = client.call("workspace.restore", params | {"which": "before"})
         assert done["restored"] == turn["workspace"]["before"]
         assert (folder / "a.txt").read_text() == "a\n"
+        back = client.call(
+            "workspace.restore", {"workspaceId": WS, "agentSessionId": sid, "tree": undo["tree"]}
+        )  # the failed restore's undo: the files as they were before it
+        assert back["restored"] == undo["tree"]
+        assert (folder / "a.txt").read_text() == "a, changed\n"
+        client.call("workspace.restore", params | {"which": "before"})
         (folder / "b.txt").write_text("b\n")
         nxt = run_turn(client, sid, "again")
         assert nxt["workspace"].get("before") and nxt["workspace"].get("after"), nxt
