@@ -24,7 +24,7 @@ from domain.errors import (
     WorkspaceUnavailable,
 )
 from protocol.methods import WorkspaceDiffResult, WorkspaceRestoreResult
-from storage.models import Session
+from storage.models import SequenceProvenance, Session
 from workspace.git import GitUnavailable
 from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
 
@@ -38,8 +38,15 @@ class SessionReads(Protocol):
     def get_session(self, ws: str, sid: str) -> Session: ...
 
 
+class TurnProvenance(Protocol):
+    @property
+    def sequence_provenance(self) -> str: ...
+
+
 class CheckpointReads(Protocol):
     def newest_settled_turn_id(self, ws: str, sid: str) -> str | None: ...
+
+    def get_turn(self, ws: str, sid: str, turn_id: str) -> TurnProvenance: ...
 
     def turn_checkpoint(self, ws: str, sid: str, turn_id: str) -> dict[str, Any] | None: ...
 
@@ -57,6 +64,14 @@ class WorkspaceStore(Protocol):
 def _record(store: WorkspaceStore, ws: str, sid: str, turn_id: str) -> dict[str, Any]:
     """The Turn's checkpoint record, or `workspace_checkpoint_missing` saying why not."""
     record = store.turns.turn_checkpoint(ws, sid, turn_id)
+    copied = SequenceProvenance.FORK_CLONE.value
+    if record is None and store.turns.get_turn(ws, sid, turn_id).sequence_provenance == copied:
+        raise WorkspaceCheckpointMissing(
+            f"turn {turn_id} was copied by the fork that made this session: its files were "
+            "checkpointed in the source session (`session.lineage` names it; its "
+            "`session.workspaceDiff` shows them)",
+            params={"turnId": turn_id, "workspaceReason": "forked"},
+        )
     if record is None:
         raise WorkspaceCheckpointMissing(
             f"turn {turn_id} has no workspace checkpoint (taken before checkpoints existed, "

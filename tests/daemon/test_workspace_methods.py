@@ -12,7 +12,16 @@ from typing import Any
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, settle, submit
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    run_turn,
+    settle,
+    submit,
+    timeline,
+)
 from tests.support.git_repos import git, make_repo, pending_request, turn_changing
 from transport.client import ApiError
 
@@ -178,3 +187,25 @@ def test_restore_is_refused_while_a_turn_runs_and_in_a_shared_directory(
     forced = _restore(client, sid, turnId=turn["turnId"], which="before", force=True)
     assert forced["changedFiles"] == [{"path": "a.txt", "kind": "modified"}]
     assert (repo / "a.txt").read_text() == "one\n"
+
+
+def test_a_fork_childs_copied_turn_says_its_checkpoint_is_the_sources(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    client = daemon.client()
+    sid = create_session(client, cwd=str(repo))["agentSessionId"]
+    first = turn_changing(client, sid, lambda: (repo / "c.txt").write_text("three\n"))
+    _, op = fork(client, sid, first["turnId"])
+    op = until_terminal(client, op)
+    assert op["status"] == "committed", op
+    child = op["targetAgentSessionId"]
+    (copied,) = [t for t in timeline(client, child)]
+    err = _error(lambda: _diff(client, child, turnId=copied["turnId"]))
+    assert (err.status, err.reason) == (409, "workspace_checkpoint_missing")
+    assert err.params == {"turnId": copied["turnId"], "workspaceReason": "forked"}, err.params
+    assert "source session" in str(err)
+    # The source's own Turn still answers its diff.
+    assert _diff(client, sid, turnId=first["turnId"])["changedFiles"] == [
+        {"path": "c.txt", "kind": "added"}
+    ]
