@@ -148,6 +148,9 @@ def _serve(args: argparse.Namespace) -> int:
         logs.stop(LOG_FLUSH_S)
 
 
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+"""Each stops `serve` cleanly: a service manager's stop, Ctrl-C, the terminal closed."""
+
 LOG_FLUSH_S = 2.0
 """How long a stop waits for the queued log lines to be written (a stderr still unread keeps
 the rest)."""
@@ -180,8 +183,11 @@ def _serve_logged(args: argparse.Namespace) -> int:
     # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
     # main thread interrupted inside that same lock.
     signalled: list[int] = []
-    signal.signal(signal.SIGTERM, lambda signum, _frame: signalled.append(signum))
-    signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
+    for stop in STOP_SIGNALS:
+        # A SIGHUP ignored when the daemon was started (`nohup`) stays ignored: the terminal
+        # it was started from may close under it.
+        if stop != signal.SIGHUP or signal.getsignal(stop) is not signal.SIG_IGN:
+            signal.signal(stop, lambda signum, _frame: signalled.append(signum))
     # Set before the daemon's threads start (CPython's 5 ms unless a measurement names one).
     switch_s = gil_policy.apply()
     try:

@@ -1,0 +1,72 @@
+"""`agenthost serve` stops cleanly on SIGTERM (a service manager), SIGINT (Ctrl-C) and SIGHUP
+(the terminal it runs in closed): exit 0, every process of its home gone — its workers and
+their providers — and the home free for the next start. A SIGHUP ignored when it was started
+(`nohup`) stays ignored: the daemon keeps serving."""
+
+from __future__ import annotations
+
+import json
+import os
+import select
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.daemon import REPO, create_session, run_turn
+from tests.support.invariants import check_processes
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _serve(home: Path, *, ignore_hup: bool = False) -> tuple[subprocess.Popen[bytes], str]:
+    home.mkdir(parents=True, exist_ok=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
+        stdout=subprocess.PIPE,
+        stderr=open(home / "daemon.log", "ab"),  # noqa: SIM115 - the child's for its life
+        env=dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO)),
+        # As `nohup` leaves it: SIGHUP ignored, inherited across the exec.
+        preexec_fn=(lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None,
+    )
+    assert proc.stdout is not None
+    assert select.select([proc.stdout], [], [], 30)[0], "no ready line"
+    return proc, str(json.loads(proc.stdout.readline())["api"])
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT, signal.SIGHUP])
+def test_serve_stops_cleanly_on(stop: signal.Signals, tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, api = _serve(home)
+    try:
+        with Client(api, timeout=30) as client:
+            assert run_turn(client, create_session(client)["agentSessionId"], "hi")["outcome"] == (
+                "completed"
+            )
+        proc.send_signal(stop)
+        assert proc.wait(60) == 0
+        assert check_processes(home, None) == []
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    again, api = _serve(home)  # the home is free
+    again.terminate()
+    assert again.wait(60) == 0
+
+
+def test_a_sighup_ignored_at_start_stays_ignored(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    proc, api = _serve(home, ignore_hup=True)
+    try:
+        proc.send_signal(signal.SIGHUP)
+        with Client(api, timeout=30) as client:
+            sid = create_session(client)["agentSessionId"]
+            assert run_turn(client, sid, "still here")["outcome"] == "completed"
+        assert proc.poll() is None
+    finally:
+        proc.terminate()
+        assert proc.wait(60) == 0
