@@ -115,6 +115,7 @@ from tests.reliability.reliability_harness import (
     resolve_params,
     trials,
 )
+from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.floods import dealer_flood, free_port, raw_flood
 from tests.support.invariants import (
@@ -344,27 +345,6 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         time.sleep(rng.uniform(0.0, 0.1))
 
 
-WORKSPACE_REFUSALS = {
-    "workspace.restore": (
-        "agent_session_busy",  # a Turn of the Session is active
-        "workspace_shared",  # another live Session works in the folder (no `force`)
-        "workspace_checkpoint_missing",  # the Turn not settled, or its checkpoint unavailable
-        "workspace_unavailable",  # git could not be used now
-        "workspace_agent_session_not_found",  # deleted meanwhile
-        "store_busy",  # the write lock held by the fault
-    ),
-    "session.workspaceDiff": (
-        "workspace_checkpoint_missing",
-        "workspace_unavailable",
-        "workspace_agent_session_not_found",
-        "turn_not_found",
-        "store_busy",
-    ),
-}
-"""The refusals a law allows `workspace.restore` and `session.workspaceDiff` in this chaos
-(counted in the summary); any other error answer is a failure."""
-
-
 def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) -> None:
     """A `workspace.restore` of `sid` (a Turn's `before` or `after`, or the undo of its last
     restore; `force` at times) or a `session.workspaceDiff`, racing Turns, forks (worktree
@@ -373,24 +353,10 @@ def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) 
     with t.lock:
         turns = list(t.turns.get(sid, []))
         undo = t.undos.get(sid)
-    s: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
-    asked: str | None = None
-    if how == "restore":
-        method = "workspace.restore"
-        if undo is not None and (not turns or rng.random() < 0.25):
-            s["tree"] = asked = undo
-        elif turns:
-            s |= {"turnId": rng.choice(turns), "which": rng.choice(["before", "after"])}
-        else:
-            return
-        if rng.random() < 0.5:
-            s["force"] = True
-    else:
-        method = "session.workspaceDiff"
-        if turns and rng.random() < 0.7:
-            s["turnId"] = rng.choice(turns)
-            if rng.random() < 0.3:
-                s["fromTurnId"] = rng.choice(turns)
+    request = workspace_request(rng, sid, turns, undo, how)
+    if request is None:
+        return
+    method, s, asked = request
     try:
         status, body = c.call_raw(method, s, timeout=60)
     except (ClientTimeout, ClientClosed) as exc:
@@ -398,14 +364,14 @@ def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) 
             t.calls[f"{method} unanswered"] += 1
             t.failures.append(f"{method}: no reply ({type(exc).__name__})")
         return
-    reason = str(body.get("reason")) if status >= 400 else ""
-    why = (body.get("params") or {}).get("workspaceReason") if status >= 400 else None
     with t.lock:
-        t.calls[f"{method} {status} {reason}".rstrip() + (f"/{why}" if why else "")] += 1
         if status >= 400:
-            if reason not in WORKSPACE_REFUSALS[method]:
+            key, allowed = refusal(method, status, body)
+            t.calls[key] += 1
+            if not allowed:
                 t.failures.append(f"{method} {s} → {status} {body}")
             return
+        t.calls[f"{method} {status}"] += 1
         answer = workspace_answer(method, sid, body, asked)
         t.answers.append(answer)
         if how == "restore":

@@ -108,6 +108,7 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
+from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.freezer import running as pid_running
 from tests.support.freezer import stop as sigstop
@@ -417,27 +418,6 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                 w.sessions.pop(sid, None)
 
 
-WORKSPACE_REFUSALS = {
-    "workspace.restore": (
-        "agent_session_busy",  # a Turn of the Session is active
-        "workspace_shared",  # another live Session works in the folder (no `force`)
-        "workspace_checkpoint_missing",  # the Turn's checkpoint `unavailable` (a stall, a kill)
-        "workspace_unavailable",  # git stalled past its bound
-        "workspace_agent_session_not_found",  # deleted meanwhile
-        "store_busy",
-    ),
-    "session.workspaceDiff": (
-        "workspace_checkpoint_missing",
-        "workspace_unavailable",
-        "workspace_agent_session_not_found",
-        "turn_not_found",
-        "store_busy",
-    ),
-}
-"""The refusals a law allows `workspace.restore` and `session.workspaceDiff` under this load
-(counted in the summary); any other error answer is a failure."""
-
-
 def workspace_step(w: World, rng: random.Random, c: Client, tag: str, sid: str, how: str) -> None:
     """A `workspace.restore` of `sid` (to an earlier Turn's `before` or `after`, or the undo of
     its last restore; `force` at times) or a `session.workspaceDiff` (a Turn's, or from
@@ -446,34 +426,19 @@ def workspace_step(w: World, rng: random.Random, c: Client, tag: str, sid: str, 
     with w.lock:
         turns = list(w.sessions.get(sid, []))
         undo = w.undos.get(sid)
-    s: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
-    asked: str | None = None
-    if how == "restore":
-        method = "workspace.restore"
-        if undo is not None and (not turns or rng.random() < 0.25):
-            s["tree"] = asked = undo
-        elif turns:
-            s |= {"turnId": rng.choice(turns), "which": rng.choice(["before", "after"])}
-        else:
-            return
-        if rng.random() < 0.5:
-            s["force"] = True
-    else:
-        method = "session.workspaceDiff"
-        if turns and rng.random() < 0.7:
-            s["turnId"] = rng.choice(turns)
-            if rng.random() < 0.3:
-                s["fromTurnId"] = rng.choice(turns)
+    request = workspace_request(rng, sid, turns, undo, how)
+    if request is None:
+        return
+    method, s, asked = request
     try:
         status, body = c.call_raw(method, s)
     except (ClientTimeout, ClientClosed):
         w.calls[f"{method} lost"] += 1
         return
     if status >= 400:
-        reason = str(body.get("reason"))
-        why = (body.get("params") or {}).get("workspaceReason")
-        w.calls[f"{method} {status} {reason}" + (f"/{why}" if why else "")] += 1
-        if reason not in WORKSPACE_REFUSALS[method]:
+        key, allowed = refusal(method, status, body)
+        w.calls[key] += 1
+        if not allowed:
             w.failures.append(f"{tag}: {method} {s} → {status} {body}")
         return
     w.calls[f"{method} {status}"] += 1
