@@ -7,12 +7,14 @@ import argparse
 import re
 from typing import TYPE_CHECKING, Literal, cast
 
-from client.cli.command import call, with_client
+from client.cli.command import api_error, call, with_client
 from client.cli.output import EXIT_OK, EXIT_USAGE, CliError, emit
 from client.workspace_text import change_list, restore_summary
 from protocol.methods import (
+    SESSION_GET,
     SESSION_WORKSPACE_DIFF,
     WORKSPACE_RESTORE,
+    SessionParams,
     WorkspaceDiffParams,
     WorkspaceRestoreParams,
 )
@@ -47,7 +49,10 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
         params["fromTurnId"] = from_id
     if args.max_bytes is not None:
         params["maxBytes"] = args.max_bytes
-    result = call(args, client, SESSION_WORKSPACE_DIFF, params)
+    try:
+        result = call(args, client, SESSION_WORKSPACE_DIFF, params)
+    except ApiError as exc:
+        raise _copied_by_a_fork(args, client, sid, exc) or exc from None
     files = result["changedFiles"]
     span = (
         f"from turn {result['fromTurnId']} to turn {result['turnId']}"
@@ -63,6 +68,32 @@ def run_diff(args: argparse.Namespace, client: Client) -> int:
     cut = "\n(diff cut at the size bound; --max-bytes for more)" if result["truncated"] else ""
     emit(args, result, head + (f"\n{body}" if body else "") + cut)
     return EXIT_OK
+
+
+def _copied_by_a_fork(
+    args: argparse.Namespace, client: Client, sid: str, exc: ApiError
+) -> CliError | None:
+    """A fork child's copied Turn has no checkpoint of its own (`workspaceReason` `forked`):
+    name the source Session's Turn of the same sequence, whose `diff` shows its files."""
+    from client.session_client import timeline
+
+    params = exc.params or {}
+    if exc.reason != "workspace_checkpoint_missing" or params.get("workspaceReason") != "forked":
+        return None
+    ids = SessionParams(workspaceId=args.workspace, agentSessionId=sid)
+    forked = call(args, client, SESSION_GET, ids)["session"].get("forkedFrom")
+    source = forked["sourceAgentSessionId"] if forked else None
+    turns = {t["turnId"]: t["sequence"] for t in timeline(client, args.workspace, sid)}
+    sequence = turns.get(str(params.get("turnId")))
+    if not source or sequence is None:
+        return None
+    wire = api_error(exc)  # --json: the daemon's error as it came
+    return CliError(
+        wire.reason,
+        f"turn {sequence} was copied by the fork that made this session: its files changed in"
+        f" the source session — agenthost diff {source} --turn {sequence}",
+        error=wire.error,
+    )
 
 
 @with_client

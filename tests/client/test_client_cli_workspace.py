@@ -75,3 +75,23 @@ def test_show_diff_and_restore_from_the_cli(
 
     unknown = cli.run("diff", sid, "--turn", "9")
     assert unknown.returncode != 0 and "turn_not_found" in unknown.stderr
+
+
+def test_the_diff_of_a_copied_turn_names_the_source_sessions(
+    cli: Cli, client: Client, ws: str, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "repo")
+    sid = cli.json("new", "--title", "Edit", "--cwd", str(repo))["session"]["agentSessionId"]
+    turn_changing(client, sid, lambda: (repo / "c.txt").write_text("c\n"), ws=ws)
+    fork = cli.json("fork", sid, "--latest")
+    child = fork["mutation"]["childAgentSessionId"]
+    copied = cli.run("diff", child, "--turn", "1")
+    assert copied.returncode == 1
+    assert f"agenthost diff {sid} --turn 1" in copied.stderr, copied.stderr
+    source = cli.run("diff", sid, "--turn", "1")  # what it points to answers
+    assert source.returncode == 0 and "A c.txt" in source.stdout, source.stderr
+    wire = cli.json("diff", child, "--turn", "1", code=1)["error"]  # --json: the daemon's error
+    assert (wire["reason"], wire["params"]["workspaceReason"]) == (
+        "workspace_checkpoint_missing",
+        "forked",
+    )
