@@ -88,6 +88,7 @@ class AgentHostApp(App[int]):
         Binding("ctrl+t", "answer", "Answer", priority=True),
         Binding("ctrl+n", "new_session", "New", priority=True),
         Binding("f2", "rename_session", "Rename"),
+        Binding("f7", "toggle_pin", "Pin"),
         Binding("f8", "delete_session", "Delete"),
         Binding("f5", "fork_turn", "Fork…", priority=True),
         Binding("f6", "turn_diff", "Diff…", priority=True),
@@ -103,6 +104,7 @@ class AgentHostApp(App[int]):
         "answer": "Type the answer to the pending question",
         "new_session": "New session",
         "rename_session": "Rename the open session",
+        "toggle_pin": "Pin the open session (★ in the list), or unpin it",
         "delete_session": "Delete the open session (asks first)",
         "fork_turn": "Fork through a turn: pick it, then confirm",
         "turn_diff": "What a turn changed in its folder: pick it, see its diff",
@@ -262,6 +264,9 @@ class AgentHostApp(App[int]):
             "Rename session", "Rename the open session (f2)", self.action_rename_session
         )
         yield SystemCommand(
+            "Pin / unpin session", "Pin the open session, or unpin it (f7)", self.action_toggle_pin
+        )
+        yield SystemCommand(
             "Delete session", "Delete the open session (f8)", self.action_delete_session
         )
         yield SystemCommand(
@@ -302,6 +307,9 @@ class AgentHostApp(App[int]):
 
     def action_rename_session(self) -> None:
         self.controls.rename_session()
+
+    def action_toggle_pin(self) -> None:
+        self.controls.toggle_pin()
 
     def action_delete_session(self) -> None:
         self.controls.delete_session()

@@ -1,5 +1,5 @@
 """The GUI's everyday controls: send a message, interrupt the running Turn, approve, decline
-or answer a pending Interaction, and create, rename or delete a session. Each request runs in
+or answer a pending Interaction, and create, rename, pin or delete a session. Each request runs in
 a thread worker; a failure becomes a toast in words. A part the app owns, beside the session
 view it reads and refreshes.
 """
@@ -33,6 +33,7 @@ from protocol.methods import (
     INTERACTION_RESPOND,
     SESSION_CREATE,
     SESSION_DELETE,
+    SESSION_PIN,
     SESSION_UPDATE_TITLE,
     TURN_INTERRUPT,
     TURN_SUBMIT,
@@ -41,6 +42,7 @@ from protocol.methods import (
     InteractionRespondParams,
     Method,
     OperationParams,
+    PinParams,
     SessionCreateParams,
     SessionResult,
     TurnInterruptParams,
@@ -237,6 +239,33 @@ class ControlActions:
                 )
 
         self.app.push_screen(RenameScreen(str(session["title"])), chosen)
+
+    def toggle_pin(self) -> None:
+        """Pin the open session, or unpin it if it is pinned (`session.pin`); the list marks a
+        pinned session with ★ and the toast says which it now is."""
+        session = self.engine.session(self.view.current) if self.view.current else None
+        if session is None:
+            self.app.notify("open a session first", severity="warning")
+            return
+        pinned = not session.get("pinned")
+
+        def done(result: SessionResult) -> None:
+            self.engine.upsert_session(result["session"])
+            self.view.refresh_tree()
+            self.view.update_title()
+            state = "pinned" if result["session"].get("pinned") else "unpinned"
+            self.app.notify(f"{state} {result['session']['title']}")
+
+        self._call(
+            "pin the session" if pinned else "unpin the session",
+            SESSION_PIN,
+            PinParams(
+                workspaceId=self.engine.workspace_id,
+                agentSessionId=str(session["agentSessionId"]),
+                pinned=pinned,
+            ),
+            done,
+        )
 
     def delete_session(self) -> None:
         session = self.engine.session(self.view.current) if self.view.current else None

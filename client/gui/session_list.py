@@ -29,6 +29,8 @@ def session_label(
     if gone:
         # First, so a narrow list still shows it; the words follow the title.
         label.append("† ", style="bold yellow")
+    if session.get("pinned"):
+        label.append("★ ", style="bold")
     if mark is not None and mark.ordinal is not None:
         # Which of its source's forks this is (session.lineage's ordinal).
         label.append(f"#{mark.ordinal} ", style="bold")

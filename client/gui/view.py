@@ -153,9 +153,12 @@ class SessionView:
             self.open_session(session_id)
 
     def reload(self) -> None:
+        """Ctrl+R: re-read the list and the open session's first page. The Turns on screen
+        stay until the new page replaces them, so a daemon that does not answer leaves them
+        in view with a toast, not an empty transcript."""
         self.app.run_worker(self.load_sessions, thread=True, group="sessions")
         if self.current:
-            self.open_session(self.current)
+            self._load_page(self.current, 0)
 
     # -- the open session --------------------------------------------------------------------
 
