@@ -594,7 +594,11 @@ class Daemon:
 
     def _kill_gits(self) -> None:
         """Kill every git this home runs (`kill_left_gits`), waiting `STOP_GIT_WAIT_S` at
-        most for them to go (one in the kernel on a stalled disk is left to the next start)."""
+        most for them to go (one in the kernel on a stalled disk is left to the next start).
+        Only while this daemon holds the home: a start refused before it took the home (a bad
+        endpoint) must not kill the gits of the daemon that holds it."""
+        if self._home_lock is None:
+            return
         killed, left = kill_left_gits(self.config.checkpoints_dir, STOP_GIT_WAIT_S)
         alive = len(left.alive())
         left.close()

@@ -10,6 +10,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -17,9 +18,10 @@ import apsw
 import pytest
 
 from tests.daemon.test_hung_provider import _app_servers
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, submit, wait_for
+from tests.support.daemon import REPO, WS, DaemonProcess, create_session, run_turn, submit, wait_for
 from tests.support.invariants import check_processes
 from tests.support.stalling_git_home import stalling_git_home
+from tests.workspace.stalling_git import running
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -112,3 +114,31 @@ def test_a_stop_with_the_store_held_by_another_process(tmp_path: Path) -> None:
                 holder.execute("ROLLBACK")
             holder.close()
         d.kill()
+
+
+def test_a_start_refused_before_it_holds_the_home_leaves_the_live_daemons_gits(
+    tmp_path: Path,
+) -> None:
+    """A second `serve` on a live home refused before it takes the home (an ipc endpoint in a
+    directory open to others) closes without killing the gits of the daemon that holds it."""
+    with stalling_git_home(tmp_path, "add", timeout_s=300.0) as at:
+        client = at.daemon.client()
+        sid = create_session(client, cwd=str(at.folder))["agentSessionId"]
+        assert run_turn(client, sid, "hello")["workspace"]["after"]
+        (at.folder / "a.txt").write_text("a, changed\n")
+        at.stall.arm()
+        submit(client, sid, "stalled")
+        wait_for(lambda: len(at.stall.pids()) == 2, 30)
+        shared = tmp_path / "shared"
+        shared.mkdir(mode=0o755)
+        shared.chmod(0o755)
+        refused = subprocess.run(
+            [sys.executable, "-m", "agenthost", "--home", str(at.home), "serve"]
+            + ["--listen", f"ipc://{shared}/x.sock"],
+            env=dict(os.environ, PYTHONPATH=str(REPO)),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert refused.returncode == 2, refused.stderr
+        assert all(running(pid) for pid in at.stall.pids()), "the live daemon's git was killed"
