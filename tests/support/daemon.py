@@ -118,6 +118,8 @@ class DaemonProcess:
         self._clients.clear()
 
     def stop(self, timeout: float = 30.0) -> int:
+        """SIGTERM, and its exit code. A daemon that has not exited `timeout` s later is
+        SIGKILLed and the test fails: a clean stop that hangs is a defect, never hidden."""
         self._close_clients()
         if self.proc is None or self.proc.poll() is not None:
             return self.proc.returncode if self.proc else 0
@@ -126,7 +128,10 @@ class DaemonProcess:
             return self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            return self.proc.wait(10)
+            self.proc.wait(10)
+            raise AssertionError(
+                f"the daemon did not stop {timeout:g} s after SIGTERM: {self.tail_log()}"
+            ) from None
 
     def kill(self) -> None:
         self._close_clients()
