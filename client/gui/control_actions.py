@@ -25,6 +25,7 @@ from client.gui.controls import (
     NewSessionScreen,
     RenameScreen,
 )
+from client.gui.session_list import SessionTree
 from client.gui.view import SessionView
 from client.session_client import error_words
 from protocol.events import SESSION_REMOVED, SessionRemoved
@@ -302,12 +303,10 @@ class ControlActions:
             self.engine.handle_event(
                 SessionRemoved(type=SESSION_REMOVED, agentSessionId=session_id)
             )
-            if self.view.current == session_id:
-                self.view.current = None
-                self.view.turns = []
-                self.view.update_title()
-                self.app.run_worker(self.view.clear_transcript())
+            was_open = self.view.current == session_id
             self.view.refresh_tree()
+            if was_open:
+                self._open_after_delete(session)
             done: Mapping[str, Any] = result.get("worktree") or {}
             if done.get("state") == "removed":
                 kept = " (its branch is kept: it has commits of its own)"
@@ -360,6 +359,24 @@ class ControlActions:
                 DeleteTreeScreen(question, str(tree.get("path"))),
                 lambda choice: delete(choice, False) if choice else None,
             )
+
+    def _open_after_delete(self, session: Session) -> None:
+        """The open session was deleted: open its source (a fork child's), else the session the
+        list's cursor is on, else none ("Select a session")."""
+        lineage = session.get("forkedFrom")
+        source = lineage.get("sourceAgentSessionId") if isinstance(lineage, Mapping) else None
+        if source and self.engine.session(str(source)) is not None:
+            self.view.open_session(str(source))
+            return
+        with contextlib.suppress(NoMatches):
+            node = self.view.main.query_one(SessionTree).cursor_node
+            if node is not None and node.data and self.engine.session(node.data) is not None:
+                self.view.open_session(node.data)
+                return
+        self.view.current = None
+        self.view.turns = []
+        self.view.update_title()
+        self.app.run_worker(self.view.clear_transcript())
 
     def _confirm_forced(self, exc: ApiError, delete: Callable[[str, bool], None]) -> None:
         """The worktree holds work a removal would lose: say what, and offer to remove it
