@@ -49,6 +49,7 @@ from client.gui.transcript import (
     TranscriptView,
 )
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE, SessionView
+from client.gui.waiting import WaitChanged
 from client.lineage_view import LineageMark
 from protocol.events import MessageDelta
 from protocol.objects import Turn
@@ -79,6 +80,9 @@ class AgentHostApp(App[int]):
     #fork-session.-shown { display: block; }
     #transcript { height: 1fr; }
     #composer { margin: 0 0; }
+    /* Toasts at the top right, under the session bar: at the bottom (Textual's place) they
+       hid the message box and the dialogs' hint lines at 80x24. */
+    ToastRack { dock: top; align: right top; margin-top: 1; margin-bottom: 0; }
     """
     BINDINGS = [
         # First: at 80 columns the footer shows only its first few keys; F1 lists them all.
@@ -110,9 +114,8 @@ class AgentHostApp(App[int]):
         "toggle_pin": "Pin the open session (★ in the list), or unpin it",
         "delete_session": "Delete the open session (asks first)",
         "fork_turn": "Fork through a turn: pick it, then confirm",
-        "turn_diff": "What a turn changed in its folder: pick it, see its diff; there a / b"
-        " restore its files as it left / found them (asks first)",
-        "undo_restore": "Undo the last restore (puts the files back as they were before it)",
+        "turn_diff": "Pick a turn, see its diff; a/b there restore its files",
+        "undo_restore": "Undo the last restore (files as they were before it)",
         "details": "Details: the daemon's names for the session and its turns",
         "help": "This list of keys (? outside the message box)",
         "reload": "Reload the session list",
@@ -234,6 +237,12 @@ class AgentHostApp(App[int]):
 
     def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
         self.view.select(event.node.data)
+
+    def on_wait_changed(self, message: WaitChanged) -> None:
+        if message.after > 0:
+            self.set_timer(message.after, self.view.check_waiting)
+        else:
+            self.view.check_waiting()
 
     def on_load_more_requested(self, _: LoadMoreRequested) -> None:
         self.view.load_more()
@@ -371,7 +380,8 @@ class AgentHostApp(App[int]):
         def fetch(turn_id: str) -> None:
             label = turn_label(turns, turn_id)
             try:
-                result = self.engine.workspace_diff(session_id, turn_id)
+                with self.view.waits.track():
+                    result = self.engine.workspace_diff(session_id, turn_id)
             except (ApiError, TimeoutError) as exc:
                 words = no_diff_words(exc, label, turn_id)
                 self.call_from_thread(self.push_screen, DiffScreen(f"{label}: no diff", words))

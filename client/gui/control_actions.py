@@ -26,6 +26,7 @@ from client.gui.controls import (
     RenameScreen,
 )
 from client.gui.session_list import SessionTree
+from client.gui.status_text import short_path
 from client.gui.view import SessionView
 from client.session_client import error_words
 from protocol.events import SESSION_REMOVED, SessionRemoved
@@ -76,7 +77,7 @@ class ControlActions:
 
     def _submit(self, session_id: str, text: str) -> None:
         try:
-            result = self.engine.request(
+            result = self.view.waits.request(
                 TURN_SUBMIT,
                 TurnSubmitParams(
                     workspaceId=self.engine.workspace_id,
@@ -113,7 +114,7 @@ class ControlActions:
 
         def work() -> None:
             try:
-                result = self.engine.request(method, params)
+                result = self.view.waits.request(method, params)
             except (ApiError, TimeoutError) as exc:
                 self.app.call_from_thread(
                     self.app.notify, error_words(action, exc), severity="error"
@@ -281,7 +282,7 @@ class ControlActions:
         def work() -> None:
             # A worktree fork's child: the dialog asks about its tree too.
             try:
-                op = self.engine.request(
+                op = self.view.waits.request(
                     FORK_GET,
                     OperationParams(
                         workspaceId=self.engine.workspace_id, operationId=lineage["operationId"]
@@ -318,7 +319,8 @@ class ControlActions:
                 users = done.get("inUseBy") or []
                 why = f" ({len(users)} other session(s) work in it)" if users else ""
                 self.app.notify(
-                    f"deleted {session['title']}; its worktree stays: {done['path']}{why}"
+                    f"deleted {session['title']}; its worktree stays: "
+                    f"{short_path(str(done['path']))}{why}"
                 )
             else:
                 self.app.notify(f"deleted {session['title']}")
@@ -334,7 +336,7 @@ class ControlActions:
 
             def work() -> None:
                 try:
-                    result = self.engine.request(SESSION_DELETE, params)
+                    result = self.view.waits.request(SESSION_DELETE, params)
                 except ApiError as exc:
                     if exc.reason == "workspace_worktree_dirty" and not force:
                         self.app.call_from_thread(self._confirm_forced, exc, delete)

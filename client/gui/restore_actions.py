@@ -14,6 +14,7 @@ from typing import Any
 from textual.app import App
 
 from client.gui.controls import ConfirmScreen
+from client.gui.status_text import short_path
 from client.gui.view import SessionView
 from client.session_client import error_words
 from client.workspace_text import restore_summary
@@ -35,14 +36,6 @@ class RestoreTarget:
         if self.tree is not None:
             return "as it was before the last restore"
         return f"as {self.label} {'found' if self.which == 'before' else 'left'} it"
-
-
-def short_path(path: str, parts: int = 2) -> str:
-    """`…/repo/src` for a long path: a toast keeps the end of a path, the part that names it."""
-    pieces = [p for p in path.split("/") if p]
-    if len(pieces) <= parts:
-        return path
-    return "…/" + "/".join(pieces[-parts:])
 
 
 def restored_words(target: RestoreTarget, result: Mapping[str, Any]) -> str:
@@ -101,7 +94,7 @@ class RestoreActions:
 
         def work() -> None:
             try:
-                result = self.engine.request(WORKSPACE_RESTORE, params)
+                result = self.view.waits.request(WORKSPACE_RESTORE, params)
             except ApiError as exc:
                 self.app.call_from_thread(self._refused, target, force, exc)
                 return
