@@ -6,9 +6,10 @@ come back with `call_from_thread`, and Engine changes arrive as `EngineChanged` 
 
 This module is the wiring only: layout, key bindings, the command palette, and messages and
 Engine changes routed to the parts the app owns: `view` (what the screen shows,
-`client.gui.view`), `forks` and `controls` (the user's actions, `client.gui.fork_actions` and
-`client.gui.control_actions`). Each action and message handler delegates to the part whose
-concern it is; the widgets talk to the app by messages.
+`client.gui.view`), `forks`, `controls` and `restores` (the user's actions,
+`client.gui.fork_actions`, `client.gui.control_actions` and `client.gui.restore_actions`).
+Each action and message handler delegates to the part whose concern it is; the widgets talk to
+the app by messages.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from client.gui.keyboard import (
     TurnPickerScreen,
     help_lines,
 )
+from client.gui.restore_actions import RestoreActions, RestoreTarget
 from client.gui.session_list import SessionTree
 from client.gui.status_text import details_text, turn_label
 from client.gui.transcript import (
@@ -47,6 +49,7 @@ from client.gui.transcript import (
     TranscriptView,
 )
 from client.gui.view import FORK_SESSION_ID, PAGE_SIZE, SessionView
+from client.gui.waiting import WaitChanged
 from client.lineage_view import LineageMark
 from protocol.events import MessageDelta
 from protocol.objects import Turn
@@ -77,6 +80,9 @@ class AgentHostApp(App[int]):
     #fork-session.-shown { display: block; }
     #transcript { height: 1fr; }
     #composer { margin: 0 0; }
+    /* Toasts at the top right, under the session bar: at the bottom (Textual's place) they
+       hid the message box and the dialogs' hint lines at 80x24. */
+    ToastRack { dock: top; align: right top; margin-top: 1; margin-bottom: 0; }
     """
     BINDINGS = [
         # First: at 80 columns the footer shows only its first few keys; F1 lists them all.
@@ -93,6 +99,7 @@ class AgentHostApp(App[int]):
         Binding("f5", "fork_turn", "Fork…", priority=True),
         Binding("f6", "turn_diff", "Diff…", priority=True),
         Binding("f3", "details", "Details", priority=True),
+        Binding("f9", "undo_restore", "Undo restore", priority=True),
         Binding("question_mark", "help", "Keys", show=False),
         Binding("ctrl+r", "reload", "Reload", show=False),
     ]
@@ -107,7 +114,8 @@ class AgentHostApp(App[int]):
         "toggle_pin": "Pin the open session (★ in the list), or unpin it",
         "delete_session": "Delete the open session (asks first)",
         "fork_turn": "Fork through a turn: pick it, then confirm",
-        "turn_diff": "What a turn changed in its folder: pick it, see its diff",
+        "turn_diff": "Pick a turn, see its diff; a/b there restore its files",
+        "undo_restore": "Undo the last restore (files as they were before it)",
         "details": "Details: the daemon's names for the session and its turns",
         "help": "This list of keys (? outside the message box)",
         "reload": "Reload the session list",
@@ -123,6 +131,7 @@ class AgentHostApp(App[int]):
         self.view = SessionView(self, engine, page_size=page_size)
         self.forks = ForkActions(self, self.view)
         self.controls = ControlActions(self, self.view)
+        self.restores = RestoreActions(self, self.view)
 
     # -- the open session's state, read where the parts keep it --------------------------------
 
@@ -229,6 +238,12 @@ class AgentHostApp(App[int]):
     def on_tree_node_selected(self, event: Tree.NodeSelected[str]) -> None:
         self.view.select(event.node.data)
 
+    def on_wait_changed(self, message: WaitChanged) -> None:
+        if message.after > 0:
+            self.set_timer(message.after, self.view.check_waiting)
+        else:
+            self.view.check_waiting()
+
     def on_load_more_requested(self, _: LoadMoreRequested) -> None:
         self.view.load_more()
 
@@ -276,6 +291,16 @@ class AgentHostApp(App[int]):
             "Turn diff",
             "Pick a turn, see what it changed in its folder (f6)",
             self.action_turn_diff,
+        )
+        yield SystemCommand(
+            "Restore a turn's files",
+            "Pick a turn, see its diff, then a (as it left them) or b (as it found them) (f6)",
+            self.action_turn_diff,
+        )
+        yield SystemCommand(
+            "Undo restore",
+            "Put the files back as they were before the last restore (f9)",
+            self.action_undo_restore,
         )
         yield SystemCommand(
             "Details", "The daemon's names for the session (f3)", self.action_details
@@ -338,7 +363,8 @@ class AgentHostApp(App[int]):
 
     def action_turn_diff(self) -> None:
         """F6: pick a settled Turn, then see its diff (`session.workspaceDiff`) in a modal
-        screen; a Turn without a checkpoint says why instead."""
+        screen; a Turn without a checkpoint says why instead. There `a` / `b` restore the
+        folder as the Turn left / found it, asked first (`client.gui.restore_actions`)."""
         if not self.current:
             self.notify("open a session first", severity="warning")
             return
@@ -354,19 +380,28 @@ class AgentHostApp(App[int]):
         def fetch(turn_id: str) -> None:
             label = turn_label(turns, turn_id)
             try:
-                result = self.engine.workspace_diff(session_id, turn_id)
+                with self.view.waits.track():
+                    result = self.engine.workspace_diff(session_id, turn_id)
             except (ApiError, TimeoutError) as exc:
                 words = no_diff_words(exc, label, turn_id)
                 self.call_from_thread(self.push_screen, DiffScreen(f"{label}: no diff", words))
                 return
-            screen = DiffScreen(diff_title(result, label), diff_body(result))
-            self.call_from_thread(self.push_screen, screen)
+            screen = DiffScreen(diff_title(result, label), diff_body(result), restorable=True)
+            self.call_from_thread(self.push_screen, screen, lambda which: restore(turn_id, which))
+
+        def restore(turn_id: str, which: str | None) -> None:
+            if which is not None:
+                label = turn_label(turns, turn_id)
+                self.restores.ask(RestoreTarget(session_id, label, turn_id, which))
 
         def picked(turn_id: str | None) -> None:
             if turn_id is not None:
                 self.run_worker(lambda: fetch(turn_id), thread=True, group="diff")
 
         self.push_screen(TurnPickerScreen(settled, "See the diff of which turn?"), picked)
+
+    def action_undo_restore(self) -> None:
+        self.restores.undo_last()
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         if event.button.id == "interrupt":

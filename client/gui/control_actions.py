@@ -25,6 +25,8 @@ from client.gui.controls import (
     NewSessionScreen,
     RenameScreen,
 )
+from client.gui.session_list import SessionTree
+from client.gui.status_text import short_path
 from client.gui.view import SessionView
 from client.session_client import error_words
 from protocol.events import SESSION_REMOVED, SessionRemoved
@@ -75,7 +77,7 @@ class ControlActions:
 
     def _submit(self, session_id: str, text: str) -> None:
         try:
-            result = self.engine.request(
+            result = self.view.waits.request(
                 TURN_SUBMIT,
                 TurnSubmitParams(
                     workspaceId=self.engine.workspace_id,
@@ -112,7 +114,7 @@ class ControlActions:
 
         def work() -> None:
             try:
-                result = self.engine.request(method, params)
+                result = self.view.waits.request(method, params)
             except (ApiError, TimeoutError) as exc:
                 self.app.call_from_thread(
                     self.app.notify, error_words(action, exc), severity="error"
@@ -280,7 +282,7 @@ class ControlActions:
         def work() -> None:
             # A worktree fork's child: the dialog asks about its tree too.
             try:
-                op = self.engine.request(
+                op = self.view.waits.request(
                     FORK_GET,
                     OperationParams(
                         workspaceId=self.engine.workspace_id, operationId=lineage["operationId"]
@@ -302,12 +304,10 @@ class ControlActions:
             self.engine.handle_event(
                 SessionRemoved(type=SESSION_REMOVED, agentSessionId=session_id)
             )
-            if self.view.current == session_id:
-                self.view.current = None
-                self.view.turns = []
-                self.view.update_title()
-                self.app.run_worker(self.view.clear_transcript())
+            was_open = self.view.current == session_id
             self.view.refresh_tree()
+            if was_open:
+                self._open_after_delete(session)
             done: Mapping[str, Any] = result.get("worktree") or {}
             if done.get("state") == "removed":
                 kept = " (its branch is kept: it has commits of its own)"
@@ -319,7 +319,8 @@ class ControlActions:
                 users = done.get("inUseBy") or []
                 why = f" ({len(users)} other session(s) work in it)" if users else ""
                 self.app.notify(
-                    f"deleted {session['title']}; its worktree stays: {done['path']}{why}"
+                    f"deleted {session['title']}; its worktree stays: "
+                    f"{short_path(str(done['path']))}{why}"
                 )
             else:
                 self.app.notify(f"deleted {session['title']}")
@@ -335,7 +336,7 @@ class ControlActions:
 
             def work() -> None:
                 try:
-                    result = self.engine.request(SESSION_DELETE, params)
+                    result = self.view.waits.request(SESSION_DELETE, params)
                 except ApiError as exc:
                     if exc.reason == "workspace_worktree_dirty" and not force:
                         self.app.call_from_thread(self._confirm_forced, exc, delete)
@@ -360,6 +361,24 @@ class ControlActions:
                 DeleteTreeScreen(question, str(tree.get("path"))),
                 lambda choice: delete(choice, False) if choice else None,
             )
+
+    def _open_after_delete(self, session: Session) -> None:
+        """The open session was deleted: open its source (a fork child's), else the session the
+        list's cursor is on, else none ("Select a session")."""
+        lineage = session.get("forkedFrom")
+        source = lineage.get("sourceAgentSessionId") if isinstance(lineage, Mapping) else None
+        if source and self.engine.session(str(source)) is not None:
+            self.view.open_session(str(source))
+            return
+        with contextlib.suppress(NoMatches):
+            node = self.view.main.query_one(SessionTree).cursor_node
+            if node is not None and node.data and self.engine.session(node.data) is not None:
+                self.view.open_session(node.data)
+                return
+        self.view.current = None
+        self.view.turns = []
+        self.view.update_title()
+        self.app.run_worker(self.view.clear_transcript())
 
     def _confirm_forced(self, exc: ApiError, delete: Callable[[str, bool], None]) -> None:
         """The worktree holds work a removal would lose: say what, and offer to remove it

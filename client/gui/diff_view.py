@@ -1,5 +1,6 @@
 """A Turn's diff on demand: the modal screen that shows what one Turn changed in its folder
-(`session.workspaceDiff`), scrollable by keyboard, or in words why it has no diff.
+(`session.workspaceDiff`), scrollable by keyboard, or in words why it has no diff. From it, `a`
+and `b` ask to restore the folder as the Turn left it or found it (`client.gui.restore_actions`).
 """
 
 from __future__ import annotations
@@ -64,8 +65,13 @@ def no_diff_words(exc: ApiError | TimeoutError, label: str, turn_id: str) -> str
     return f"{message} ({exc.reason})"
 
 
-class DiffScreen(ModalScreen[None]):
-    """One Turn's diff (or why it has none); arrows / PgUp / PgDn scroll, Esc closes."""
+RESTORE_HINT = "a: restore the files as this turn left them · b: as it found them"
+
+
+class DiffScreen(ModalScreen[str | None]):
+    """One Turn's diff (or why it has none); arrows / PgUp / PgDn scroll, Esc closes. With
+    `restorable`, `a` dismisses with `after` and `b` with `before` (the app asks, then
+    restores)."""
 
     DEFAULT_CSS = """
     DiffScreen { align: center middle; }
@@ -79,12 +85,18 @@ class DiffScreen(ModalScreen[None]):
     DiffScreen #diff-text { width: auto; }
     DiffScreen .hint { color: $text-muted; }
     """
-    BINDINGS = [("escape", "close", "Close"), ("q", "close", "Close")]
+    BINDINGS = [
+        ("escape", "close", "Close"),
+        ("q", "close", "Close"),
+        ("a", "restore('after')", "Restore as the turn left it"),
+        ("b", "restore('before')", "Restore as the turn found it"),
+    ]
 
-    def __init__(self, title: str, body: Text | str) -> None:
+    def __init__(self, title: str, body: Text | str, *, restorable: bool = False) -> None:
         super().__init__()
         self.title_text = title
         self.body = body
+        self.restorable = restorable
 
     def compose(self) -> ComposeResult:
         with Vertical():
@@ -92,9 +104,15 @@ class DiffScreen(ModalScreen[None]):
             with VerticalScroll(id="diff-scroll"):
                 yield Static(self.body, id="diff-text", markup=False)
             yield Label("↑/↓ PgUp/PgDn scroll, ←/→ for long lines. Esc closes.", classes="hint")
+            if self.restorable:
+                yield Label(RESTORE_HINT, classes="hint", id="restore-hint")
 
     def on_mount(self) -> None:
         self.query_one(VerticalScroll).focus()
 
     def action_close(self) -> None:
         self.dismiss(None)
+
+    def action_restore(self, which: str) -> None:
+        if self.restorable:
+            self.dismiss(which)

@@ -14,7 +14,7 @@ from client.engine.values import LATEST_SETTLED, MutationStatus
 from client.gui.controls import ForkScreen
 from client.gui.keyboard import TurnPickerScreen, turn_choice
 from client.gui.resolve import ResolveScreen, resolved_words
-from client.gui.status_text import fork_failure_words, turn_label
+from client.gui.status_text import fork_failure_words, short_path, turn_label
 from client.gui.transcript import ForkRequested, InspectRequested
 from client.gui.view import SessionView
 from client.session_client import ForkAction
@@ -126,8 +126,9 @@ class ForkActions:
             self.view.open_session(record.child_session_id)
             if record.workspace == "worktree":
                 child = self.engine.session(record.child_session_id)
+                where = short_path(str(child["cwd"])) if child else "?"
                 self.app.notify(
-                    f"the fork's files are in its new worktree: {child['cwd'] if child else '?'}",
+                    f"the fork works in a new worktree: {where} (F3 shows its whole path)",
                     title="Fork",
                     timeout=15,
                 )

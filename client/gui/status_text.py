@@ -16,17 +16,33 @@ from client.session_client import fork_refusal
 from protocol.objects import JsonObject
 
 
-def session_bar_text(session: Mapping[str, Any], blocked: str | None) -> Text:
+def session_bar_text(
+    session: Mapping[str, Any], blocked: str | None, *, waiting: bool = False
+) -> Text:
     """The session's title, provider and whether it forks through a Turn; with `blocked`, why
-    it cannot be forked now."""
-    can = session["lifecycleCapabilities"]["forkThroughTurn"]
+    it cannot be forked now; `waiting`: the daemon does not answer, so it says that instead of
+    what it cannot know now."""
     text = Text(str(session["title"]), no_wrap=True, overflow="ellipsis")
+    if waiting:
+        # What it says first at 80 columns, where the provider would push it out of view.
+        text.append("  waiting for the daemon…", style="bold yellow")
+        return text
+    can = session["lifecycleCapabilities"]["forkThroughTurn"]
     text.append(f"  {session['provider']} · {'can fork' if can else 'cannot fork'}", style="dim")
     if blocked:
         # Said here too, not only in the Fork tooltip: a keyboard user never hovers. One line
         # (the bar never grows); the details pane (F3) has the whole sentence.
         text.append(f" · not now: {blocked}", style="dim italic")
     return text
+
+
+def short_path(path: str, parts: int = 2) -> str:
+    """`…/repo.agenthost/e85edd7b` for a long path: a toast (40 cells wide at 80 columns) keeps
+    the end of a path, the part that names it, instead of wrapping it mid-name."""
+    pieces = [p for p in path.split("/") if p]
+    if len(pieces) <= parts:
+        return path
+    return "…/" + "/".join(pieces[-parts:])
 
 
 def turn_state_words(turn: Mapping[str, Any], can_fork: bool = False) -> str:

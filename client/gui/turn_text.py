@@ -24,13 +24,15 @@ PROGRESS_KEY = "guiProgress"
 def turn_header(turn: Mapping[str, Any], can_fork: bool = False) -> Text:
     text = Text(f"Turn {turn['sequence']}", style="bold", no_wrap=True, overflow="ellipsis")
     text.append(f"  {turn_state_words(turn, can_fork)}", style="dim")
+    # The file count before the glance: a narrow header (80 columns) is cut from the end, and
+    # how many files a Turn changed is what a person looks for (its body lists the tool calls).
+    files = changed_count(turn)
+    if files is not None:
+        text.append(f"  {files} changed", style="cyan")
     glance = turn_glance(turn)
     if glance:
         failed = turn.get("outcome") == "failed"
         text.append(f"  {glance}", style="bold red" if failed else "yellow")
-    files = changed_count(turn)
-    if files is not None:
-        text.append(f"  {files} changed", style="cyan")
     # A short id, last: the first thing elided when the line is narrow (`show` prints it whole).
     text.append(f"  {str(turn['turnId'])[:8]}", style="dim italic")
     return text

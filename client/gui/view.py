@@ -25,6 +25,7 @@ from client.gui.session_list import SessionTree
 from client.gui.status_text import fork_session_button, session_bar_text
 from client.gui.transcript import TranscriptView
 from client.gui.turn_merge import message_count, staler, with_streams
+from client.gui.waiting import DaemonWaits
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
 from protocol.events import (
@@ -76,6 +77,9 @@ class SessionView:
         # only when the set of sessions or their lineage changes.
         self.marks: dict[str, LineageMark] = {}
         self._marks_for: frozenset[tuple[str, str | None]] | None = None
+        # The requests a person waits on, timed: the bar says when the daemon does not answer.
+        self.waits = DaemonWaits(engine, app)
+        self.waiting = False
 
     @property
     def main(self) -> Any:
@@ -87,7 +91,8 @@ class SessionView:
 
     def load_sessions(self) -> None:
         try:
-            self.engine.load_sessions()
+            with self.waits.track():
+                self.engine.load_sessions()
         except (ApiError, TimeoutError) as exc:
             self.app.call_from_thread(
                 self.app.notify, error_words("list sessions", exc), severity="error"
@@ -177,7 +182,7 @@ class SessionView:
 
     def _fetch_page(self, session_id: str, after: int) -> None:
         try:
-            page = self.engine.request(
+            page = self.waits.request(
                 SESSION_TIMELINE,
                 TimelineParams(
                     workspaceId=self.engine.workspace_id,
@@ -231,17 +236,34 @@ class SessionView:
         if self.current and self.turns:
             self._load_page(self.current, int(self.turns[-1]["sequence"]))
 
+    def check_waiting(self) -> None:
+        """Whether a request has gone unanswered for a while: the bar says so while it is, and
+        a toast says so once when it starts."""
+        waiting = self.waits.overdue()
+        if waiting == self.waiting:
+            return
+        self.waiting = waiting
+        with contextlib.suppress(NoMatches):
+            self.update_title()
+        if waiting:
+            self.app.notify(
+                "waiting for the daemon… (not answering; a request gives up after 30 s)",
+                title="Daemon",
+                severity="warning",
+            )
+
     def update_title(self) -> None:
         session = self.engine.session(self.current) if self.current else None
         widget = self.main.query_one("#session-title", Static)
         if session is None:
-            widget.update("Select a session" if not self.current else "(session not available)")
+            words = "Select a session" if not self.current else "(session not available)"
+            widget.update(words + (" · waiting for the daemon…" if self.waiting else ""))
             self._update_fork_session(None, None)
             return
         can = session["lifecycleCapabilities"]["forkThroughTurn"]
         full = bool(session["lifecycleCapabilities"].get("fork"))
         blocked = self.blocked_reason() if (can or full) else None
-        widget.update(session_bar_text(session, blocked))
+        widget.update(session_bar_text(session, blocked, waiting=self.waiting))
         self._update_fork_session(session, blocked)
 
     def _update_fork_session(self, session: Mapping[str, Any] | None, blocked: str | None) -> None:

@@ -70,7 +70,11 @@ def test_the_fork_dialog_offers_a_new_worktree_by_keyboard_and_the_child_says_wh
         tree = Path(child["cwd"])
         assert tree.parent == repo.parent / "project.agenthost"
         assert (tree / "src" / "app.py").read_text() == "print('turn one')"
-        await until(pilot, lambda: any(str(tree) in n for n in notes))
+        # The toast names the worktree by its last parts (a whole path wraps mid-name in a
+        # toast); the details pane has it whole.
+        where = f"…/project.agenthost/{tree.name}"
+        await until(pilot, lambda: any(where in n for n in notes))
+        assert not any(str(tree) in n for n in notes), notes
         app.action_details()
         await until(pilot, lambda: isinstance(app.screen, DetailsScreen))
         await pilot.pause(0.3)

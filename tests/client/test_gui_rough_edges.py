@@ -1,0 +1,164 @@
+"""What a keyboard walk of the GUI at 80x24 found, against a real daemon: a Turn's header keeps
+its file count when it is cut; deleting the open fork child opens its source; a daemon that
+does not answer says so at once (not after the request's 30 s) and the title stops saying what
+it cannot know; toasts stay short and out of the message box's way."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.pilot import Pilot
+from textual.widget import Widget
+from textual.widgets import Button, Static
+from textual.widgets._toast import Toast
+
+from client.engine.lifecycle import Engine
+from client.gui.app import AgentHostApp
+from client.gui.composer import Composer
+from client.gui.controls import ConfirmScreen
+from client.gui.session_list import SessionTree
+from tests.client.test_client_gui import header_text, open_and_wait, turn_views, until
+from tests.client.test_client_gui_keyboard import run_app
+from tests.support.daemon import DaemonProcess, create_session, fork_params, run_turn
+from tests.support.git_repos import make_repo
+from transport.client import Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def drawn_header(app: AgentHostApp, index: int) -> str:
+    """The Turn's header as drawn on screen (cut at the transcript's width)."""
+    view = turn_views(app)[index]
+    lines = view.lines() if hasattr(view, "lines") else None
+    if lines is not None:
+        return str(lines[0].text)
+    return header_text(view)
+
+
+def test_a_cut_turn_header_keeps_its_file_count_at_80_columns(
+    daemon: DaemonProcess, client: Client, ws: str, tmp_path: Path
+) -> None:
+    repo = make_repo(tmp_path / "project")
+    sid = create_session(client, ws, title="Files", cwd=str(repo))["agentSessionId"]
+    run_turn(client, sid, "/write notes.txt first line", ws)  # a tool call and a file
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        head = drawn_header(app, 0)
+        assert "1 file changed" in head, head
+
+    run_app(daemon, ws, (80, 24), scenario)
+
+
+def _fork_now(client: Client, ws: str, sid: str, turn_id: str) -> str:
+    op = client.call("fork.create", fork_params(ws, sid, turn_id))["operation"]
+    deadline = time.monotonic() + 60
+    while op["status"] == "accepted" and time.monotonic() < deadline:
+        time.sleep(0.05)
+        op = client.call("fork.get", {"workspaceId": ws, "operationId": op["operationId"]})[
+            "operation"
+        ]
+    client.call("fork.acknowledge", {"workspaceId": ws, "operationId": op["operationId"]})
+    return str(op["targetAgentSessionId"])
+
+
+def test_deleting_the_open_fork_child_opens_its_source(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid = create_session(client, ws, title="Source")["agentSessionId"]
+    turn = run_turn(client, sid, "hello", ws)
+    create_session(client, ws, title="Another")
+    child = _fork_now(client, ws, sid, str(turn["turnId"]))
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, child, 1)
+        app.query_one(SessionTree).focus()
+        await pilot.press("f8")
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("y")
+        await until(pilot, lambda: app.engine.session(child) is None, timeout=30)
+        await until(pilot, lambda: app.current == sid and len(turn_views(app)) == 1)
+        title = str(app.query_one("#session-title", Static).render())
+        assert title.startswith("Source"), title
+        assert app.query_one(SessionTree).cursor_node.data == sid  # type: ignore[union-attr]
+
+    run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_a_send_to_a_daemon_that_does_not_answer_says_so_long_before_its_deadline(
+    tmp_path: Path,
+) -> None:
+    ws = "down"
+    daemon = DaemonProcess(tmp_path / "home").start()
+    try:
+        c = daemon.client()
+        sid = create_session(c, ws, title="Quiet")["agentSessionId"]
+        run_turn(c, sid, "hello there", ws)
+
+        async def main() -> None:
+            engine = Engine.connect(daemon.api, daemon.events, ws)
+            app = AgentHostApp(engine, own_engine=True)
+            async with app.run_test(size=(80, 24)) as pilot:
+                await until(pilot, lambda: app.sessions_loaded)
+                await open_and_wait(app, pilot, sid, 1)
+                title = app.query_one("#session-title", Static)
+                assert "can fork" in str(title.render())
+                daemon.stop()
+                box = app.query_one(Composer)
+                box.focus()
+                await pilot.press(*"are you there", "enter")
+                # Well inside the request's 30 s deadline (the notice comes after ~1 s).
+                await until(pilot, lambda: "waiting for the daemon" in str(title.render()))
+                assert "can fork" not in str(title.render())
+                toasts = [str(n.message) for n in app._notifications]
+                assert any("waiting for the daemon" in t for t in toasts), toasts
+                assert not any("cannot send" in t for t in toasts)  # not timed out yet
+                assert box.value == "are you there"  # the typed text is kept
+
+        asyncio.run(main())
+    finally:
+        if daemon.proc is not None and daemon.proc.poll() is None:
+            daemon.stop()
+
+
+def overlaps(a: Widget, b: Widget) -> bool:
+    return bool(a.region.intersection(b.region).area)
+
+
+def test_toasts_leave_the_message_box_and_a_dialogs_buttons_in_view_at_80x24(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid = create_session(client, ws, title="Toasted")["agentSessionId"]
+    run_turn(client, sid, "hello", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        app.query_one(SessionTree).focus()
+        await pilot.press("f7")  # pinned: a toast
+        await until(pilot, lambda: len(app.screen.query(Toast)) >= 1)
+        await pilot.pause(0.3)
+        box = app.query_one(Composer)
+        toasts = list(app.screen.query(Toast))
+        assert all(not overlaps(t, box) for t in toasts), [t.region for t in toasts]
+        await pilot.press("f8")  # a dialog while the toast is up
+        await until(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await until(pilot, lambda: len(app.screen.query(Toast)) >= 1)
+        await pilot.pause(0.3)
+        buttons = list(app.screen.query(Button))
+        toasts = list(app.screen.query(Toast))
+        assert all(not overlaps(t, b) for t in toasts for b in buttons)
+        await pilot.press("escape")
+
+    async def main() -> None:
+        engine = Engine.connect(daemon.api, daemon.events, ws)
+        app = AgentHostApp(engine, own_engine=True)
+        # Toasts are drawn only with notifications on (run_app leaves them off).
+        async with app.run_test(size=(80, 24), notifications=True) as pilot:
+            await until(pilot, lambda: app.sessions_loaded)
+            await scenario(app, pilot)
+
+    asyncio.run(main())
