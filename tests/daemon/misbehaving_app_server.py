@@ -11,7 +11,8 @@ relay's pid) and does what it says:
   are not JSON, JSON that is no object, a result for an id never sent, an error for one, and
   notifications whose params are no object (a Turn's `turn/completed` among them);
 - `close` — the relay closes its stdout and keeps running (reading its stdin, the provider
-  alive behind it) until it is killed.
+  alive behind it) until it is killed;
+- `close_mid` — as `close`, once it has relayed the provider's `turn/started` (a Turn running).
 
 The provider stays real: only what the driver reads is changed.
 """
@@ -50,6 +51,12 @@ def main() -> None:
     out = sys.stdout.buffer
     lock = threading.Lock()
     silenced = threading.Event()
+    close_after_start = threading.Event()
+
+    def close() -> None:  # under the lock
+        silenced.set()
+        out.close()
+        os.close(1)
 
     def pump() -> None:
         assert child.stdout is not None
@@ -59,6 +66,8 @@ def main() -> None:
                     continue
                 out.write(line)
                 out.flush()
+                if close_after_start.is_set() and b'"turn/started"' in line:
+                    close()
 
     threading.Thread(target=pump, daemon=True).start()
     for line in sys.stdin.buffer:
@@ -77,9 +86,9 @@ def main() -> None:
                     time.sleep(60)
         if mode == "close":
             with lock:
-                silenced.set()
-                out.close()
-                os.close(1)
+                close()
+        if mode == "close_mid":
+            close_after_start.set()
         if mode == "garbage":
             with lock:
                 out.writelines(GARBAGE)

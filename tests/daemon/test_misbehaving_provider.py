@@ -125,10 +125,14 @@ def test_garbage_and_wrong_shaped_lines_between_real_ones_leave_the_turn_whole(
         d.stop()
 
 
+@pytest.mark.parametrize(
+    ("mode", "text"), [("close", "hello"), ("close_mid", "/slow 600000 never")]
+)
 def test_a_provider_that_closes_its_stdout_and_keeps_running_is_killed_and_replaced(
-    tmp_path: Path,
+    tmp_path: Path, mode: str, text: str
 ) -> None:
-    """The relay closes its stdout at a `turn/start` and runs on: the reader's end is the
+    """The relay closes its stdout and runs on — at a `turn/start`, or once the Turn runs (its
+    `turn/started` relayed; the model slow for 10 minutes): the reader's end is the
     runtime's, so the worker kills it, the Turn fails `provider_protocol_error` naming the
     closed stdout, and the next Turn runs on a new app-server."""
     relay = Relay(tmp_path)
@@ -138,8 +142,8 @@ def test_a_provider_that_closes_its_stdout_and_keeps_running_is_killed_and_repla
         c = d.client()
         sid = create_session(c)["agentSessionId"]
         run_turn(c, sid, "warm")
-        relay.arm("close")
-        turn = submit(c, sid, "hello")
+        relay.arm(mode)
+        turn = submit(c, sid, text)
         pid = relay.taken_pid()
         done = settle(c, sid, turn["turnId"], timeout=60)
         assert done["outcome"] == "failed", done
