@@ -265,7 +265,7 @@ def _workspace(text: str | None) -> wire.TurnWorkspace | None:
 
 _TURN_REASON = re.compile(
     r"\b(model_unreachable|model_auth_failed|model_timeout"
-    r"|provider_stopped|provider_unresponsive): "
+    r"|provider_stopped|provider_unresponsive|provider_protocol_error): "
 )
 
 
@@ -273,7 +273,8 @@ def error_reason(error: str | None) -> str | None:
     """The typed reason of a failed Turn whose model could not be reached, refused the
     credential or did not answer in time (the error text names the provider, the endpoint and
     the cause; for a timeout, the limit and its config key), or whose provider process stayed
-    stopped or answered nothing (it names the provider and the process)."""
+    stopped, answered nothing or broke its stdio protocol (it names the provider and the
+    process)."""
     if not error:
         return None
     match = _TURN_REASON.search(error)

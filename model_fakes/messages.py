@@ -254,9 +254,10 @@ def _stream_events(msg: dict[str, Any], reply: Reply) -> list[tuple[str, dict[st
 
 
 def _text_block(text: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
-    """A text content block and its deltas, a few characters each."""
+    """A text content block and its deltas, a few characters each (a long text in at most 64
+    deltas: a megabyte in 4-character deltas would take the CLI minutes)."""
     return {"type": "text", "text": ""}, [
-        {"type": "text_delta", "text": piece} for piece in chunks(text)
+        {"type": "text_delta", "text": piece} for piece in chunks(text, max(4, len(text) // 64))
     ]
 
 

@@ -37,6 +37,18 @@ _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
 _ENCODE = json.JSONEncoder(separators=(",", ":"), ensure_ascii=False).encode
 
+MAX_LINE_BYTES = 64 << 20
+"""The longest line the reader takes from an app-server's stdout (64 MiB). The largest real one
+measured is a 10,000-Turn thread's `thread/read` (~2.3 MB, docs/performance.md); a line past
+this is a broken server (one endless line would grow the worker without bound): it is killed
+and its Turns fail `provider_protocol_error`. Reading one costs up to twice this, transiently."""
+EOF_EXIT_GRACE_S = 5.0
+"""How long a server whose stdout reached its end may run on before it is killed: an exiting
+server closes its stdout as it exits; one that runs on can never answer again."""
+PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
+"""The reason word a Turn fails with when its app-server broke the stdio protocol the reader
+cannot go on from: a line longer than `MAX_LINE_BYTES`, or its stdout closed while it runs."""
+
 
 def child_running(proc: subprocess.Popen[Any]) -> bool:
     """Whether the child has not exited: by `waitid(WNOWAIT)`, which sees a zombie without
@@ -234,8 +246,11 @@ class AppServerProcess:
         stderr_path: Path | None = None,
         quiet: QuietLines | None = None,
         write_limit: float | None = None,
+        max_line: int = MAX_LINE_BYTES,
     ) -> None:
         self.argv = list(argv)
+        self.max_line = max_line
+        """The longest stdout line read (`MAX_LINE_BYTES`); past it the server is killed."""
         self.write_limit = write_limit
         """How long a write may wait with none of its bytes taken by the server (its stdin
         full: it stopped reading) before the server is killed, `provider_unresponsive`, and the
@@ -521,11 +536,17 @@ class AppServerProcess:
         return reason
 
     def _read_loop(self) -> None:
-        assert self._proc is not None and self._proc.stdout is not None
-        stdout = self._proc.stdout
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        stdout = proc.stdout
         quiet = self._quiet
         prefixes = quiet.prefixes if quiet is not None else ()
-        for raw in stdout:
+        limit = self.max_line
+        raw = b""
+        # `readline` with a bound, not `for raw in stdout`: that reads a line however long.
+        for raw in iter(functools.partial(stdout.readline, limit), b""):
+            if len(raw) >= limit and not raw.endswith(b"\n"):
+                break  # a line past the bound: the server is broken, never read on
             self.last_activity = self.last_read = time.monotonic()
             try:
                 if prefixes and raw.startswith(prefixes):
@@ -541,8 +562,26 @@ class AppServerProcess:
                 import traceback
 
                 traceback.print_exc()
-        code = self._proc.wait()
-        self._mark_closed(f"app-server exited with status {code}")
+        else:
+            try:
+                code = proc.wait(EOF_EXIT_GRACE_S)
+            except subprocess.TimeoutExpired:
+                self._kill_broken(proc, "closed its stdout but kept running")
+            else:
+                self._mark_closed(f"app-server exited with status {code}")
+            return
+        del raw
+        self._kill_broken(proc, f"wrote a line longer than {limit} bytes")
+
+    def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> None:
+        """Kill a server the reader cannot go on reading (its Turns fail in these words), and
+        reap it."""
+        self._mark_closed(
+            f"{PROVIDER_PROTOCOL_ERROR}: the app-server (pid {proc.pid}) {what}; it was killed, "
+            "and a new one starts at the next Turn"
+        )
+        kill_tree(proc.pid)
+        proc.wait()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         method = msg.get("method")

@@ -28,6 +28,11 @@ from drivers.errors import DriverError
 from drivers.liveness import TreeWatch, kill_tree, stopped_error
 
 TURN_START_TIMEOUT_S = 120.0
+MAX_MESSAGE_BYTES = 64 << 20
+"""The largest message line the SDK reads from the CLI (64 MiB; its default, 1 MiB, failed any
+Turn with a longer reply or tool result). The bound the app-server reader keeps
+(`drivers.app_server.process.MAX_LINE_BYTES`): past it the SDK fails the Turn
+`CLIJSONDecodeError … exceeded maximum buffer size`, the worker's memory bounded."""
 
 
 class Turns:
@@ -118,6 +123,7 @@ class Turns:
             can_use_tool=can_use_tool,
             # Raw stream events: text arrives as it is generated (`message.delta`).
             include_partial_messages=True,
+            max_buffer_size=MAX_MESSAGE_BYTES,
         )
 
     def _key(self, session: SessionState, exists: bool) -> tuple[object, ...]:

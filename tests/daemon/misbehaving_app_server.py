@@ -1,0 +1,117 @@
+"""A stdio relay in front of the REAL `tutti-agent app-server` that, once armed, misbehaves on
+its stdout at the next `turn/start` as a broken provider would (fault-injection tests only).
+
+`python misbehaving_app_server.py ARM -- <real argv...>` relays every line both ways. ARM is a
+file; when it exists at a `turn/start`, the relay takes it (renamed to `ARM.taken`, holding the
+relay's pid) and does what it says:
+
+- `endless` — the request is swallowed and the relay writes `x` to its stdout forever, never a
+  newline (one line that never ends); `endless N`: N MiB of it, then it sleeps;
+- `garbage` — the request goes on, and before the provider's answer the relay writes lines that
+  are not JSON, JSON that is no object, a result for an id never sent, an error for one, and
+  notifications whose params are no object (a Turn's `turn/completed` among them);
+- `close` — the relay closes its stdout and keeps running (reading its stdin, the provider
+  alive behind it) until it is killed;
+- `close_mid` — as `close`, once it has relayed the provider's `turn/started` (a Turn running).
+
+The provider stays real: only what the driver reads is changed.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+
+GARBAGE = (
+    b"not json at all\n",
+    b"\xff\xfe binary \x00 bytes\n",
+    b"[1, 2, 3]\n",
+    b"42\n",
+    b'{"id": 987654, "result": {"turn": {"id": "never-asked"}}}\n',
+    b'{"id": 987655, "error": {"code": -1, "message": "for no request"}}\n',
+    b'{"id": "a-string-id", "result": 5}\n',
+    b'{"method": "turn/completed", "params": "not an object"}\n',
+    b'{"method": "item/agentMessage/delta", "params": [1, 2]}\n',
+    b'{"method": "item/completed", "params": null}\n',
+    b'{"method": 7, "params": {}}\n',
+    b'{"id": 5, "method": "item/commandExecution/requestApproval", "params": "x"}\n',
+    b'{"method":"item/agentMessage/delta",broken\n',
+    b"\n",
+)
+
+
+def main() -> None:
+    arm = sys.argv[1]
+    argv = sys.argv[sys.argv.index("--") + 1 :]
+    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    assert child.stdin is not None and child.stdout is not None
+    out = sys.stdout.buffer
+    lock = threading.Lock()
+    silenced = threading.Event()
+    close_after_start = threading.Event()
+
+    def close() -> None:  # under the lock
+        silenced.set()
+        out.close()
+        os.close(1)
+
+    def pump() -> None:
+        assert child.stdout is not None
+        for line in child.stdout:
+            with lock:
+                if silenced.is_set():
+                    continue
+                out.write(line)
+                out.flush()
+                if close_after_start.is_set() and b'"turn/started"' in line:
+                    close()
+
+    threading.Thread(target=pump, daemon=True).start()
+    for line in sys.stdin.buffer:
+        taken = _take(arm) if b'"turn/start"' in line else None
+        mode, _, count = (taken or "").partition(" ")
+        if mode == "endless":
+            silenced.set()
+            with lock:
+                chunk = b"x" * (1 << 20)
+                left = int(count) if count else -1
+                while left != 0:
+                    out.write(chunk)
+                    out.flush()
+                    left -= 1
+                while True:
+                    time.sleep(60)
+        if mode == "close":
+            with lock:
+                close()
+        if mode == "close_mid":
+            close_after_start.set()
+        if mode == "garbage":
+            with lock:
+                out.writelines(GARBAGE)
+                out.flush()
+        child.stdin.write(line)
+        child.stdin.flush()
+    if silenced.is_set():
+        while True:  # stdout closed, stdin at EOF: still running, until killed
+            time.sleep(60)
+    child.stdin.close()
+    child.wait()
+
+
+def _take(arm: str) -> str | None:
+    try:
+        os.rename(arm, arm + ".taken")
+    except FileNotFoundError:
+        return None
+    with open(arm + ".taken", "r+", encoding="utf-8") as f:
+        mode = f.read().strip()
+        f.write(f"\n{os.getpid()}\n")
+    return mode
+
+
+if __name__ == "__main__":
+    main()
