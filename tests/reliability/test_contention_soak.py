@@ -946,24 +946,34 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         t.asker.release(c, "release")  # asked Turns still waiting: interrupted
 
         # The lock is gone for good: every Turn settles, every operation ends.
-        def quiet() -> bool:
+        def unsettled() -> list[str]:
+            left = []
             for sid in sids:
                 status, body = c.call_raw(
                     "session.timeline", {"workspaceId": WS, "agentSessionId": sid}
                 )
                 if status == 404:
                     continue  # deleted by a client
-                if any(x["phase"] != "settled" for x in body["turns"]):
-                    return False
+                left += [
+                    f"{t.provider_of(sid)} Session {sid} Turn {x['turnId']} {x['phase']}"
+                    for x in body["turns"]
+                    if x["phase"] != "settled"
+                ]
             for op_id in t.ops:
                 op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
                 if op["status"] == "accepted":
-                    return False
-            return True
+                    source = op["sourceAgentSessionId"]
+                    left.append(f"{t.provider_of(source)} fork {op_id} of {source} accepted")
+            return left
 
         assert pressure.dead is None, (pressure.dead, d.tail_log())
         connections = c.call("host.status")["connections"]
-        wait_for(quiet, 120, interval=0.5)
+        try:
+            wait_for(lambda: not unsettled(), 120, interval=0.5)
+        except AssertionError:
+            raise AssertionError(
+                (seed, "work stayed active after the chaos", unsettled(), d.tail_log())
+            ) from None
         # The re-binds' replaced listeners are closed once nothing uses them: the current three
         # and at most OLD_LISTENERS_KEPT per endpoint that idle old clients pin (past the cap
         # their idle connections are moved), whatever the number of `run/` removals.
