@@ -73,7 +73,8 @@ class Asker:
 
     def __init__(self, provider_of: Callable[[str], str | None]) -> None:
         self.provider_of = provider_of
-        """A Session's provider (its fake model asks if it is Tutti Agent or Claude Code)."""
+        """A Session's provider (its fake model asks if it is Tutti Agent or Claude Code; a
+        Codex Session's Turns are interrupted only)."""
         self.lock = threading.Lock()
         self.asking: dict[str, str] = {}  # turn id → its Session: asked, maybe still pending
         self.answers: list[Answered] = []
@@ -82,15 +83,18 @@ class Asker:
         self.failures: list[str] = []
 
     def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
-        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked)."""
+        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked). Codex
+        Sessions are interrupted, never asked: the soaks' fake Responses model only echoes."""
+        sids = list(sids)
         mine = [s for s in sids if self.provider_of(s) in ("tutti-agent", "claude-code")]
+        interruptible = mine + [s for s in sids if self.provider_of(s) == "codex"]
         with self.lock:
             asked = sorted(self.asking.items())
         action = rng.choices(["ask", "answer", "interrupt"], weights=[3, 4, 3])[0]
         if action == "answer" and asked:
             self._answer(c, rng, *rng.choice(asked), tag)
-        elif action == "interrupt" and mine:
-            self._interrupt(c, rng, rng.choice(mine), tag)
+        elif action == "interrupt" and interruptible:
+            self._interrupt(c, rng, rng.choice(interruptible), tag)
         elif mine:
             sid = rng.choice(mine)
             params = {

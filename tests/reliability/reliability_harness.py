@@ -57,41 +57,44 @@ def codex_binary() -> str | None:
 
 
 @contextlib.contextmanager
-def provider_env(provider: str, home: Path, *, config: str = "") -> Iterator[Path]:
-    """Writes `home/agenthost.toml` for `provider` (pointing it at a local model server that
-    lives for the block) after `config` (more of the file, e.g. a `[daemon]` table) and yields
-    a cwd for its sessions. Every provider's Sessions may run in the block: the soaks mix
-    `claude-code` Sessions among their `tutti-agent` ones this way."""
+def provider_env(
+    provider: str, home: Path, *, config: str = "", also: tuple[str, ...] = ()
+) -> Iterator[Path]:
+    """Writes `home/agenthost.toml` for `provider` and the providers `also` (pointing each at a
+    local model server that lives for the block) after `config` (more of the file, e.g. a
+    `[daemon]` table) and yields a cwd for `provider`'s sessions. Every provider's Sessions may
+    run in the block: the soaks mix `claude-code` and `codex` Sessions among their
+    `tutti-agent` ones this way."""
     home.mkdir(parents=True, exist_ok=True)
     cwd = home.parent / f"cwd-{provider}"
     cwd.mkdir(exist_ok=True)
-    toml = home / "agenthost.toml"
+    with contextlib.ExitStack() as servers:
+        text = config + "".join(_provider_table(p, servers) for p in (provider, *also))
+        if text:
+            (home / "agenthost.toml").write_text(text)
+        yield cwd
+
+
+def _provider_table(provider: str, servers: contextlib.ExitStack) -> str:
+    """`provider`'s table of `agenthost.toml`, its model server started on `servers` (none for
+    `tutti-agent`: the built-in deterministic model)."""
     if provider == "tutti-agent":
-        if config:
-            toml.write_text(config)
-        yield cwd  # the built-in deterministic model: no server
-        return
+        return ""
     if provider == "claude-code":
         from model_fakes.messages import MessagesServer
         from tests.reliability.interaction_chaos import soak_reply
 
         # The default echo, and a Bash call for `/bash …` (the soaks' permission asks).
-        with MessagesServer(reply=soak_reply) as server:
-            toml.write_text(
-                f'{config}[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
-            )
-            yield cwd
-        return
+        messages = servers.enter_context(MessagesServer(reply=soak_reply))
+        return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n'
     if provider == "codex":
         from model_fakes.responses import ResponsesServer
 
-        with ResponsesServer() as server:
-            toml.write_text(
-                f'{config}[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
-                f'model_base_url = "{server.base_url}"\n'
-            )
-            yield cwd
-        return
+        responses = servers.enter_context(ResponsesServer())
+        return (
+            f'[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
+            f'model_base_url = "{responses.base_url}"\n'
+        )
     raise ValueError(provider)
 
 

@@ -54,7 +54,13 @@ Claude Code among them: one Session in four (seeded, among those in the reposito
 `claude-code` Session (the real `claude` program against the fake Messages API); its
 turns, forks, resolves and deletes take the same steps, the burst forks one of them, and the
 soak asserts that a Claude fork committed and that the live check's `spare_home_empty` walked
-a home with spares in it.
+a home with spares in it. Codex too: one Session in eight (one in the short profile; seeded,
+among those in the repository, none of Claude's) is a `codex` Session (the real pinned
+`codex app-server`, `AGENTHOST_CODEX_BIN`, against the fake Responses API); its turns, forks,
+resolves, deletes, restores and diffs take the same steps, its app-server is among those
+SIGSTOPped, the burst forks one of them too, and the soak asserts that a Codex fork committed.
+Codex Turns ask nothing (the fake Responses model only echoes: no tool call to approve): the
+clients' Interactions are Tutti Agent's and Claude's, their interrupts reach Codex Turns too.
 
 Clients that never read, held for the whole chaos: a subscriber on each events socket (the
 prefix-topic one and the terminated-topic one) that subscribes to everything and never reads,
@@ -68,13 +74,13 @@ resident memory grows over the chaos by at most what the unread clients may make
 subscriber, plus the per-connection bound of unread replies (`transport.server`: 32 queued,
 8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
 
-Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti
-Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
-call asks for its permission, answered at random moments
-(approve or decline, sometimes twice at once, sometimes never), and `turn.interrupt` of random
-Turns, racing the forks, deletes and lock takes; once the chaos is over the asked Turns still
-active are interrupted, and what the clients were answered is checked (`interaction_answered`,
-`interrupt_answered`; `interaction_state` with every store law), the answers counted by status.
+Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti Agent
+Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash call asks
+for its permission, answered at random moments (approve or decline, sometimes twice at once,
+sometimes never), and `turn.interrupt` of random Turns (Codex's too), racing the forks, deletes
+and lock takes; once the chaos is over the asked Turns still active are interrupted, and what
+the clients were answered is checked (`interaction_answered`, `interrupt_answered`;
+`interaction_state` with every store law), the answers counted by status.
 
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
@@ -159,6 +165,8 @@ DEALERS = trials(100, 200)
 """Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
+CODEX_SESSIONS = trials(0, 40 // 8)
+"""Codex Sessions among them (none in the short profile: see `codex_at`)."""
 CHAOS_S = trials(12.0, 120.0)
 RUN_DELETIONS = trials(2, 12)
 WARM_AT_ONCE = 4
@@ -170,6 +178,7 @@ hold (`tests/resources/test_slow_clients.py`'s allowance: tens of MB either way)
 UNREAD_EVERY_S = 0.02
 """The never-reading DEALER sends a request this often all through the chaos."""
 CLAUDE = "claude-code"
+CODEX = "codex"
 
 BURST = trials(3, 8)
 """Boundaries forked at once in the held-events burst (each asked twice)."""
@@ -217,8 +226,12 @@ class Tally:
         self.answers: list[WorkspaceAnswer] = []  # restores' and diffs' answers
         self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
         self.claude: set[str] = set()  # the Claude Code Sessions
-        self.asker = Asker(lambda sid: CLAUDE if sid in self.claude else "tutti-agent")
+        self.codex: set[str] = set()  # the Codex Sessions
+        self.asker = Asker(self.provider_of)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+
+    def provider_of(self, sid: str) -> str:
+        return CLAUDE if sid in self.claude else CODEX if sid in self.codex else "tutti-agent"
 
     def note(self, op: dict[str, Any]) -> None:
         with self.lock:
@@ -619,12 +632,14 @@ def held_events_burst(
     in_repo: set[str],
     rng: random.Random,
     claude: set[str],
+    codex: set[str],
 ) -> Burst:
-    """Forks at once on `BURST` fresh boundaries (a Claude Session's first, if one is
-    forkable), each asked twice at once (`throughTurn` and `latestSettled`, the barrier answers
-    both with one operation), some into a worktree, heard by a subscriber connected before the
-    first: the checker's `fork_events_heard` law over what it heard (the saga holds its dispatch
-    step's events for the commit's burst). The streamed Sessions are Tutti Agent's (`/stream`)."""
+    """Forks at once on `BURST` fresh boundaries (a Claude Session's and a Codex Session's
+    first, if such are forkable), each asked twice at once (`throughTurn` and `latestSettled`,
+    the barrier answers both with one operation), some into a worktree, heard by a subscriber
+    connected before the first: the checker's `fork_events_heard` law over what it heard (the
+    saga holds its dispatch step's events for the commit's burst). The streamed Sessions are
+    Tutti Agent's (`/stream`)."""
     out = Burst()
     live, forkable = [], []
     for sid in sids:
@@ -647,8 +662,10 @@ def held_events_burst(
         listener = threading.Thread(target=_listen, args=(sub, heard, stop), daemon=True)
         listener.start()
         fresh = []
-        claude_forkable = [s for s in forkable if s in claude]
-        chosen = rng.sample(claude_forkable, min(1, len(claude_forkable)))
+        chosen: list[str] = []
+        for mine in (claude, codex):
+            theirs = [s for s in forkable if s in mine]
+            chosen += rng.sample(theirs, min(1, len(theirs)))
         others = [s for s in forkable if s not in chosen]
         chosen += rng.sample(others, min(BURST - len(chosen), len(others)))
         rest = [sid for sid in live if sid not in chosen]
@@ -700,7 +717,8 @@ def held_events_burst(
                 turns = [run_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
             return [t for t in turns if t["outcome"] == "completed"]
 
-        streamers = [sid for sid in live if sid not in chosen and sid not in claude][:STREAMED]
+        streamers = [sid for sid in live if sid not in chosen and sid not in claude | codex]
+        streamers = streamers[:STREAMED]
         with ThreadPoolExecutor(len(asks) + RENAMERS + len(streamers)) as pool:
             renames = [pool.submit(rename, k) for k in range(RENAMERS)]
             streams = [pool.submit(stream, sid) for sid in streamers]
@@ -770,7 +788,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
     )
-    with provider_env(CLAUDE, tmp_path / "home", config=config):
+    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
 
@@ -800,16 +818,29 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         repositories = {repo: repository_state(repo)}
         in_repo = range(1, SESSIONS, 2)
         claude_at = set(rng.sample(in_repo, max(1, SESSIONS // 4)))
+        # Codex's only in the long profile: a Codex Turn held active by the host until its
+        # model backstop (docs/reliability.md, "Codex in the soaks": open) would fail the short
+        # profile's 120 s wait now and then.
+        codex_at = set(rng.sample(sorted(set(in_repo) - claude_at), CODEX_SESSIONS))
         sids = [
             c.call(
                 "session.create",
-                {"workspaceId": WS, "provider": CLAUDE if i in claude_at else "tutti-agent"}
+                {
+                    "workspaceId": WS,
+                    "provider": CLAUDE
+                    if i in claude_at
+                    else CODEX
+                    if i in codex_at
+                    else "tutti-agent",
+                }
                 | ({"cwd": str(repo)} if i % 2 else {}),
             )["session"]["agentSessionId"]
             for i in range(SESSIONS)
         ]
         claude = {sids[i] for i in claude_at}
+        codex = {sids[i] for i in codex_at}
         t.claude |= claude
+        t.codex |= codex
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`
         # out, and a Turn that never reached the provider leaves its Session unforkable).
@@ -886,24 +917,34 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         t.asker.release(c, "release")  # asked Turns still waiting: interrupted
 
         # The lock is gone for good: every Turn settles, every operation ends.
-        def quiet() -> bool:
+        def unsettled() -> list[str]:
+            left = []
             for sid in sids:
                 status, body = c.call_raw(
                     "session.timeline", {"workspaceId": WS, "agentSessionId": sid}
                 )
                 if status == 404:
                     continue  # deleted by a client
-                if any(x["phase"] != "settled" for x in body["turns"]):
-                    return False
+                left += [
+                    f"{t.provider_of(sid)} Session {sid} Turn {x['turnId']} {x['phase']}"
+                    for x in body["turns"]
+                    if x["phase"] != "settled"
+                ]
             for op_id in t.ops:
                 op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
                 if op["status"] == "accepted":
-                    return False
-            return True
+                    source = op["sourceAgentSessionId"]
+                    left.append(f"{t.provider_of(source)} fork {op_id} of {source} accepted")
+            return left
 
         assert pressure.dead is None, (pressure.dead, d.tail_log())
         connections = c.call("host.status")["connections"]
-        wait_for(quiet, 120, interval=0.5)
+        try:
+            wait_for(lambda: not unsettled(), 120, interval=0.5)
+        except AssertionError:
+            raise AssertionError(
+                (seed, "work stayed active after the chaos", unsettled(), d.tail_log())
+            ) from None
         # The re-binds' replaced listeners are closed once nothing uses them: the current three
         # and at most OLD_LISTENERS_KEPT per endpoint that idle old clients pin (past the cap
         # their idle connections are moved), whatever the number of `run/` removals.
@@ -911,7 +952,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         cap = IPC_ENDPOINTS * (1 + OLD_LISTENERS_KEPT)
         wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
         listeners = listeners_in(d.proc.pid, home / "run")
-        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude)
+        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex)
         assert burst.streamed, "no Turn streamed during the burst: the delta law went unchecked"
         # Every stopped app-server was killed by its worker, none left stopped.
         wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
@@ -949,6 +990,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         ]
         fork_outcomes = Counter(op["status"] for op in ops if op["operationId"] in t.ops)
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
+        codex_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in codex)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
         asked_violations = t.asker.check(c)
@@ -1025,6 +1067,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{k}={v}" for k, v in sorted(claude_forks.items()))
         + f"; live check: spare homes walked={live.spare_homes}, readable children="
         f"{live.readable_by_provider.get(CLAUDE, 0)}",
+        f"  codex: sessions={len(codex)} forks "
+        + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
+        + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
@@ -1070,3 +1115,5 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # `spare_home_empty` walked the spare homes its worker made ahead.
     assert claude_forks["committed"] > 0, (seed, claude_forks)
     assert live.spare_homes > 0, (seed, "spare_home_empty never walked a spare home")
+    # ... and Codex's: a Codex fork committed (the burst forks a Codex Session's boundary).
+    assert codex_forks["committed"] > 0 or not CODEX_SESSIONS, (seed, codex_forks)

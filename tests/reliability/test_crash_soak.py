@@ -28,6 +28,21 @@ kills the Claude worker; the soak asserts that some check ran after a kill that 
 (its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
 Claude fork committed, and that `spare_home_empty` walked a home with spares.
 
+Codex among them the same way (the real pinned `codex app-server`, `AGENTHOST_CODEX_BIN`, against
+the fake Responses API): a seeded share of `session.create` (`CODEX_SHARE`: 10 %; 15 % in the
+long profile) makes a `codex` Session, and so is the seed fork of
+`CODEX_ROUND` (the long profile's 6th, the short one's 3rd: its first stall round) and of as many
+rounds after; its turns, forks (both point kinds, shared and worktree), resolves, deletes,
+replays, restores and diffs take the same steps. The long profile's `CODEX_ROUND` arms a
+`worker.fork.*` / `worker.bind.*` point on its Codex fork (a later Codex round that draws a
+failpoint arms a fork-path point the same way), a worker kill in a Codex round kills the Codex
+worker, and the stop rounds stop Claude's, Codex's and Tutti Agent's worker in turn. A kill
+met Codex work as it meets Claude's (`World.met`); the long profile asserts that a check ran
+after one and that a Codex fork committed, the short one prints them (its five rounds arm no
+point on a Codex fork: the first is Claude's, the rest are stall, stop and full-disk rounds).
+Codex Turns ask nothing (the fake Responses model only echoes: no tool call to approve), so
+the clients' Interactions are Tutti Agent's and Claude's; their interrupts reach Codex Turns too.
+
 A stalled git among the faults: the daemon runs with `tests/workspace/stalling_git.py` first on
 its PATH (the real git until armed), a short `[workspace] timeout_s` and a short
 `gc_interval_s` and `long_timeout_s` (the bound of a `gc`). Every fifth round (the 3rd, 8th,
@@ -52,28 +67,28 @@ answered 500 (a write refused answers 503 `store_busy`), and, the clients parked
 and every operation in flight settles within 60 s with no restart (a saga's step, commit or
 abort refused by the full disk is retried until it lands) and the live laws hold
 (`active_turn_worked`, `fence_has_saga`).
-A stopped worker among the faults: every seventh round from the 2nd that is neither a stall
-nor a full-disk round (the 2nd, 16th, 37th, 51st) SIGSTOPs a driver worker at a random moment
-while the clients run (the round's seed fork in flight, Turns and forks of the clients too):
-the Claude worker in every other such round (the 2nd's: the short profile's), else Tutti
-Agent's; no `once:kill` point stays armed. With no restart of the daemon: the stopped worker
-is gone (its pid not alive: the supervisor's watchdog declared it hung and SIGKILLed it; a
-leftover is SIGCONTed, then the round fails) within `BUSY_SILENCE_LIMIT_S` of the stop (the
-supervisor's bound on a silent worker whatever its CPU: `drivers/supervisor.py`; a stopped one
-goes sooner, at `SILENCE_LIMIT_S` + `CPU_WINDOW_S`), every Turn and operation in flight
-settles within that bound again (the clients parked; a request it held is lost, `WorkerLost`:
-the Turn fails, the fork is `unknown`), every law holds with the live ones
-(`one_provider_child`, `child_iff_committed`: no provider child made twice or lost), and a
-Turn of a new Session of that provider completes on a new worker (another pid).
-Interactions and interrupts among the client actions (`interaction_chaos.Asker`): Tutti
-Agent Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash
-call asks for its permission, answered at random moments
-(approve or decline, sometimes twice at once, sometimes never: left to an interrupt or a
-kill), and `turn.interrupt` of random Turns, racing the forks and deletes of the same Session;
-after every round's kill or fault the Turns asked and still active are interrupted (so the
-round's waits for settled work end), `interaction_state` is checked with every law, and at the
-end what the clients were answered is checked (`interaction_answered`,
-`interrupt_answered`); the summary counts the answers by status.
+A stopped worker among the faults: every seventh round from the 2nd that is neither a stall nor
+a full-disk round (the 2nd, 16th, 37th, 51st) SIGSTOPs a driver worker at a random moment while
+the clients run (the round's seed fork in flight, Turns and forks of the clients too): the
+Claude worker in the 1st such round (the 2nd: the short profile's), Codex's in the next, Tutti
+Agent's in the one after, and so on; no `once:kill` point stays armed. With no restart of the
+daemon: the stopped worker is gone (its pid not alive: the supervisor's watchdog declared it
+hung and SIGKILLed it; a leftover is SIGCONTed, then the round fails) within
+`BUSY_SILENCE_LIMIT_S` of the stop (the supervisor's bound on a silent worker whatever its CPU:
+`drivers/supervisor.py`; a stopped one goes sooner, at `SILENCE_LIMIT_S` + `CPU_WINDOW_S`),
+every Turn and operation in flight settles within that bound again (the clients parked; a
+request it held is lost, `WorkerLost`: the Turn fails, the fork is `unknown`), every law holds
+with the live ones (`one_provider_child`, `child_iff_committed`: no provider child made twice or
+lost), and a Turn of a new Session of that provider completes on a new worker (another pid).
+Interactions and interrupts among the client actions (`interaction_chaos.Asker`): Tutti Agent
+Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash call asks
+for its permission, answered at random moments (approve or decline, sometimes twice at once,
+sometimes never: left to an interrupt or a kill), and `turn.interrupt` of random Turns (Codex's
+too), racing the forks and deletes of the same Session; after every round's kill or fault the
+Turns asked and still active are interrupted (so the round's waits for settled work end),
+`interaction_state` is checked with every law, and at the end what the clients were answered is
+checked (`interaction_answered`, `interrupt_answered`); the summary counts the answers by
+status.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -136,6 +151,15 @@ CLAUDE = "claude-code"
 CLAUDE_SHARE = 0.25 if SOAK else 0.1
 """The share of `session.create` and of the rounds' seed forks (past the first two) that is
 Claude's (less in the short profile: each Claude Session starts a `claude` program)."""
+CODEX = "codex"
+CODEX_SHARE = 0.15 if SOAK else 0.1
+"""The share of `session.create` and of the rounds' seed forks that is Codex's (less in the
+short profile: each Codex Session starts a `codex app-server`)."""
+TUTTI = "tutti-agent"
+CODEX_ROUND = 6 if SOAK else 3
+"""The round whose seed fork is Codex's whatever the draw: in the long profile it arms a
+`worker.fork.*` / `worker.bind.*` point on it (as the first round does on Claude's); in the
+short one it is the first stall round (nothing armed: a Codex fork in the 5 rounds)."""
 pytestmark = pytest.mark.timeout(1800 if SOAK else 180)
 
 POINTS = (
@@ -157,15 +181,16 @@ POINTS = (
     "host.workspace.after_rename",
     "host.workspace.after_record",
 )
-CLAUDE_POINTS = (
+WORKER_POINTS = (
     "worker.fork.before_provider_call",
     "worker.fork.after_provider_call",
     "worker.bind.before_copy",
     "worker.bind.after_copy",
 )
-"""The worker's points on a Claude fork: the first round arms one before its seed fork."""
+"""The worker's points on a Claude or Codex fork: the first round arms one before its Claude
+seed fork, the long profile's `CODEX_ROUND` before its Codex one."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
-"""Points a `throughTurn` fork passes: what a Claude round arms before its seed fork."""
+"""Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
 ASK_SHARE = 0.15
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 STALL_EVERY = 5
@@ -227,10 +252,15 @@ class World:
         self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
         self.asker = Asker(self.provider.get)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
-        self.met_claude = False
-        """A kill since the last invariant check met Claude work (an active Claude Turn or fork
-        in the store as the daemon died or the Claude worker was killed, or the Claude worker
-        died at an armed point)."""
+        self.met: set[str] = set()
+        """The providers (Claude Code, Codex) whose work a kill since the last invariant check
+        met (an active Turn or fork of theirs in the store as the daemon died or their worker
+        was killed, or their worker died at an armed point)."""
+
+    def meet(self) -> None:
+        """The kill landing now meets the Claude and Codex work the store holds active."""
+        busy = work_in_flight(self.home)
+        self.met |= {p for p in (CLAUDE, CODEX) if busy[p]}
 
     def client(self, mine: tuple[int, Client] | None) -> tuple[int, Client]:
         with self.lock:
@@ -319,7 +349,10 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
     )[0]
     s = {"workspaceId": WS, "agentSessionId": sid}
     if action == "create" or sid is None:
-        provider = CLAUDE if rng.random() < CLAUDE_SHARE else "tutti-agent"
+        draw = rng.random()
+        provider = (
+            CLAUDE if draw < CLAUDE_SHARE else CODEX if draw < CLAUDE_SHARE + CODEX_SHARE else TUTTI
+        )
         body = call(
             w,
             c,
@@ -494,12 +527,13 @@ def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None =
 
 @pytest.fixture
 def home(tmp_path: Path) -> Iterator[Path]:
-    """The daemon's home, its Claude Code pointed at a fake Messages API that lives as long."""
+    """The daemon's home, its Claude Code pointed at a fake Messages API and its Codex at a fake
+    Responses API that live as long."""
     config = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
         f"long_timeout_s = {GC_TIMEOUT_S}\n"
     )
-    with provider_env(CLAUDE, tmp_path / "home", config=config):
+    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
 
@@ -510,7 +544,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     w = World(home, seed)
     chaos: Counter[str] = Counter()
     checks = violations = 0
-    claude_checks = spares_seen = 0
+    claude_checks = codex_checks = spares_seen = 0
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     threads = [
@@ -524,9 +558,22 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             rounds += 1
             if revive(w):
                 chaos["failpoint_fired_late"] += 1
-            # A Claude round's seed fork is Claude's; the first round, and a Claude round that
-            # draws a failpoint, arm it before that fork is sent, so the kill lands on it.
-            claude = rounds <= 2 or rng.random() < CLAUDE_SHARE
+            # A Claude (Codex) round's seed fork is Claude's (Codex's); the first round (the
+            # long profile's `CODEX_ROUND`), and such a round that draws a failpoint, arm it
+            # before that fork is sent, so the kill lands on it.
+            if rounds <= 2:
+                provider = CLAUDE
+            elif rounds == CODEX_ROUND:
+                provider = CODEX
+            else:
+                draw = rng.random()
+                provider = (
+                    CLAUDE
+                    if draw < CLAUDE_SHARE
+                    else CODEX
+                    if draw < CLAUDE_SHARE + CODEX_SHARE
+                    else TUTTI
+                )
             plan = rng.choice(["kill_daemon", "kill_daemon", "kill_worker", "arm_failpoint"])
             stall = rounds % STALL_EVERY in (3, 4)
             command, probe = "", ""
@@ -536,8 +583,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             stop_round = rounds % STOP_EVERY == 2 and not stall and not full
             if stop_round:
                 plan = "stop_worker"
-                # Every other stop round's worker is Claude's (its seed fork Claude's too).
-                claude = stops.total() % 2 == 0
+                # The stop rounds' workers are Claude's, Codex's, Tutti Agent's in turn (the
+                # seed fork of the same provider).
+                provider = (CLAUDE, CODEX, TUTTI)[stops.total() % 3]
                 quiet_failpoints(w)
             if stall:
                 plan = "stall_git" if rounds % STALL_EVERY == 3 else "stall_kill"
@@ -546,17 +594,18 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 probe = stall_probe(w)
                 command = rng.choice(STALL_COMMANDS)
             early = None
-            if claude and (rounds == 1 or plan == "arm_failpoint"):
+            first = rounds == 1 or (SOAK and rounds == CODEX_ROUND)
+            if provider != TUTTI and (first or plan == "arm_failpoint"):
                 plan = "arm_failpoint"
-                early = rng.choice(CLAUDE_POINTS if rounds == 1 else FORK_POINTS)
-                chaos["armed_on_claude_fork"] += 1
+                early = rng.choice(WORKER_POINTS if first else FORK_POINTS)
+                chaos[f"armed_on_{provider}_fork"] += 1
             try:
-                claude_pid = seed_fork(w, rng, claude, early)
+                worker_pid = seed_fork(w, rng, provider, early)
             except (ClientTimeout, ClientClosed):
                 # Only a daemon killed by a late armed point may leave the seed unanswered.
                 assert revive(w), "a live daemon did not answer the round's seed"
                 chaos["failpoint_fired_late"] += 1
-                claude_pid = seed_fork(w, rng, claude, early)
+                worker_pid = seed_fork(w, rng, provider, early)
             w.running.set()
             began_round = time.monotonic()
             deadline = began_round + rng.uniform(0.5, 2.5)
@@ -575,7 +624,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 if stop_at is not None and time.monotonic() >= stop_at:
                     # At a random moment of the clients' load (a worker not running now,
                     # restarting, is tried again at the next look).
-                    stopped = stop_worker(w, CLAUDE if claude else "tutti-agent")
+                    stopped = stop_worker(w, provider)
                     stop_at = None if stopped else stop_at
                 time.sleep(0.05)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
@@ -601,13 +650,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 w.stall.disarm()
                 action = f"{action} (stall round)"
             if action == "kill_worker":
-                provider = CLAUDE if claude else rng.choice(["tutti-agent", CLAUDE])
-                worker = worker_of(w.daemon, provider)
+                # A Claude or Codex round's worker kill kills its provider's worker.
+                victim = provider if provider != TUTTI else rng.choice([TUTTI, CLAUDE, CODEX])
+                worker = worker_of(w.daemon, victim)
                 if worker and worker.get("pid"):
-                    if provider == CLAUDE and work_in_flight(w.home)[CLAUDE]:
-                        w.met_claude = True
+                    if victim != TUTTI and work_in_flight(w.home)[victim]:
+                        w.met.add(victim)
                     os.kill(int(worker["pid"]), signal.SIGKILL)
-                    chaos[f"kill_worker {provider}"] += 1
+                    chaos[f"kill_worker {victim}"] += 1
             elif action == "arm_failpoint" and early is None:
                 try:
                     w.daemon.client(timeout=5).call(
@@ -625,11 +675,15 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             if restarted:
                 with w.lock:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
-                    if work_in_flight(w.home)[CLAUDE]:
-                        w.met_claude = True  # what the daemon held active as it died
+                    w.meet()  # what the daemon held active as it died
             w.pause()
-            if early and early.startswith("worker.") and not restarted:
-                w.met_claude |= claude_worker_died_at(w, early, claude_pid)
+            if (
+                early
+                and early.startswith("worker.")
+                and not restarted
+                and worker_died_at(w, provider, early, worker_pid)
+            ):
+                w.met.add(provider)
             if restarted:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
@@ -655,9 +709,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             checks += 1
             violations += len(report.violations)
             spares_seen = max(spares_seen, report.spare_homes)
-            if w.met_claude:
-                claude_checks += 1
-                w.met_claude = False
+            claude_checks += CLAUDE in w.met
+            codex_checks += CODEX in w.met
+            w.met.clear()
             assert report.ok, (seed, report.violations)
             answers_wrong = check_answers(w)
             violations += len(answers_wrong)
@@ -676,14 +730,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
         resumed: Counter[str] = Counter()
-        claude_committed = 0
+        committed_by: Counter[str] = Counter()
         for op_id in committed:
             op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
             target = op["targetAgentSessionId"]
-            provider = w.provider.get(target, "tutti-agent")
-            claude_committed += provider == CLAUDE
-            if not SOAK and resumed[provider] >= (1 if provider == CLAUDE else 3):
-                continue  # a sample in the short profile: 3 Tutti Agent children, 1 Claude's
+            provider = w.provider.get(target, TUTTI)
+            committed_by[provider] += 1
+            if not SOAK and resumed[provider] >= (3 if provider == TUTTI else 1):
+                continue  # a sample in the short profile: 3 Tutti Agent children, 1 of the others
             status, _ = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": target})
             if status == 200:
                 wait_for(lambda t=target: _idle(c, t), timeout=60)
@@ -713,6 +767,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
     claude_children = sum(1 for p in w.provider.values() if p == CLAUDE) - w.made[CLAUDE]
+    codex_children = sum(1 for p in w.provider.values() if p == CODEX) - w.made[CODEX]
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
         f"violations={violations} resumed_children={dict(resumed)}",
@@ -720,10 +775,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
         + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",
         f"claude: sessions_made={w.made[CLAUDE]} (of {w.made.total()}) fork_targets="
-        f"{claude_children} forks_committed={claude_committed} "
+        f"{claude_children} forks_committed={committed_by[CLAUDE]} "
         f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
         f"(after kills: {spares_after_kills}) last_fork={last_claude_fork} "
         f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
+        f"codex: sessions_made={w.made[CODEX]} (of {w.made.total()}) fork_targets="
+        f"{codex_children} forks_committed={committed_by[CODEX]} "
+        f"checks_after_kills_of_codex_work={codex_checks} "
+        f"readable_children={final.readable_by_provider.get(CODEX, 0)}",
         final.summary(),
         f"workspace answers checked: {len(w.answers)} (restores"
         f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
@@ -754,9 +813,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert sum(final.operations.values()) > 0 and killed > 0, dict(chaos)
     # ... and Claude Code's laws under it: a Claude fork committed, a check ran after a kill
     # that met Claude work, and `spare_home_empty` walked a home with spares in it.
-    assert claude_committed > 0, ("no Claude fork committed", seed)
+    assert committed_by[CLAUDE] > 0, ("no Claude fork committed", seed)
     assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
+    # ... and Codex's (the long profile's: its `CODEX_ROUND` arms a worker point on a Codex
+    # fork): a Codex fork committed, and a check ran after a kill that met Codex work.
+    if SOAK:
+        assert committed_by[CODEX] > 0, ("no Codex fork committed", seed)
+        assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
 
@@ -883,8 +947,8 @@ def stop_worker(w: World, provider: str) -> tuple[str, int, float] | None:
     if not worker or not worker.get("pid") or worker.get("state") != "ready":
         return None
     pid = int(worker["pid"])
-    if provider == CLAUDE and work_in_flight(w.home)[CLAUDE]:
-        w.met_claude = True
+    if provider != TUTTI and work_in_flight(w.home)[provider]:
+        w.met.add(provider)
     try:
         sigstop(pid, timeout=5)
     except (ProcessLookupError, FileNotFoundError):
@@ -988,8 +1052,7 @@ def revive(w: World) -> bool:
         if w.daemon.proc is None or w.daemon.proc.poll() is None:
             return False
         w.daemon.kill()
-        if work_in_flight(w.home)[CLAUDE]:
-            w.met_claude = True
+        w.meet()
         w.daemon = DaemonProcess(w.home, env=w.env).start()
         w.generation += 1
         return True
@@ -1021,15 +1084,15 @@ def fork_claude_once_more(w: World, c: Client) -> str | None:
     return None
 
 
-def claude_worker_died_at(w: World, point: str, pid: int | None) -> bool:
-    """The point armed on the round's Claude fork fired, and in the Claude worker: it was
-    replaced (a Tutti Agent fork of a client may have reached the point first). A point an
+def worker_died_at(w: World, provider: str, point: str, pid: int | None) -> bool:
+    """The point armed on the round's Claude or Codex fork fired, and in `provider`'s worker: it
+    was replaced (another provider's fork of a client may have reached the point first). A point an
     earlier round armed may kill the daemon meanwhile (its `host.status` is then answered by
     nobody): it is restarted here (`revive`), and False."""
     if pid is None or not worker_fired(w.daemon, point):
         return False
     try:
-        wait_for(lambda: (worker_of(w.daemon, CLAUDE) or {}).get("pid") != pid, 10)
+        wait_for(lambda: (worker_of(w.daemon, provider) or {}).get("pid") != pid, 10)
     except AssertionError:
         return False
     except (ClientTimeout, ClientClosed):
@@ -1038,25 +1101,26 @@ def claude_worker_died_at(w: World, point: str, pid: int | None) -> bool:
     return True
 
 
-def seed_fork(w: World, rng: random.Random, claude: bool, arm: str | None) -> int | None:
-    """One fork per round on a fresh, settled source (a Claude one if `claude`), left in
-    flight while the clients and the chaos run, so every round exercises the saga whatever the
-    random clients picked; `arm` is armed `once:kill` just before it is sent. Returns the
-    Claude worker's pid then (None if there is none)."""
+def seed_fork(w: World, rng: random.Random, provider: str, arm: str | None) -> int | None:
+    """One fork per round on a fresh, settled source of `provider`, left in flight while the
+    clients and the chaos run, so every round exercises the saga whatever the random clients
+    picked; `arm` is armed `once:kill` just before it is sent. Returns `provider`'s worker's
+    pid then (None if there is none)."""
     c = w.daemon.client(timeout=30)
     worktree = rng.random() < 0.5
-    provider = CLAUDE if claude else "tutti-agent"
     sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
         "session"
     ]["agentSessionId"]
     with w.lock:
         w.provider[sid] = provider
         w.made[provider] += 1
-    text = f"/write seed.md seed {rng.randrange(1000)}" if worktree and not claude else "seed"
+    text = (
+        f"/write seed.md seed {rng.randrange(1000)}" if worktree and provider == TUTTI else "seed"
+    )
     turn = run_turn(c, sid, text)
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]
-    claude_worker = worker_of(w.daemon, CLAUDE)
+    worker = worker_of(w.daemon, provider)
     if arm is not None:
         c.call("debug.failpoints", {"points": {arm: "once:kill"}})
 
@@ -1075,7 +1139,7 @@ def seed_fork(w: World, rng: random.Random, claude: bool, arm: str | None) -> in
         params["workspace"] = "worktree"
         w.calls["fork.create asked worktree (seed)"] += 1
     c.submit("fork.create", params).add_done_callback(register)
-    return int(claude_worker["pid"]) if claude_worker and claude_worker.get("pid") else None
+    return int(worker["pid"]) if worker and worker.get("pid") else None
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:
