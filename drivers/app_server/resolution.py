@@ -93,7 +93,10 @@ class AppServerResolution:
         killed under the read, and an unread child is no evidence)."""
         live = self.sessions.live_runtime_for_home(home)
         if live is not None:
-            turns = self._read_turns(live, home, thread_id)
+            # The child's lineage holds the source thread the live Session runs on it: loaded,
+            # never unsubscribed (its next Turn would run unheard).
+            keep = self.sessions.thread_of_runtime(live)
+            turns = self._read_turns(live, home, thread_id, keep)
             if isinstance(turns, list):
                 return turns
         try:
@@ -105,10 +108,12 @@ class AppServerResolution:
         finally:
             runtime.proc.close()
 
-    def _read_turns(self, runtime: Runtime, home: Path, thread_id: str) -> list[str] | str:
+    def _read_turns(
+        self, runtime: Runtime, home: Path, thread_id: str, keep: str | None = None
+    ) -> list[str] | str:
         try:
             # Codex loads a thread (and the ancestors it reads through) only once projected.
-            self.runtimes.load_lineage(runtime, home, thread_id)
+            self.runtimes.load_lineage(runtime, home, thread_id, keep)
             return [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, thread_id)]
         except Exception as exc:  # noqa: BLE001
             return str(exc)

@@ -93,24 +93,30 @@ class Runtimes:
         user_agent = str(init.get("userAgent") or "")
         return Runtime(proc, home, user_agent, provider.gate.check(user_agent))
 
-    def project(self, runtime: Runtime, thread_ids: Iterable[str]) -> None:
+    def project(self, runtime: Runtime, thread_ids: Iterable[str], keep: str | None = None) -> None:
         """Resume, then unsubscribe, each thread: Codex 0.171 indexes a rollout's Turns in its
         home's history DB only when it loads that thread, and a copied rollout was never
-        loaded there. Unsubscribing keeps the server from accumulating them."""
+        loaded there. Unsubscribing keeps the server from accumulating them. `keep`: the
+        thread a live Session runs on this server, never unsubscribed — its Turns' every
+        notification would stop reaching the worker (the server still runs them)."""
         for thread_id in thread_ids:
             runtime.proc.request(
                 "thread/resume",
                 {"threadId": thread_id, "excludeTurns": True},
                 timeout=self.request_timeout,
             )
+            if thread_id == keep:
+                continue
             runtime.proc.request(
                 "thread/unsubscribe", {"threadId": thread_id}, timeout=self.request_timeout
             )
 
-    def load_lineage(self, runtime: Runtime, home: Path, thread_id: str) -> None:
+    def load_lineage(
+        self, runtime: Runtime, home: Path, thread_id: str, keep: str | None = None
+    ) -> None:
         """Before an app-server on `home` reads `thread_id`: load what it must have seen first
-        (the provider's `lineage`; nothing for tutti-agent)."""
-        self.project(runtime, self.provider.lineage(home, thread_id))
+        (the provider's `lineage`; nothing for tutti-agent). `keep`: as for `project`."""
+        self.project(runtime, self.provider.lineage(home, thread_id), keep)
 
     def thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
         result = runtime.proc.request(

@@ -241,6 +241,31 @@ def test_codex_copy_tampered_before_the_readability_proof_is_unknown_not_committ
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
 
 
+@pytest.mark.parametrize("action", ["abandon", "adopt"])
+def test_a_resolve_of_an_unknown_codex_fork_leaves_the_source_heard(
+    codex_daemon: DaemonProcess, tmp_path: Path, action: str
+) -> None:
+    """`fork.resolve` reads the child's lineage on the source's live app-server; that lineage
+    holds the source thread itself, which it must not unsubscribe: the source's next Turn is
+    heard (its reply, its end) and completes on the same server — it failed `model_timeout`
+    after 32 s, Codex having run it unheard."""
+    d = codex_daemon
+    c = d.client()
+    sid, turns = codex_source(c, tmp_path / "cwd")
+    c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "once:error"}})
+    _, op = fork(c, sid, turns[1]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "unknown", op
+    params = {"workspaceId": WS, "operationId": op["operationId"], "action": action}
+    c.call("fork.resolve", params | {"requestId": str(uuid.uuid4())})
+    pids = codex_pids(codex_home(d, sid))
+    turn = submit(c, sid, "after the resolve")
+    done = settle(c, sid, turn["turnId"], timeout=20)
+    assert done["outcome"] == "completed", done
+    assert done["messages"][-1]["text"] == "echo: after the resolve"
+    assert codex_pids(codex_home(d, sid)) == pids  # the same app-server ran it
+
+
 def test_a_stopped_codex_app_server_fails_its_turn_provider_stopped(tmp_path: Path) -> None:
     """The model holds the Turn's reply; every process of the Session's `codex app-server`
     (the Node launcher and its native child) is SIGSTOPped: past `provider_stopped_seconds`
