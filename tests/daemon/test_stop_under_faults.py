@@ -20,8 +20,9 @@ import pytest
 from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import REPO, WS, DaemonProcess, create_session, run_turn, submit, wait_for
 from tests.support.invariants import check_processes
-from tests.support.stalling_git_home import stalling_git_home
+from tests.support.stalling_git_home import StallingGitHome, stalling_git_home
 from tests.workspace.stalling_git import running
+from transport.client import Client
 
 pytestmark = pytest.mark.timeout(150)
 
@@ -47,12 +48,30 @@ def _workers(d: DaemonProcess) -> dict[str, int]:
     return {w["provider"]: w["pid"] for w in status.get("workers", []) if w.get("pid")}
 
 
+def _warm_session(d: DaemonProcess) -> tuple[Client, str]:
+    """A client and a Session whose runtime has run one Turn (its worker and provider up)."""
+    c = d.client()
+    sid = create_session(c)["agentSessionId"]
+    run_turn(c, sid, "warm")
+    return c, sid
+
+
+def _stall_a_capture(at: StallingGitHome) -> None:
+    """A Session of the folder with one Turn recorded, then a Turn whose `git add` stalls
+    (with its child) holding the shadow index's lock."""
+    client = at.daemon.client()
+    sid = create_session(client, cwd=str(at.folder))["agentSessionId"]
+    assert run_turn(client, sid, "hello")["workspace"]["after"]
+    (at.folder / "a.txt").write_text("a, changed\n")
+    at.stall.arm()
+    submit(client, sid, "stalled")
+    wait_for(lambda: len(at.stall.pids()) == 2, 30)
+
+
 def test_a_stop_with_a_provider_stopped_mid_turn(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path / "home").start()
     try:
-        c = d.client()
-        sid = create_session(c)["agentSessionId"]
-        run_turn(c, sid, "warm")
+        c, sid = _warm_session(d)
         for pid in _app_servers(sid):
             os.kill(pid, signal.SIGSTOP)
         submit(c, sid, "never answered")
@@ -65,9 +84,7 @@ def test_a_stop_with_a_provider_stopped_mid_turn(tmp_path: Path) -> None:
 def test_a_stop_with_a_worker_stopped(tmp_path: Path) -> None:
     d = DaemonProcess(tmp_path / "home").start()
     try:
-        c = d.client()
-        sid = create_session(c)["agentSessionId"]
-        run_turn(c, sid, "warm")
+        c, sid = _warm_session(d)
         workers = _workers(d)
         assert workers, "host.status names no worker"
         for pid in workers.values():
@@ -81,13 +98,7 @@ def test_a_stop_with_a_worker_stopped(tmp_path: Path) -> None:
 
 def test_a_stop_with_a_checkpoint_git_stalled(tmp_path: Path) -> None:
     with stalling_git_home(tmp_path, "add", timeout_s=300.0) as at:
-        client = at.daemon.client()
-        sid = create_session(client, cwd=str(at.folder))["agentSessionId"]
-        assert run_turn(client, sid, "hello")["workspace"]["after"]
-        (at.folder / "a.txt").write_text("a, changed\n")
-        at.stall.arm()
-        submit(client, sid, "stalled")
-        wait_for(lambda: len(at.stall.pids()) == 2, 30)
+        _stall_a_capture(at)
         _stops_cleanly(at.daemon)
 
 
@@ -122,13 +133,7 @@ def test_a_start_refused_before_it_holds_the_home_leaves_the_live_daemons_gits(
     """A second `serve` on a live home refused before it takes the home (an ipc endpoint in a
     directory open to others) closes without killing the gits of the daemon that holds it."""
     with stalling_git_home(tmp_path, "add", timeout_s=300.0) as at:
-        client = at.daemon.client()
-        sid = create_session(client, cwd=str(at.folder))["agentSessionId"]
-        assert run_turn(client, sid, "hello")["workspace"]["after"]
-        (at.folder / "a.txt").write_text("a, changed\n")
-        at.stall.arm()
-        submit(client, sid, "stalled")
-        wait_for(lambda: len(at.stall.pids()) == 2, 30)
+        _stall_a_capture(at)
         shared = tmp_path / "shared"
         shared.mkdir(mode=0o755)
         shared.chmod(0o755)
