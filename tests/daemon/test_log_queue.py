@@ -6,6 +6,7 @@ a pipe nobody reads returns within its bound. While installed, an exception noth
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
 import os
 import sys
@@ -130,3 +131,14 @@ def test_an_installed_queue_logs_exceptions_nothing_caught_and_its_stop_puts_the
         sink.stop(10)
         root.setLevel(level)
     assert (threading.excepthook, sys.excepthook, sys.unraisablehook) == found
+
+
+def test_a_stream_without_a_descriptor_is_written_through_its_own_write() -> None:
+    """A stream with no file descriptor (an in-process daemon under a capturing test runner)
+    gets each line by its own `write`."""
+    stream = io.StringIO()
+    sink = LogQueue(stream, capacity=8)
+    sink.start()
+    _logger(sink).info("line %d", 7)
+    assert sink.stop(timeout=10)
+    assert stream.getvalue().endswith("line 7\n") and sink.dropped == 0
