@@ -25,7 +25,7 @@ from client.gui.session_list import SessionTree
 from client.gui.status_text import fork_session_button, session_bar_text
 from client.gui.transcript import TranscriptView
 from client.gui.turn_merge import message_count, staler, with_streams
-from client.gui.waiting import DaemonWaits
+from client.gui.waiting import NOT_ANSWERING, DaemonWaits
 from client.lineage_view import LineageMark, lineage_marks
 from client.session_client import ForkAction, error_words, fork_action, fork_blocked
 from protocol.events import (
@@ -243,8 +243,8 @@ class SessionView:
         if waiting == self.waiting:
             return
         self.waiting = waiting
-        with contextlib.suppress(NoMatches):
-            self.update_title()
+        # The Turns' Fork buttons and "can fork" follow: a fork now would wait as long.
+        self.app.run_worker(self.refresh_actions_later())
         if waiting:
             self.app.notify(
                 "waiting for the daemon… (not answering; a request gives up after 30 s)",
@@ -325,9 +325,12 @@ class SessionView:
         return None
 
     def blocked_reason(self) -> str | None:
-        """Why the open session cannot be forked now (it is not quiet), or None."""
+        """Why the open session cannot be forked now (it is not quiet, or the daemon does not
+        answer: what the GUI knows of its forks may be stale), or None."""
         active = self.active_turn_id()
-        return fork_blocked({"activeTurnId": active}, self.turns) if active else None
+        if active:
+            return fork_blocked({"activeTurnId": active}, self.turns)
+        return NOT_ANSWERING if self.waiting else None
 
     def pending_interaction(self) -> dict[str, Any] | None:
         for turn in self.turns:

@@ -25,6 +25,10 @@ R = TypeVar("R")
 WAIT_NOTICE_S = 1.0
 """A request unanswered this long is said to be waiting for the daemon."""
 
+NOT_ANSWERING = "the daemon is not answering"
+"""Why nothing forks while a request waits: a fork would wait as long, and whether a Turn can
+fork is what the daemon would say."""
+
 
 class WaitChanged(Message):
     """A request started or ended: the app checks (now, or `after` seconds) whether the GUI

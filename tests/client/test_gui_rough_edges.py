@@ -1,7 +1,8 @@
 """What a keyboard walk of the GUI at 80x24 found, against a real daemon: a Turn's header keeps
 its file count when it is cut; deleting the open fork child opens its source; a daemon that
-does not answer says so at once (not after the request's 30 s) and the title stops saying what
-it cannot know; toasts stay short and out of the message box's way."""
+does not answer says so at once (not after the request's 30 s) and neither the title nor a
+Turn's header says what it cannot know (F5 says why nothing forks); toasts stay short and out
+of the message box's way."""
 
 from __future__ import annotations
 
@@ -107,6 +108,7 @@ def test_a_send_to_a_daemon_that_does_not_answer_says_so_long_before_its_deadlin
                 await open_and_wait(app, pilot, sid, 1)
                 title = app.query_one("#session-title", Static)
                 assert "can fork" in str(title.render())
+                assert "can fork" in drawn_header(app, 0)
                 daemon.stop()
                 box = app.query_one(Composer)
                 box.focus()
@@ -114,6 +116,13 @@ def test_a_send_to_a_daemon_that_does_not_answer_says_so_long_before_its_deadlin
                 # Well inside the request's 30 s deadline (the notice comes after ~1 s).
                 await until(pilot, lambda: "waiting for the daemon" in str(title.render()))
                 assert "can fork" not in str(title.render())
+                # Nor does the Turn's own header, and F5 says why nothing forks now.
+                await until(pilot, lambda: "can fork" not in drawn_header(app, 0))
+                await pilot.press("f5")
+                await until(
+                    pilot,
+                    lambda: any("not answering" in str(n.message) for n in app._notifications),
+                )
                 toasts = [str(n.message) for n in app._notifications]
                 assert any("waiting for the daemon" in t for t in toasts), toasts
                 assert not any("cannot send" in t for t in toasts)  # not timed out yet
