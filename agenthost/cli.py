@@ -221,7 +221,12 @@ def _serve_logged(args: argparse.Namespace) -> int:
     log.info("GIL switch interval %.2f ms", switch_s * 1000)
     while not signalled and not daemon.stop_requested.is_set():
         time.sleep(0.1)
+    # Said before and after the stop (an operator's log shows why the daemon went, and that a
+    # slow stop was under way rather than hung).
+    why = signal.Signals(signalled[0]).name if signalled else "a fatal fault (logged above)"
+    log.info("stopping on %s", why)
     daemon.close()
+    log.info("stopped")
     if gc_timings is not None:
         gc_timings.close()
     return EXIT_ERROR if daemon.stop_requested.is_set() and not signalled else 0

@@ -1,6 +1,7 @@
 """`agenthost serve` stops cleanly on SIGTERM (a service manager), SIGINT (Ctrl-C) and SIGHUP
 (the terminal it runs in closed): exit 0, every process of its home gone — its workers and
-their providers — and the home free for the next start. A SIGHUP ignored when it was started
+their providers — its log saying why and that the stop finished, and the home free for the next
+start. A SIGHUP ignored when it was started
 (`nohup`) stays ignored: the daemon keeps serving."""
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def test_serve_stops_cleanly_on(stop: signal.Signals, tmp_path: Path) -> None:
         proc.send_signal(stop)
         assert proc.wait(60) == 0
         assert check_processes(home, None) == []
+        # The log says why it went, and that the stop finished.
+        log = (home / "daemon.log").read_text()
+        assert f"stopping on {stop.name}" in log and log.rstrip().endswith("stopped"), log[-500:]
     finally:
         if proc.poll() is None:
             proc.kill()
