@@ -22,7 +22,10 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
+
+import apsw
 
 from model_fakes import responses
 from model_fakes.messages import Reply, ToolUse, default_reply, last_user_text, tool_result
@@ -127,7 +130,9 @@ class Asker:
         elif action == "interrupt" and mine:
             self._interrupt(c, rng, rng.choice(mine), tag)
         elif mine:
-            sid = rng.choice(mine)
+            # Each provider present asks as often as another (a soak has few Codex Sessions).
+            provider = rng.choice(sorted({str(self.provider_of(s)) for s in mine}))
+            sid = rng.choice([s for s in mine if self.provider_of(s) == provider])
             params = {
                 "workspaceId": WS,
                 "agentSessionId": sid,
@@ -154,6 +159,23 @@ class Asker:
         with self.lock:
             asks = sid in self.codex_asks
         return settings | CODEX_ASKS if asks else settings
+
+    def met(self, home: Path) -> None:
+        """Tallies the pending Interactions a kill landing now meets, by provider (read-only,
+        as `work_in_flight` reads the store)."""
+        conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            conn.set_busy_timeout(10_000)
+            rows = conn.execute(
+                "SELECT s.provider, COUNT(*) FROM interactions i JOIN sessions s"
+                " USING (workspace_id, session_id) WHERE i.status = 'pending'"
+                " GROUP BY s.provider"
+            ).fetchall()
+        finally:
+            conn.close()
+        with self.lock:
+            for provider, n in rows:
+                self.calls[f"kill met a pending {provider} interaction"] += int(n)
 
     def release(self, c: Client, tag: str) -> None:
         """Every asked Turn still active is interrupted (so the soak's waits for settled work
@@ -230,7 +252,8 @@ class Asker:
             }
             futures.append((response, c.submit("interaction.respond", params)))
         if twice:
-            self.calls["interaction.respond sent twice at once"] += 1
+            with self.lock:
+                self.calls[f"interaction.respond sent twice at once {self.provider_of(sid)}"] += 1
         for response, future in futures:
             try:
                 status, body = future.result(timeout=30)

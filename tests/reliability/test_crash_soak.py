@@ -261,6 +261,7 @@ class World:
         """The kill landing now meets the Claude and Codex work the store holds active."""
         busy = work_in_flight(self.home)
         self.met |= {p for p in (CLAUDE, CODEX) if busy[p]}
+        self.asker.met(self.home)
 
     def client(self, mine: tuple[int, Client] | None) -> tuple[int, Client]:
         with self.lock:
