@@ -90,6 +90,17 @@ def last_user_text(body: dict[str, Any]) -> str:
     return last_text_of(model_input_texts(body))
 
 
+def function_call_output(body: dict[str, Any]) -> str | None:
+    """The output of the request's last input item, if that item answers a function call
+    (Codex's follow-up request after running — or being refused — the call), as text."""
+    raw = body.get("input")
+    items = [i for i in raw if isinstance(i, dict)] if isinstance(raw, list) else []
+    if not items or items[-1].get("type") != "function_call_output":
+        return None
+    output = items[-1].get("output")
+    return output if isinstance(output, str) else json.dumps(output)
+
+
 def default_reply(body: dict[str, Any]) -> str:
     return f"echo: {last_user_text(body)}"
 

@@ -8,17 +8,26 @@ What the clients were answered is kept for `check_interaction_answers` and `chec
 answers a law allows (409 for a second answer or a fenced Session, 404 for a deleted one) are
 counted, not failures. Claude Code's Sessions ask too: `/bash echo … > asked-….txt` makes the
 fake Messages API (`soak_reply`, what the soaks' `provider_env` serves) call Bash with a
-command that writes, which the CLI asks permission for (`can_use_tool`: an approval)."""
+command that writes, which the CLI asks permission for (`can_use_tool`: an approval). Codex's
+ask too: `/run echo … > asked-….txt` makes the fake Responses API (`soak_responses_reply`) call
+`exec_command` asking to run outside the sandbox, which a Session created with
+`approvalPolicy: on-request` (`CODEX_ASKS`) asks the user to approve (an approval); a Codex
+Session that never asks runs it, or is refused by its sandbox, and completes unasked."""
 
 from __future__ import annotations
 
+import json
 import random
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
+import apsw
+
+from model_fakes import responses
 from model_fakes.messages import Reply, ToolUse, default_reply, last_user_text, tool_result
 from tests.support.daemon import WS
 from tests.support.invariants import (
@@ -32,6 +41,11 @@ from transport.client import Client, ClientClosed, ClientTimeout
 ASKS = ("/approve rm -rf build", "/approve ls", "/ask what colour?")
 """What a Tutti Agent Turn asks with (its built-in model's directives)."""
 BASH = "/bash "
+RUN = "/run "
+CODEX_ASKS = {"approvalPolicy": "on-request"}
+"""The settings of a Codex Session that asks before it runs a command outside its sandbox."""
+TOOK = {"tool ok: ran": "approve", "tool error: declined": "decline"}
+"""What a Claude Code or Codex Turn's fake model replies after its tool ran or was refused."""
 RELEASE_S = 30.0
 """How long `release` asks again an interrupt a fork's fence or a busy store refused."""
 
@@ -49,6 +63,25 @@ def soak_reply(body: dict[str, Any]) -> Reply:
     return default_reply(body)
 
 
+def soak_responses_reply(body: dict[str, Any]) -> responses.Reply:
+    """The soaks' fake Responses API: `/run <cmd>` → an `exec_command` call asking to run
+    outside the sandbox (`require_escalated`: an `on-request` Session asks first); the
+    follow-up carrying its output → `tool ok|error: …` (a refused call's output says it was
+    "rejected by user"); else the default echo."""
+    output = responses.function_call_output(body)
+    if output is not None:
+        return "tool error: declined" if "rejected by user" in output else "tool ok: ran"
+    text = responses.last_user_text(body)
+    if text.startswith(RUN):
+        arguments = {
+            "cmd": text[len(RUN) :],
+            "sandbox_permissions": "require_escalated",
+            "justification": "the soak asks to run this",
+        }
+        return responses.FunctionCall("exec_command", json.dumps(arguments), text="running it")
+    return responses.default_reply(body)
+
+
 def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
     """The answer Tutti Agent's fake model says it took, from a completed Turn's reply:
     `approved: …` / `declined: …` for an approval, the answer's text for a question."""
@@ -57,8 +90,10 @@ def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
     if turn.get("outcome") != "completed" or len(asked) != 1 or not replies:
         return None
     text = str(replies[-1].get("text") or "")
-    if (asked[0].get("input") or {}).get("tool") == "Bash":  # Claude Code's (`soak_reply`)
-        said = {"tool ok: ran": "approve", "tool error: declined": "decline"}.get(text)
+    asked_input = asked[0].get("input") or {}
+    if asked_input.get("tool") == "Bash" or "method" in asked_input:
+        # Claude Code's (`soak_reply`) or Codex's (`soak_responses_reply`).
+        said = TOOK.get(text)
         return None if said is None else {"decision": said}
     if asked[0].get("kind") == "question":
         return {"text": text}
@@ -73,30 +108,31 @@ class Asker:
 
     def __init__(self, provider_of: Callable[[str], str | None]) -> None:
         self.provider_of = provider_of
-        """A Session's provider (its fake model asks if it is Tutti Agent or Claude Code; a
-        Codex Session's Turns are interrupted only)."""
+        """A Session's provider (each one's fake model asks: Tutti Agent's, Claude Code's and
+        Codex's; a Codex Session asks if it was made with `CODEX_ASKS`)."""
         self.lock = threading.Lock()
         self.asking: dict[str, str] = {}  # turn id → its Session: asked, maybe still pending
+        self.codex_asks: set[str] = set()
+        """The Codex Sessions made with `CODEX_ASKS` (`settings` keeps it theirs)."""
         self.answers: list[Answered] = []
         self.interrupts: list[Answered] = []
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
 
     def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
-        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked). Codex
-        Sessions are interrupted, never asked: the soaks' fake Responses model only echoes."""
-        sids = list(sids)
-        mine = [s for s in sids if self.provider_of(s) in ("tutti-agent", "claude-code")]
-        interruptible = mine + [s for s in sids if self.provider_of(s) == "codex"]
+        """One action: ask, answer or interrupt, on a Session of `sids` (or a Turn asked)."""
+        mine = [s for s in sids if self.provider_of(s) in ("tutti-agent", "claude-code", "codex")]
         with self.lock:
             asked = sorted(self.asking.items())
         action = rng.choices(["ask", "answer", "interrupt"], weights=[3, 4, 3])[0]
         if action == "answer" and asked:
             self._answer(c, rng, *rng.choice(asked), tag)
-        elif action == "interrupt" and interruptible:
-            self._interrupt(c, rng, rng.choice(interruptible), tag)
+        elif action == "interrupt" and mine:
+            self._interrupt(c, rng, rng.choice(mine), tag)
         elif mine:
-            sid = rng.choice(mine)
+            # Each provider present asks as often as another (a soak has few Codex Sessions).
+            provider = rng.choice(sorted({str(self.provider_of(s)) for s in mine}))
+            sid = rng.choice([s for s in mine if self.provider_of(s) == provider])
             params = {
                 "workspaceId": WS,
                 "agentSessionId": sid,
@@ -110,10 +146,36 @@ class Asker:
                     self.calls[f"asked {self.provider_of(sid)}"] += 1
 
     def _ask_text(self, rng: random.Random, sid: str) -> str:
+        n = rng.randrange(1000)
         if self.provider_of(sid) == "claude-code":
-            n = rng.randrange(1000)
             return f"{BASH}echo {n} > asked-{n}.txt"  # a write: the CLI asks
+        if self.provider_of(sid) == "codex":
+            return f"{RUN}echo {n} > asked-{n}.txt"  # outside the sandbox: on-request asks
         return rng.choice(ASKS)
+
+    def settings(self, sid: str, settings: dict[str, Any]) -> dict[str, Any]:
+        """`settings` for a `session.updateSettings` of `sid` (which replaces them all): with
+        `CODEX_ASKS` kept if the Session was made with it."""
+        with self.lock:
+            asks = sid in self.codex_asks
+        return settings | CODEX_ASKS if asks else settings
+
+    def met(self, home: Path) -> None:
+        """Tallies the pending Interactions a kill landing now meets, by provider (read-only,
+        as `work_in_flight` reads the store)."""
+        conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            conn.set_busy_timeout(10_000)
+            rows = conn.execute(
+                "SELECT s.provider, COUNT(*) FROM interactions i JOIN sessions s"
+                " USING (workspace_id, session_id) WHERE i.status = 'pending'"
+                " GROUP BY s.provider"
+            ).fetchall()
+        finally:
+            conn.close()
+        with self.lock:
+            for provider, n in rows:
+                self.calls[f"kill met a pending {provider} interaction"] += int(n)
 
     def release(self, c: Client, tag: str) -> None:
         """Every asked Turn still active is interrupted (so the soak's waits for settled work
@@ -145,13 +207,13 @@ class Asker:
             status, body = c.call_raw(
                 "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
             )
-            if status == 200:
-                turns.update({str(t["turnId"]): t for t in body["turns"]})
-        for t in turns.values():
-            for i in t.get("interactions") or []:
-                tool = (i.get("input") or {}).get("tool")
-                kind = f"{i.get('kind')}" + (f" {tool}" if tool else "")
-                self.calls[f"interaction recorded {kind} {i.get('status')}"] += 1
+            if status != 200:
+                continue
+            turns.update({str(t["turnId"]): t for t in body["turns"]})
+            for t in body["turns"]:
+                for i in t.get("interactions") or []:
+                    kind = f"{self.provider_of(sid)} {i.get('kind')} {i.get('status')}"
+                    self.calls[f"interaction recorded {kind}"] += 1
         return check_interaction_answers(self.answers, turns, took) + check_interrupts(
             self.interrupts, turns
         )
@@ -190,7 +252,8 @@ class Asker:
             }
             futures.append((response, c.submit("interaction.respond", params)))
         if twice:
-            self.calls["interaction.respond sent twice at once"] += 1
+            with self.lock:
+                self.calls[f"interaction.respond sent twice at once {self.provider_of(sid)}"] += 1
         for response, future in futures:
             try:
                 status, body = future.result(timeout=30)

@@ -89,8 +89,10 @@ def _provider_table(provider: str, servers: contextlib.ExitStack) -> str:
         return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n'
     if provider == "codex":
         from model_fakes.responses import ResponsesServer
+        from tests.reliability.interaction_chaos import soak_responses_reply
 
-        responses = servers.enter_context(ResponsesServer())
+        # The default echo, and an `exec_command` call for `/run …` (the soaks' approvals).
+        responses = servers.enter_context(ResponsesServer(reply=soak_responses_reply))
         return (
             f'[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
             f'model_base_url = "{responses.base_url}"\n'

@@ -59,8 +59,8 @@ among those in the repository, none of Claude's) is a `codex` Session (the real 
 `codex app-server`, `AGENTHOST_CODEX_BIN`, against the fake Responses API); its turns, forks,
 resolves, deletes, restores and diffs take the same steps, its app-server is among those
 SIGSTOPped, the burst forks one of them too, and the soak asserts that a Codex fork committed.
-Codex Turns ask nothing (the fake Responses model only echoes: no tool call to approve): the
-clients' Interactions are Tutti Agent's and Claude's, their interrupts reach Codex Turns too.
+Its Codex Sessions are made with `approvalPolicy: on-request` (`CODEX_ASKS`): their Turns ask
+too (`interaction_chaos`).
 
 Clients that never read, held for the whole chaos: a subscriber on each events socket (the
 prefix-topic one and the terminated-topic one) that subscribes to everything and never reads,
@@ -76,8 +76,9 @@ subscriber, plus the per-connection bound of unread replies (`transport.server`:
 
 Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti Agent
 Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash call asks
-for its permission, answered at random moments (approve or decline, sometimes twice at once,
-sometimes never), and `turn.interrupt` of random Turns (Codex's too), racing the forks, deletes
+for its permission, Codex Turns whose `exec_command` call asks for its approval, answered at
+random moments (approve or decline, sometimes twice at once, sometimes never), and
+`turn.interrupt` of random Turns, racing the forks, deletes
 and lock takes; once the chaos is over the asked Turns still active are interrupted, and what
 the clients were answered is checked (`interaction_answered`, `interrupt_answered`;
 `interaction_state` with every store law), the answers counted by status.
@@ -112,7 +113,7 @@ import zmq
 
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
-from tests.reliability.interaction_chaos import Asker
+from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -352,7 +353,8 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         elif action in ("restore", "workspace_diff"):
             workspace_call(t, c, rng, sid, action)
         elif action == "settings":
-            t.call(c, "session.updateSettings", s | {"settings": {"r": rng.randrange(100)}})
+            settings = t.asker.settings(sid, {"r": rng.randrange(100)})
+            t.call(c, "session.updateSettings", s | {"settings": settings})
         else:
             t.call(c, "session.get", s)
         time.sleep(rng.uniform(0.0, 0.1))
@@ -830,7 +832,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
                     if i in codex_at
                     else "tutti-agent",
                 }
-                | ({"cwd": str(repo)} if i % 2 else {}),
+                | ({"cwd": str(repo)} if i % 2 else {})
+                | ({"settings": CODEX_ASKS} if i in codex_at else {}),
             )["session"]["agentSessionId"]
             for i in range(SESSIONS)
         ]
@@ -838,6 +841,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         codex = {sids[i] for i in codex_at}
         t.claude |= claude
         t.codex |= codex
+        t.asker.codex_asks |= codex  # each asks before it runs a command (`CODEX_ASKS`)
         # Warm Sessions, as in the issue's scenario: each has run a turn before the chaos, a
         # few at a time (all app-servers starting at once on 2 cores time `session.start`
         # out, and a Turn that never reached the provider leaves its Session unforkable).

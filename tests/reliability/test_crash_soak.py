@@ -40,8 +40,8 @@ worker, and the stop rounds stop Claude's, Codex's and Tutti Agent's worker in t
 met Codex work as it meets Claude's (`World.met`); the long profile asserts that a check ran
 after one and that a Codex fork committed, the short one prints them (its five rounds arm no
 point on a Codex fork: the first is Claude's, the rest are stall, stop and full-disk rounds).
-Codex Turns ask nothing (the fake Responses model only echoes: no tool call to approve), so
-the clients' Interactions are Tutti Agent's and Claude's; their interrupts reach Codex Turns too.
+The clients' Codex Sessions are made with `approvalPolicy: on-request` (`CODEX_ASKS`; the
+rounds' seed and stop Sessions are not): their Turns ask too (`interaction_chaos`).
 
 A stalled git among the faults: the daemon runs with `tests/workspace/stalling_git.py` first on
 its PATH (the real git until armed), a short `[workspace] timeout_s` and a short
@@ -82,13 +82,13 @@ with the live ones (`one_provider_child`, `child_iff_committed`: no provider chi
 lost), and a Turn of a new Session of that provider completes on a new worker (another pid).
 Interactions and interrupts among the client actions (`interaction_chaos.Asker`): Tutti Agent
 Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash call asks
-for its permission, answered at random moments (approve or decline, sometimes twice at once,
-sometimes never: left to an interrupt or a kill), and `turn.interrupt` of random Turns (Codex's
-too), racing the forks and deletes of the same Session; after every round's kill or fault the
-Turns asked and still active are interrupted (so the round's waits for settled work end),
-`interaction_state` is checked with every law, and at the end what the clients were answered is
-checked (`interaction_answered`, `interrupt_answered`); the summary counts the answers by
-status.
+for its permission, Codex Turns whose `exec_command` call asks for its approval, answered at
+random moments (approve or decline, sometimes twice at once, sometimes never: left to an
+interrupt or a kill), and `turn.interrupt` of random Turns, racing the forks and deletes of
+the same Session; after every round's kill or fault the Turns asked and still active are
+interrupted (so the round's waits for settled work end), `interaction_state` is checked with
+every law, and at the end what the clients were answered is checked (`interaction_answered`,
+`interrupt_answered`); the summary counts the answers by status.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -112,7 +112,7 @@ import psutil
 import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
-from tests.reliability.interaction_chaos import Asker
+from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -261,6 +261,7 @@ class World:
         """The kill landing now meets the Claude and Codex work the store holds active."""
         busy = work_in_flight(self.home)
         self.met |= {p for p in (CLAUDE, CODEX) if busy[p]}
+        self.asker.met(self.home)
 
     def client(self, mine: tuple[int, Client] | None) -> tuple[int, Client]:
         with self.lock:
@@ -363,13 +364,19 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
                 "provider": provider,
                 "title": f"s{rng.randrange(99)}",
                 "cwd": w.cwd,
-            },
+            }
+            # A client's Codex Session asks before it runs a command (a round's does not).
+            | ({"settings": CODEX_ASKS} if provider == CODEX else {}),
         )
         if body:
+            made = body["session"]["agentSessionId"]
             with w.lock:
-                w.sessions[body["session"]["agentSessionId"]] = []
-                w.provider[body["session"]["agentSessionId"]] = provider
+                w.sessions[made] = []
+                w.provider[made] = provider
                 w.made[provider] += 1
+            if provider == CODEX:
+                with w.asker.lock:
+                    w.asker.codex_asks.add(made)
     elif action == "submit":
         text = rng.choice(["hello", "hello", "/slow 150 slow one", "/tool grep x", "/fail no"])
         (Path(w.cwd) / f"file-{rng.randrange(8)}.txt").write_text(f"{rng.random()}\n")
@@ -420,7 +427,8 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
             op = body["operation"]
             note_operation(w, op)
     elif action == "settings":
-        call(w, c, tag, "session.updateSettings", s | {"settings": {"r": rng.randrange(1000)}})
+        settings = w.asker.settings(str(sid), {"r": rng.randrange(1000)})
+        call(w, c, tag, "session.updateSettings", s | {"settings": settings})
     elif action == "title":
         call(w, c, tag, "session.updateTitle", s | {"title": f"t{rng.randrange(1000)}"})
     elif action == "pin":
