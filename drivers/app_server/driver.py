@@ -108,7 +108,7 @@ class AppServerDriver:
             readability_proof=readability_proof,
         )
         self.resolution = AppServerResolution(
-            self.runtimes, self._sessions, self.binder, provider.binding_mode
+            self.runtimes, self._sessions, self.binder, provider.binding_mode, failpoints
         )
         self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
         # `begin_turn`'s requests waiting for their answer → (runtime, deadline)
@@ -192,11 +192,13 @@ class AppServerDriver:
                 cached = self._attest_cache.get(fingerprint)
             if cached is not None:
                 return dict(cached)
-        runtime = self.runtimes.spawn(home, cwd)
-        try:
-            result = self._verdict(runtime)
-        finally:
-            runtime.proc.close()
+        with self.runtimes.home(home):
+            # A Session runtime that started while this waited for the home attests itself.
+            live = self._sessions.live_runtime_for_home(home)
+            if live is not None:
+                return self._verdict(live)
+            with self.runtimes.transient(home, cwd) as runtime:
+                result = self._verdict(runtime)
         if fingerprint is not None:
             with self._lock:
                 self._attest_cache[fingerprint] = dict(result)
@@ -558,6 +560,12 @@ class AppServerDriver:
         runtime = session.runtime
         if runtime is not None and runtime.alive:
             return runtime
+        # Spawned and its thread opened with the home held: a transient app-server of the
+        # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
+        with self.runtimes.home(session.home):
+            return self._open_runtime(session)
+
+    def _open_runtime(self, session: SessionState) -> Runtime:
         runtime = self._spawn_for(session)
         try:
             if session.thread_id:
