@@ -11,6 +11,7 @@ event translator on their reader threads), `ForkThroughTurn` (the fork strategy)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -299,10 +300,15 @@ class AppServerDriver:
         # A start or turn start in progress finishes first: otherwise the app-server it is
         # spawning is attached to a Session nobody holds any more and lives on, uncounted
         # (the host's runtime bound was exceeded that way under load).
-        with session.op_lock:
-            runtime, session.runtime = session.runtime, None
-        if runtime is not None:
-            runtime.proc.close()
+        # Closed with its home held (after the `op_lock`, the lock order): a start of the
+        # same home meanwhile spawns once this one exited, never beside it (a second writer).
+        with contextlib.ExitStack() as held:
+            with session.op_lock:
+                runtime, session.runtime = session.runtime, None
+                if runtime is not None:
+                    held.enter_context(self.runtimes.home(session.home))
+            if runtime is not None:
+                runtime.proc.close()
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
@@ -656,11 +662,16 @@ class AppServerDriver:
                     continue
                 if not session.op_lock.acquire(blocking=False):
                     continue
-                try:
-                    session.runtime = None
-                finally:
-                    session.op_lock.release()
-                runtime.proc.close()
+                # Closed with its home held, as `stop_session` does; a home some other thread
+                # holds (a resolve reading on this runtime) is reaped on a later tick.
+                with contextlib.ExitStack() as held:
+                    try:
+                        if not held.enter_context(self.runtimes.home_if_free(session.home)):
+                            continue
+                        session.runtime = None
+                    finally:
+                        session.op_lock.release()
+                    runtime.proc.close()
 
     def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> bool:
         """The app-server (or a process under it) stopped for `stopped_limit_s`: it can never

@@ -6,8 +6,8 @@ this one part.
 One app-server of a home at a time: Codex refuses a second writer of a thread ("thread … already
 has an active writer"), so a transient app-server (a probe, a fork's source when the Session's
 is not live, a resolve's or a proof's read) lives its whole life inside `home(...)`, and a
-Session's runtime is spawned and opens its thread inside it too. A Session's live runtime is
-read without it (the warm paths take no lock at all).
+Session's runtime is spawned and opens its thread inside it too, and is closed (stopped, reaped
+idle) inside it. A Session's live runtime is read without it (the warm paths take no lock).
 """
 
 from __future__ import annotations
@@ -70,17 +70,29 @@ class Runtimes:
         module's docstring). Lock order: a Session's `op_lock` before its home; a fork's
         source home before its target home (a fork's target is a new Session's home, never
         the source of a fork in flight); nothing else is taken while a home is held."""
+        with self._claim(home, blocking=True):
+            yield
+
+    @contextlib.contextmanager
+    def home_if_free(self, home: Path | str) -> Iterator[bool]:
+        """Hold `home` if no thread holds it now (True), else hold nothing (False)."""
+        with self._claim(home, blocking=False) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def _claim(self, home: Path | str, *, blocking: bool) -> Iterator[bool]:
         key = str(Path(home))
         with self._lock:
             claim = self._homes.get(key)
             if claim is None:
                 claim = self._homes[key] = _HomeClaim()
             claim.users += 1
-        claim.lock.acquire()
+        held = claim.lock.acquire(blocking)
         try:
-            yield
+            yield held
         finally:
-            claim.lock.release()
+            if held:
+                claim.lock.release()
             with self._lock:
                 claim.users -= 1
                 if not claim.users:

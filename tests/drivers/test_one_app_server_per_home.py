@@ -69,3 +69,25 @@ def test_a_cold_fork_that_waited_for_its_home_forks_on_the_session_started_meanw
     fork.join(30)
     assert result[0].disposition is DeliveryDisposition.ACCEPTED, result[0].error
     assert driver.spawns == spawns + 1  # the Session's runtime only: no transient source
+
+
+@pytest.mark.timeout(60)
+def test_a_stopped_session_runtime_is_closed_with_its_home_held(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """`session.stop` closes the runtime with its home held: while another thread holds the
+    home, the stop waits and the app-server lives on (a start of that home meanwhile would
+    wait likewise, never spawn beside it)."""
+    driver = make_driver()
+    home, _, _, _ = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    pid = driver.runtime_pid("src", str(home))
+    assert pid is not None
+    with driver.runtimes.home(home):
+        stop = threading.Thread(target=lambda: driver.stop_session({"agentSessionId": "src"}))
+        stop.start()
+        assert wait_until(lambda: driver.runtimes.holders(home) == 2)
+        assert Path(f"/proc/{pid}").exists()
+    stop.join(30)
+    assert not stop.is_alive()
+    assert wait_until(lambda: not Path(f"/proc/{pid}").exists())
+    assert driver.runtimes.homes_held == 0
