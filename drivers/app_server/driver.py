@@ -11,6 +11,7 @@ event translator on their reader threads), `ForkThroughTurn` (the fork strategy)
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
@@ -108,7 +109,7 @@ class AppServerDriver:
             readability_proof=readability_proof,
         )
         self.resolution = AppServerResolution(
-            self.runtimes, self._sessions, self.binder, provider.binding_mode
+            self.runtimes, self._sessions, self.binder, provider.binding_mode, failpoints
         )
         self._attest_cache: dict[str, dict[str, Any]] = {}  # launch fingerprint → verdict
         # `begin_turn`'s requests waiting for their answer → (runtime, deadline)
@@ -192,11 +193,13 @@ class AppServerDriver:
                 cached = self._attest_cache.get(fingerprint)
             if cached is not None:
                 return dict(cached)
-        runtime = self.runtimes.spawn(home, cwd)
-        try:
-            result = self._verdict(runtime)
-        finally:
-            runtime.proc.close()
+        with self.runtimes.home(home):
+            # A Session runtime that started while this waited for the home attests itself.
+            live = self._sessions.live_runtime_for_home(home)
+            if live is not None:
+                return self._verdict(live)
+            with self.runtimes.transient(home, cwd) as runtime:
+                result = self._verdict(runtime)
         if fingerprint is not None:
             with self._lock:
                 self._attest_cache[fingerprint] = dict(result)
@@ -297,10 +300,15 @@ class AppServerDriver:
         # A start or turn start in progress finishes first: otherwise the app-server it is
         # spawning is attached to a Session nobody holds any more and lives on, uncounted
         # (the host's runtime bound was exceeded that way under load).
-        with session.op_lock:
-            runtime, session.runtime = session.runtime, None
-        if runtime is not None:
-            runtime.proc.close()
+        # Closed with its home held (after the `op_lock`, the lock order): a start of the
+        # same home meanwhile spawns once this one exited, never beside it (a second writer).
+        with contextlib.ExitStack() as held:
+            with session.op_lock:
+                runtime, session.runtime = session.runtime, None
+                if runtime is not None:
+                    held.enter_context(self.runtimes.home(session.home))
+            if runtime is not None:
+                runtime.proc.close()
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
@@ -558,6 +566,12 @@ class AppServerDriver:
         runtime = session.runtime
         if runtime is not None and runtime.alive:
             return runtime
+        # Spawned and its thread opened with the home held: a transient app-server of the
+        # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
+        with self.runtimes.home(session.home):
+            return self._open_runtime(session)
+
+    def _open_runtime(self, session: SessionState) -> Runtime:
         runtime = self._spawn_for(session)
         try:
             if session.thread_id:
@@ -648,11 +662,16 @@ class AppServerDriver:
                     continue
                 if not session.op_lock.acquire(blocking=False):
                     continue
-                try:
-                    session.runtime = None
-                finally:
-                    session.op_lock.release()
-                runtime.proc.close()
+                # Closed with its home held, as `stop_session` does; a home some other thread
+                # holds (a resolve reading on this runtime) is reaped on a later tick.
+                with contextlib.ExitStack() as held:
+                    try:
+                        if not held.enter_context(self.runtimes.home_if_free(session.home)):
+                            continue
+                        session.runtime = None
+                    finally:
+                        session.op_lock.release()
+                    runtime.proc.close()
 
     def _check_stopped(self, session: SessionState, runtime: Runtime, now: float) -> bool:
         """The app-server (or a process under it) stopped for `stopped_limit_s`: it can never

@@ -119,9 +119,28 @@ class ForkThroughTurn:
             return ForkResult.not_started(
                 f"driver kind {request.driver_kind!r} is not {self.provider.kind}"
             )
-        runtime, transient = self._fork_runtime(request)
-        if runtime is None:
-            return ForkResult.not_started("source runtime could not be prepared")
+        live = self._fork_runtime(request)
+        if live is not None:  # the warm path: no home held, no lock taken
+            return self._fork_with(live, False, request, source_id, prefix)
+        # The source home held across the transient's whole life (see `Runtimes.home`); a
+        # Session runtime that started while this waited is the one forked on.
+        with self.runtimes.home(request.source.home):
+            live = self._fork_runtime(request)
+            if live is not None:
+                return self._fork_with(live, False, request, source_id, prefix)
+            runtime = self._transient_source(request)
+            if runtime is None:
+                return ForkResult.not_started("source runtime could not be prepared")
+            return self._fork_with(runtime, True, request, source_id, prefix)
+
+    def _fork_with(
+        self,
+        runtime: Runtime,
+        transient: bool,
+        request: ForkRequest,
+        source_id: str,
+        prefix: list[str],
+    ) -> ForkResult:
         litter: list[object] = []
         try:
             # The bind and the proof parse the whole rollout (a 10,000-Turn one is 60,000
@@ -137,11 +156,9 @@ class ForkThroughTurn:
             if transient:
                 runtime.proc.close()
 
-    def _fork_runtime(self, request: ForkRequest) -> tuple[Runtime | None, bool]:
-        """The source Session's live app-server, else a transient one on its home. A transient
-        one first loads the source's ancestors: Codex lists a thread's inherited Turns only
-        once it loaded them in that home, and a fork child that never ran was loaded by no
-        app-server there (its readability is proven in the worker)."""
+    def _fork_runtime(self, request: ForkRequest) -> Runtime | None:
+        """The source Session's live app-server (or the one the request's attestation named),
+        else None."""
         session = self.sessions.get(request.source.agent_session_id)
         # The home compared as a string first (the worker's generation check's way), a `Path`
         # parsed only for a request that spells it otherwise.
@@ -154,19 +171,26 @@ class ForkThroughTurn:
             )
             and (_attested(request, session.runtime.generation) or session.runtime.alive)
         ):
-            return session.runtime, False
+            return session.runtime
+        return None
+
+    def _transient_source(self, request: ForkRequest) -> Runtime | None:
+        """A transient app-server on the source's home (its caller holds the home), or None.
+        It first loads the source's ancestors: Codex lists a thread's inherited Turns only
+        once it loaded them in that home, and a fork child that never ran was loaded by no
+        app-server there (its readability is proven in the worker)."""
         home = Path(request.source.home)
         try:
             runtime = self.runtimes.spawn(home, request.source.cwd)
         except HostError:
-            return None, False
+            return None
         ancestors = self.provider.lineage(home, request.source.provider_session_id)[:-1]
         try:
             self.runtimes.project(runtime, ancestors)
         except AppServerFailure:
             runtime.proc.close()
-            return None, False
-        return runtime, True
+            return None
+        return runtime
 
     def _fork_on(
         self,
@@ -443,16 +467,15 @@ class ForkThroughTurn:
         """Prove the child reads from the target home alone (lineage included): a fresh
         app-server there lists exactly the frozen prefix."""
         try:
-            runtime = self.runtimes.spawn(home, None)
+            # The target home held (after the source's, when the source is a transient: a
+            # fork's target is a new Session's home, never a source of a fork in flight).
+            with self.runtimes.transient(home, None) as runtime:
+                self.runtimes.load_lineage(runtime, home, child_id)
+                turns = [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, child_id)]
         except HostError as exc:
             return str(exc)
-        try:
-            self.runtimes.load_lineage(runtime, home, child_id)
-            turns = [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, child_id)]
         except AppServerFailure as exc:
             return str(exc)
-        finally:
-            runtime.proc.close()
         if turns != prefix:
             return f"target home shows turns {turns}"
         return None

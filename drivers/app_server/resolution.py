@@ -34,6 +34,7 @@ from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder, iter_rollouts
 from drivers.errors import DriverError
+from drivers.failpoints import Failpoints
 from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
 
 
@@ -80,7 +81,9 @@ class AppServerResolution:
         sessions: Sessions,
         binder: RolloutBinder,
         binding_mode: ProviderStateBindingMode,
+        failpoints: Failpoints | None = None,
     ) -> None:
+        self.failpoints = failpoints or Failpoints()
         self.runtimes = runtimes
         self.sessions = sessions
         self.binder = binder
@@ -91,32 +94,47 @@ class AppServerResolution:
         of that home if any, else a transient one), or why not. A live one whose read fails is
         asked no more: a transient one reads it again (the live one may have been stopped and
         killed under the read, and an unread child is no evidence)."""
-        live = self.sessions.live_runtime_for_home(home)
-        if live is not None:
-            # The child's lineage holds the source thread the live Session runs on it: loaded,
-            # never unsubscribed (its next Turn would run unheard).
-            keep = self.sessions.thread_of_runtime(live)
-            turns = self._read_turns(live, home, thread_id, keep)
-            if isinstance(turns, list):
-                return turns
-        try:
-            runtime = self.runtimes.spawn(home, None)
-        except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
-            return str(exc)
-        try:
-            return self._read_turns(runtime, home, thread_id)
-        finally:
-            runtime.proc.close()
+        # The home held throughout: a Session runtime starting meanwhile waits, and one that
+        # started first is the live one read here (never a second writer of its thread).
+        with self.runtimes.home(home):
+            live = self.sessions.live_runtime_for_home(home)
+            if live is not None:
+                # The child's lineage holds the source thread the live Session runs on it:
+                # loaded, never unsubscribed (its next Turn would run unheard).
+                keep = self.sessions.thread_of_runtime(live)
+                turns = self._read_turns(live, home, thread_id, keep)
+                if isinstance(turns, list):
+                    return turns
+            try:
+                runtime = self.runtimes.spawn(home, None)
+            except Exception as exc:  # noqa: BLE001 - evidence, not a failure of the inspection
+                return str(exc)
+            try:
+                return self._read_turns(runtime, home, thread_id, transient=True)
+            finally:
+                runtime.proc.close()
 
     def _read_turns(
-        self, runtime: Runtime, home: Path, thread_id: str, keep: str | None = None
+        self,
+        runtime: Runtime,
+        home: Path,
+        thread_id: str,
+        keep: str | None = None,
+        *,
+        transient: bool = False,
     ) -> list[str] | str:
         try:
             # Codex loads a thread (and the ancestors it reads through) only once projected.
-            self.runtimes.load_lineage(runtime, home, thread_id, keep)
+            # A transient's first thread resumed (its writer, until unsubscribed) is where a
+            # test holds it (`worker.resolve.transient_loaded`).
+            hold = self._hold if transient and self.failpoints.armed else None
+            self.runtimes.load_lineage(runtime, home, thread_id, keep, hold)
             return [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, thread_id)]
         except Exception as exc:  # noqa: BLE001
             return str(exc)
+
+    def _hold(self) -> None:
+        self.failpoints.hit("worker.resolve.transient_loaded")
 
     def inspect(self, request: ResolveRequest) -> ResolveInspection:
         source_home, target_home, source_id, prefix, exclude = _params(request)

@@ -2,12 +2,19 @@
 command and private environment, handshaken, and asked for a thread's turns (loading the lineage
 it reads through first). The driver's fork, resolution and Sessions all start and read through
 this one part.
+
+One app-server of a home at a time: Codex refuses a second writer of a thread ("thread … already
+has an active writer"), so a transient app-server (a probe, a fork's source when the Session's
+is not live, a resolve's or a proof's read) lives its whole life inside `home(...)`, and a
+Session's runtime is spawned and opens its thread inside it too, and is closed (stopped, reaped
+idle) inside it. A Session's live runtime is read without it (the warm paths take no lock).
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +37,18 @@ CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
 
 
+class _HomeClaim:
+    """The lock of one home and how many threads hold or wait for it (the entry goes with the
+    last: the map holds only homes in use)."""
+
+    __slots__ = ("lock", "users")
+
+    def __init__(self) -> None:
+        # Reentrant: a thread that already holds its home (none does today) must not deadlock.
+        self.lock = threading.RLock()
+        self.users = 0
+
+
 class Runtimes:
     """Starts app-servers for `provider` and reads threads through them."""
 
@@ -43,6 +62,64 @@ class Runtimes:
         self._lock = threading.Lock()
         self.spawns = 0
         """App-servers started (tests pin that a projection or a fork spawns none)."""
+        self._homes: dict[str, _HomeClaim] = {}
+
+    @contextlib.contextmanager
+    def home(self, home: Path | str) -> Iterator[None]:
+        """Hold `home`: no other app-server of this driver starts on it meanwhile (see the
+        module's docstring). Lock order: a Session's `op_lock` before its home; a fork's
+        source home before its target home (a fork's target is a new Session's home, never
+        the source of a fork in flight); nothing else is taken while a home is held."""
+        with self._claim(home, blocking=True):
+            yield
+
+    @contextlib.contextmanager
+    def home_if_free(self, home: Path | str) -> Iterator[bool]:
+        """Hold `home` if no thread holds it now (True), else hold nothing (False)."""
+        with self._claim(home, blocking=False) as held:
+            yield held
+
+    @contextlib.contextmanager
+    def _claim(self, home: Path | str, *, blocking: bool) -> Iterator[bool]:
+        key = str(Path(home))
+        with self._lock:
+            claim = self._homes.get(key)
+            if claim is None:
+                claim = self._homes[key] = _HomeClaim()
+            claim.users += 1
+        held = claim.lock.acquire(blocking)
+        try:
+            yield held
+        finally:
+            if held:
+                claim.lock.release()
+            with self._lock:
+                claim.users -= 1
+                if not claim.users:
+                    del self._homes[key]
+
+    @property
+    def homes_held(self) -> int:
+        """Homes some thread holds or waits for (0 when idle: the map never grows)."""
+        with self._lock:
+            return len(self._homes)
+
+    def holders(self, home: Path | str) -> int:
+        """Threads holding or waiting for `home`."""
+        with self._lock:
+            claim = self._homes.get(str(Path(home)))
+            return 0 if claim is None else claim.users
+
+    @contextlib.contextmanager
+    def transient(self, home: Path, cwd: str | None) -> Iterator[Runtime]:
+        """A transient app-server on `home` (no handlers), the home held from before its
+        spawn until it has exited."""
+        with self.home(home):
+            runtime = self.spawn(home, cwd)
+            try:
+                yield runtime
+            finally:
+                runtime.proc.close()
 
     def launch_cwd(self, home: Path, cwd: str | None) -> str:
         return cwd if cwd and Path(cwd).is_dir() else str(home)
@@ -93,18 +170,27 @@ class Runtimes:
         user_agent = str(init.get("userAgent") or "")
         return Runtime(proc, home, user_agent, provider.gate.check(user_agent))
 
-    def project(self, runtime: Runtime, thread_ids: Iterable[str], keep: str | None = None) -> None:
+    def project(
+        self,
+        runtime: Runtime,
+        thread_ids: Iterable[str],
+        keep: str | None = None,
+        loaded: Callable[[], None] | None = None,
+    ) -> None:
         """Resume, then unsubscribe, each thread: Codex 0.171 indexes a rollout's Turns in its
         home's history DB only when it loads that thread, and a copied rollout was never
         loaded there. Unsubscribing keeps the server from accumulating them. `keep`: the
         thread a live Session runs on this server, never unsubscribed — its Turns' every
-        notification would stop reaching the worker (the server still runs them)."""
+        notification would stop reaching the worker (the server still runs them). `loaded`:
+        called after each resume, the thread still held (a failpoint's site)."""
         for thread_id in thread_ids:
             runtime.proc.request(
                 "thread/resume",
                 {"threadId": thread_id, "excludeTurns": True},
                 timeout=self.request_timeout,
             )
+            if loaded is not None:
+                loaded()
             if thread_id == keep:
                 continue
             runtime.proc.request(
@@ -112,11 +198,17 @@ class Runtimes:
             )
 
     def load_lineage(
-        self, runtime: Runtime, home: Path, thread_id: str, keep: str | None = None
+        self,
+        runtime: Runtime,
+        home: Path,
+        thread_id: str,
+        keep: str | None = None,
+        loaded: Callable[[], None] | None = None,
     ) -> None:
         """Before an app-server on `home` reads `thread_id`: load what it must have seen first
-        (the provider's `lineage`; nothing for tutti-agent). `keep`: as for `project`."""
-        self.project(runtime, self.provider.lineage(home, thread_id), keep)
+        (the provider's `lineage`; nothing for tutti-agent). `keep`, `loaded`: as for
+        `project`."""
+        self.project(runtime, self.provider.lineage(home, thread_id), keep, loaded)
 
     def thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
         result = runtime.proc.request(
