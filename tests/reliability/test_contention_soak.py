@@ -113,6 +113,7 @@ import zmq
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import Asker
+from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -207,6 +208,7 @@ NEW_LAWS = (
     Law.STATUS_BOUNDS,
     Law.RESTORE_UNDO_KEPT,
     Law.WORKSPACE_ANSWER,
+    Law.PROVIDER_FAULT_SETTLES,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -787,7 +789,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
-    )
+    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
@@ -802,6 +804,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     ).start()
     pressure = FdPressure(d, port, seed)
     t = Tally()
+    faults = ProviderChaos(tmp_path / "arms", seed)
     stop = threading.Event()
     locks = 0
     locked_s = 0.0
@@ -844,11 +847,17 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         with ThreadPoolExecutor(WARM_AT_ONCE) as pool:
             warm = list(pool.map(lambda sid: run_turn(d.client(timeout=120), sid, "warm"), sids))
         assert [t["outcome"] for t in warm] == ["completed"] * SESSIONS, warm
+        faults.setup(c)  # its own Sessions, whose app-server misbehaves on demand
         threads = [
             threading.Thread(target=client_loop, args=(d, t, sids, n, stop), daemon=True)
             for n in range(CLIENTS)
         ]
         threads.append(threading.Thread(target=pressure.run, args=(stop,), daemon=True))
+        threads.append(  # `provider_chaos`'s rounds
+            threading.Thread(
+                target=faults.run, args=(lambda: d.client(timeout=60), stop), daemon=True
+            )
+        )
         # The clients that never read, held for the whole chaos (and its RSS's baseline).
         never_read = NeverRead(d, sids, seed)
         threads.append(threading.Thread(target=never_read.send, args=(stop,), daemon=True))
@@ -991,6 +1000,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
         asked_violations = t.asker.check(c)
+        fault_violations = faults.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
@@ -1013,6 +1023,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + status_violations
         + answers_wrong
         + asked_violations
+        + fault_violations
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -1072,6 +1083,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
         "  " + t.asker.summary(),
+        "  " + faults.summary(),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -1090,6 +1102,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     assert not t.failures, (seed, t.failures[:10])
     lost = [k for k in t.asker.calls if k.endswith(" lost")]
     assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
+    # ... and a provider misbehaved on its stdout in a round no fault of the soak's disturbed.
+    assert any(not f.disturbed for f in faults.faults), (seed, faults.summary())
+    assert not faults.failures, (seed, faults.failures)
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

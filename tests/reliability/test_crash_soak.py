@@ -113,6 +113,7 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import Asker
+from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -252,6 +253,8 @@ class World:
         self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
         self.asker = Asker(self.provider.get)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+        self.faults = ProviderChaos(home.parent / "arms", seed)
+        """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -532,7 +535,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
         f"long_timeout_s = {GC_TIMEOUT_S}\n"
-    )
+    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
@@ -542,6 +545,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     print(f"crash soak seed: {seed} (AGENTHOST_SOAK_SEED={seed} replays it)")
     rng = random.Random(seed)
     w = World(home, seed)
+    w.faults.setup(w.daemon.client(timeout=60), w.cwd)
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
@@ -607,6 +611,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
             w.running.set()
+            faulted = None  # `provider_chaos`: a fault among the round's load, met by its kill
+            if rounds % 2 == 1 and not full:
+                c = w.daemon.client(timeout=5)
+                faulted = threading.Thread(target=w.faults.guarded, args=(c, lambda: w.generation))
+                faulted.start()
             began_round = time.monotonic()
             deadline = began_round + rng.uniform(0.5, 2.5)
             arm_at = began_round + rng.uniform(0.0, 0.5) if stall else None
@@ -677,6 +686,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
                     w.meet()  # what the daemon held active as it died
             w.pause()
+            if faulted is not None:
+                faulted.join(90)
             if (
                 early
                 and early.startswith("worker.")
@@ -751,6 +762,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         release_asks(w)
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
         asked_violations = w.asker.check(c)
+        fault_violations = w.faults.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
         checks += 1
@@ -763,6 +775,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         w.daemon.stop()
     assert not w.failures + w.asker.failures, (seed, (w.failures + w.asker.failures)[:10])
     assert not asked_violations, (seed, asked_violations)
+    assert not fault_violations and not w.faults.failures, (
+        seed,
+        fault_violations,
+        w.faults.failures,
+    )
+    assert w.faults.faults, ("no provider fault round ran", seed, w.faults.summary())
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
@@ -788,6 +806,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
         f" {len(w.diffed)})",
         w.asker.summary(),
+        w.faults.summary(),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))
