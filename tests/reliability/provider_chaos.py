@@ -14,6 +14,7 @@ own met is kept as disturbed: only its settlement is judged."""
 from __future__ import annotations
 
 import random
+import shlex
 import sys
 import threading
 import time
@@ -39,9 +40,14 @@ FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
 FAULT_BOUND_S = 20.0
-"""A faulted Turn settles within this: reading 64 MiB or the 5 s grace of a closed stdout
-(`EOF_EXIT_GRACE_S`), then the kill, under the soak's load — well before the 30 s `turn/start`
-timeout and the 39 s liveness failure a broken pipe used to wait for."""
+"""A faulted Turn settles within this of its fault (the relay's take at its `turn/start`):
+reading 64 MiB or the 5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
+the soak's load — before the 30 s `turn/start` timeout and the 39 s liveness failure a broken
+pipe used to wait for."""
+TAKEN_S = 60.0
+"""How long a Turn may take to reach its `turn/start` (a runtime started under the soak's load)."""
+SETTLE_S = 120.0
+"""How long any other Turn of the chaos is waited for."""
 KILLED_S = 10.0
 """The broken runtime's relay is gone this soon after its Turn settled."""
 TEXT = {"close_mid": "/slow 600000 never"}
@@ -49,12 +55,25 @@ TEXT = {"close_mid": "/slow 600000 never"}
 
 
 def relay_table(arm_dir: Path) -> str:
-    """The `agenthost.toml` table that starts every Tutti Agent app-server through the relay
-    (this Python's, before the `tutti-agent` beside it)."""
+    """The `agenthost.toml` table that starts every Tutti Agent program through `arm_dir`'s
+    `tutti-agent`: a shell script that runs the relay (this Python's) for a Session with an arm
+    directory, and execs the real `tutti-agent` beside this Python for any other (no Python
+    started for it: the soaks' other Sessions pay one `sh`)."""
     arm_dir.mkdir(parents=True, exist_ok=True)
-    tutti = str(Path(sys.executable).parent / "tutti-agent")
-    argv = [sys.executable, str(RELAY), str(arm_dir), "--", tutti]
-    return '[providers."tutti-agent"]\ncommand = [' + ", ".join(f'"{a}"' for a in argv) + "]\n"
+    tutti = shlex.quote(str(Path(sys.executable).parent / "tutti-agent"))
+    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, arm_dir))
+    script = arm_dir / "tutti-agent"
+    script.write_text(
+        "#!/bin/sh\n"
+        'session="${TUTTI_AGENT_HOME%/*}"\n'
+        'session="${session##*/}"\n'
+        f'if [ -n "$TUTTI_AGENT_HOME" ] && [ -d {shlex.quote(str(arm_dir))}/"$session" ]; then\n'
+        f'  exec {relay} -- {tutti} "$@"\n'
+        "fi\n"
+        f'exec {tutti} "$@"\n'
+    )
+    script.chmod(0o755)
+    return f'[providers."tutti-agent"]\ncommand = ["{script}"]\n'
 
 
 class ProviderChaos:
@@ -88,16 +107,18 @@ class ProviderChaos:
             assert turn[1] is not None, "the relay served no Turn of the chaos's Session"
         return self.sids
 
-    def round(self, c: Client, generation: Callable[[], int]) -> ProviderFault | None:
-        """One fault on one of the chaos's Sessions, and its next Turn. `generation`: the
-        soak's daemon generation (a restart between the submit and the end disturbs it)."""
+    def round(
+        self, c: Client, generation: Callable[[], int], stop: threading.Event | None = None
+    ) -> ProviderFault | None:
+        """One fault on one of the chaos's Sessions, and its next Turn (none once `stop` is
+        set). `generation`: the soak's daemon generation (a restart meanwhile disturbs it)."""
         sid = self.rng.choice(self.sids)
         fault = FAULTS[self.next_fault % len(FAULTS)]
         self.next_fault += 1
         began = generation()
         turn_id: str | None = None
         try:
-            if not self._idle(c, sid, FAULT_BOUND_S * 3):
+            if not self._idle(c, sid, SETTLE_S):
                 self._count(f"{fault} skipped: the Session busy")
                 return None
             worker = _worker_pid(c)
@@ -105,8 +126,10 @@ class ProviderChaos:
             turn_id = self._submit(c, sid, TEXT.get(fault, "hello"), fault)
             if turn_id is None:
                 return None
-            pid = self._taken(sid, 10.0)
-            turn = self._settled(c, sid, turn_id, FAULT_BOUND_S)
+            pid = self._taken(c, sid, turn_id, TAKEN_S)
+            # The bound runs from the fault (a Turn that never reached its `turn/start` met
+            # none: it is given the settle wait of any Turn).
+            turn = self._settled(c, sid, turn_id, FAULT_BOUND_S if pid else SETTLE_S)
             alive = False
             if pid is not None and fault in BREAKING_FAULTS and turn is not None:
                 deadline = time.monotonic() + KILLED_S
@@ -119,13 +142,23 @@ class ProviderChaos:
                 now = _peak_rss_kib(worker)
                 growth = None if now is None or hwm is None else now - hwm
             stopped = turn is not None and turn.get("errorReason") == "provider_stopped"
-            disturbed = stopped or after != worker or generation() != began
+            by = [
+                what
+                for what, met in (
+                    ("a SIGSTOP", stopped),
+                    ("a new worker", after != worker),
+                    ("a restart", generation() != began),
+                )
+                if met
+            ]
+            disturbed = bool(by)
             nxt = None
-            if turn is not None and not disturbed:
+            if turn is not None and not disturbed and not (stop and stop.is_set()):
                 nxt = self._turn(c, sid, "after", "pass")
                 if nxt is None:
                     self._count(f"{fault} next Turn refused")
-                disturbed = generation() != began or _worker_pid(c) != worker
+                if generation() != began or _worker_pid(c) != worker:
+                    disturbed, by = True, ["a kill after it"]
         except (ClientTimeout, ClientClosed):
             self._count(f"{fault} lost")
             if turn_id is None:
@@ -146,15 +179,20 @@ class ProviderChaos:
             )
             outcome = "active" if turn is None else turn.get("outcome")
             why = "" if turn is None else f" {turn.get('errorReason')}"
-            self._count(f"{fault} {outcome}{why}" + (" disturbed" if disturbed else ""))
+            if turn is not None and outcome == "failed" and not turn.get("errorReason"):
+                why = f" ({str(turn.get('error'))[:60]})"
+            met = f" disturbed by {' and '.join(by)}" if disturbed else ""
+            self._count(f"{fault} {outcome}{why}{met}")
         with self.lock:
             self.faults.append(record)
         return record
 
-    def guarded(self, c: Client, generation: Callable[[], int]) -> None:
+    def guarded(
+        self, c: Client, generation: Callable[[], int], stop: threading.Event | None = None
+    ) -> None:
         """`round` in a thread of its own: what it raises is kept in `failures`."""
         try:
-            self.round(c, generation)
+            self.round(c, generation, stop)
         except Exception as exc:  # noqa: BLE001 - a bug in the test or an untyped failure
             with self.lock:
                 self.failures.append(f"{type(exc).__name__}: {exc}")
@@ -163,7 +201,7 @@ class ProviderChaos:
         """Rounds one after another until `stop` (the contention soak's: no restart)."""
         c = connect()
         while not stop.is_set():
-            self.guarded(c, lambda: 0)
+            self.guarded(c, lambda: 0, stop)
 
     def check(self, c: Client) -> list[Violation]:
         """The law over every round, against each faulted Turn as its Session answers now."""
@@ -194,14 +232,19 @@ class ProviderChaos:
         (self.arm_dir / sid / "armed.taken").unlink(missing_ok=True)
         (self.arm_dir / sid / "armed").write_text(mode)
 
-    def _taken(self, sid: str, timeout: float) -> int | None:
-        """The pid of the relay that took the Session's arm, once it did (None: none did)."""
+    def _taken(self, c: Client, sid: str, turn_id: str, timeout: float) -> int | None:
+        """The pid of the relay that took the Session's arm, once it did (None: none did, and
+        the Turn settled or `timeout` passed; a daemon killed meanwhile raises `ClientTimeout`)."""
         taken = self.arm_dir / sid / "armed.taken"
         deadline = time.monotonic() + timeout
+        looks = 0
         while time.monotonic() < deadline:
             lines = taken.read_text().split("\n") if taken.exists() else []
             if len(lines) > 1 and lines[1].strip():
                 return int(lines[1])
+            looks += 1
+            if looks % 10 == 0 and self._settled(c, sid, turn_id, 0.0) is not None:
+                break  # settled before its `turn/start`: no fault met it
             time.sleep(0.05)
         (self.arm_dir / sid / "armed").unlink(missing_ok=True)  # never taken: disarmed
         return None
@@ -236,8 +279,8 @@ class ProviderChaos:
         turn_id = self._submit(c, sid, text, mode)
         if turn_id is None:
             return None
-        pid = self._taken(sid, 30.0)
-        turn = self._settled(c, sid, turn_id, 120.0)
+        pid = self._taken(c, sid, turn_id, TAKEN_S)
+        turn = self._settled(c, sid, turn_id, SETTLE_S)
         return (turn or {"outcome": "active"}), pid
 
     def _settled(self, c: Client, sid: str, turn_id: str, timeout: float) -> dict[str, Any] | None:

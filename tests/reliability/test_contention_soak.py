@@ -82,6 +82,12 @@ and lock takes; once the chaos is over the asked Turns still active are interrup
 the clients were answered is checked (`interaction_answered`, `interrupt_answered`;
 `interaction_state` with every store law), the answers counted by status.
 
+A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent app-server
+starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the chaos puts one fault
+after another (one endless line, garbage, non-object notifications, its stdout closed at
+`turn/start` or mid-Turn) on Turns of the chaos's two Sessions, under the lock takes and the
+SIGSTOPs; at the end `provider_fault_settles` judges what was seen.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""

@@ -89,6 +89,11 @@ Turns asked and still active are interrupted (so the round's waits for settled w
 `interaction_state` is checked with every law, and at the end what the clients were answered is
 checked (`interaction_answered`, `interrupt_answered`); the summary counts the answers by
 status.
+A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent app-server
+starts through `tests/daemon/misbehaving_app_server.py`, and in each odd round but a full-disk
+one a Turn of one of the chaos's two Sessions meets a fault (one endless line, garbage, non-object
+notifications, its stdout closed at `turn/start` or mid-Turn) among the clients' load, the
+round's kill landing on it or not; at the end `provider_fault_settles` judges what was seen.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -558,6 +563,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         t.start()
     try:
         rounds = 0
+        faulted: threading.Thread | None = None
         while rounds < ROUNDS:
             rounds += 1
             if revive(w):
@@ -611,10 +617,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
             w.running.set()
-            faulted = None  # `provider_chaos`: a fault among the round's load, met by its kill
-            if rounds % 2 == 1 and not full:
+            # `provider_chaos`: a fault among the round's load, met by its kill or not, and
+            # running on across the round's checks (joined at the end).
+            if rounds % 2 == 1 and not full and not (faulted and faulted.is_alive()):
                 c = w.daemon.client(timeout=5)
-                faulted = threading.Thread(target=w.faults.guarded, args=(c, lambda: w.generation))
+                faulted = threading.Thread(
+                    target=w.faults.guarded, args=(c, lambda: w.generation), daemon=True
+                )
                 faulted.start()
             began_round = time.monotonic()
             deadline = began_round + rng.uniform(0.5, 2.5)
@@ -686,8 +695,6 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     w.daemon.kill()  # SIGKILL; in-flight calls end as `lost`
                     w.meet()  # what the daemon held active as it died
             w.pause()
-            if faulted is not None:
-                faulted.join(90)
             if (
                 early
                 and early.startswith("worker.")
@@ -762,6 +769,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         release_asks(w)
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
         asked_violations = w.asker.check(c)
+        if faulted is not None:
+            faulted.join(120)
         fault_violations = w.faults.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
