@@ -130,6 +130,8 @@ class ProviderChaos:
             # The bound runs from the fault (a Turn that never reached its `turn/start` met
             # none: it is given the settle wait of any Turn).
             turn = self._settled(c, sid, turn_id, FAULT_BOUND_S if pid else SETTLE_S)
+            # A worker the soak SIGSTOPped (the crash soak's stop rounds) holds the Turn.
+            held = _stopped(worker)
             alive = False
             if pid is not None and fault in BREAKING_FAULTS and turn is not None:
                 deadline = time.monotonic() + KILLED_S
@@ -146,6 +148,7 @@ class ProviderChaos:
                 what
                 for what, met in (
                     ("a SIGSTOP", stopped),
+                    ("a stopped worker", held),
                     ("a new worker", after != worker),
                     ("a restart", generation() != began),
                 )
@@ -159,6 +162,8 @@ class ProviderChaos:
                     self._count(f"{fault} next Turn refused")
                 if generation() != began or _worker_pid(c) != worker:
                     disturbed, by = True, ["a kill after it"]
+                elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
+                    disturbed, by = True, ["a SIGSTOP of the next Turn's runtime"]
         except (ClientTimeout, ClientClosed):
             self._count(f"{fault} lost")
             if turn_id is None:
@@ -315,6 +320,15 @@ def _worker_pid(c: Client) -> int | None:
         if w["provider"] == "tutti-agent" and w.get("pid"):
             return int(w["pid"])
     return None
+
+
+def _stopped(pid: int | None) -> bool:
+    """Whether the process is stopped (SIGSTOP: state `T`, or `t` traced)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text() if pid else ""
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["T"], ["t"])
 
 
 def _peak_rss_kib(pid: int | None) -> int | None:
