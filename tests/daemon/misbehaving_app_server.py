@@ -12,14 +12,25 @@ relay's pid) and does what it says:
   notifications whose params are no object (a Turn's `turn/completed` among them);
 - `close` — the relay closes its stdout and keeps running (reading its stdin, the provider
   alive behind it) until it is killed;
-- `close_mid` — as `close`, once it has relayed the provider's `turn/started` (a Turn running).
+- `close_mid` — as `close`, once it has relayed the provider's `turn/started` (a Turn running);
+- `notobject` — the request goes on, after notifications whose params are no object (the
+  Turn's `turn/started` and `turn/completed` among them);
+- anything else (`pass`) — taken (its pid written) and relayed as is.
+
+ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
+serves the Session whose provider home `$TUTTI_AGENT_HOME` is in (`runtimes/<ws>/<session>/
+tutti-agent-home`); if `ARM/<session>/` exists its arm file is `ARM/<session>/armed`, else the
+relay execs the real argv (the other Sessions run their provider as is). Its child dies with
+it (`PR_SET_PDEATHSIG`), as the driver's own app-servers do.
 
 The provider stays real: only what the driver reads is changed.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -43,10 +54,31 @@ GARBAGE = (
 )
 
 
+NOT_OBJECTS = (
+    b'{"method": "turn/started", "params": 5}\n',
+    b'{"method": "item/agentMessage/delta", "params": "text"}\n',
+    b'{"method": "turn/completed", "params": [1, 2]}\n',
+    b'{"method": "thread/tokenUsage/updated", "params": null}\n',
+)
+
+
+def _die_with_parent() -> None:
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
 def main() -> None:
     arm = sys.argv[1]
     argv = sys.argv[sys.argv.index("--") + 1 :]
-    child = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    if os.path.isdir(arm):
+        home = os.environ.get("TUTTI_AGENT_HOME", "")
+        mine = os.path.join(arm, os.path.basename(os.path.dirname(home))) if home else ""
+        if not mine or not os.path.isdir(mine):
+            os.execv(argv[0], argv)
+        arm = os.path.join(mine, "armed")
+    child = subprocess.Popen(
+        argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, preexec_fn=_die_with_parent
+    )
     assert child.stdin is not None and child.stdout is not None
     out = sys.stdout.buffer
     lock = threading.Lock()
@@ -89,9 +121,9 @@ def main() -> None:
                 close()
         if mode == "close_mid":
             close_after_start.set()
-        if mode == "garbage":
+        if mode in ("garbage", "notobject"):
             with lock:
-                out.writelines(GARBAGE)
+                out.writelines(GARBAGE if mode == "garbage" else NOT_OBJECTS)
                 out.flush()
         child.stdin.write(line)
         child.stdin.flush()

@@ -83,6 +83,12 @@ and lock takes; once the chaos is over the asked Turns still active are interrup
 the clients were answered is checked (`interaction_answered`, `interrupt_answered`;
 `interaction_state` with every store law), the answers counted by status.
 
+A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent app-server
+starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the chaos puts one fault
+after another (one endless line, garbage, non-object notifications, its stdout closed at
+`turn/start` or mid-Turn) on Turns of the chaos's two Sessions, under the lock takes and the
+SIGSTOPs; at the end `provider_fault_settles` judges what was seen.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -114,6 +120,7 @@ import zmq
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -208,6 +215,7 @@ NEW_LAWS = (
     Law.STATUS_BOUNDS,
     Law.RESTORE_UNDO_KEPT,
     Law.WORKSPACE_ANSWER,
+    Law.PROVIDER_FAULT_SETTLES,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -789,7 +797,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
-    )
+    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
@@ -804,6 +812,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     ).start()
     pressure = FdPressure(d, port, seed)
     t = Tally()
+    faults = ProviderChaos(tmp_path / "arms", seed)
     stop = threading.Event()
     locks = 0
     locked_s = 0.0
@@ -848,11 +857,17 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         with ThreadPoolExecutor(WARM_AT_ONCE) as pool:
             warm = list(pool.map(lambda sid: run_turn(d.client(timeout=120), sid, "warm"), sids))
         assert [t["outcome"] for t in warm] == ["completed"] * SESSIONS, warm
+        faults.setup(c)  # its own Sessions, whose app-server misbehaves on demand
         threads = [
             threading.Thread(target=client_loop, args=(d, t, sids, n, stop), daemon=True)
             for n in range(CLIENTS)
         ]
         threads.append(threading.Thread(target=pressure.run, args=(stop,), daemon=True))
+        threads.append(  # `provider_chaos`'s rounds
+            threading.Thread(
+                target=faults.run, args=(lambda: d.client(timeout=60), stop), daemon=True
+            )
+        )
         # The clients that never read, held for the whole chaos (and its RSS's baseline).
         never_read = NeverRead(d, sids, seed)
         threads.append(threading.Thread(target=never_read.send, args=(stop,), daemon=True))
@@ -995,6 +1010,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
         asked_violations = t.asker.check(c)
+        fault_violations = faults.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
@@ -1017,6 +1033,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + status_violations
         + answers_wrong
         + asked_violations
+        + fault_violations
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -1076,6 +1093,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
         "  " + t.asker.summary(),
+        "  " + faults.summary(),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -1094,6 +1112,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     assert not t.failures, (seed, t.failures[:10])
     lost = [k for k in t.asker.calls if k.endswith(" lost")]
     assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
+    # ... and a provider misbehaved on its stdout in a round no fault of the soak's disturbed.
+    assert any(not f.disturbed for f in faults.faults), (seed, faults.summary())
+    assert not faults.failures, (seed, faults.failures)
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

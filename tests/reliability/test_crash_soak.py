@@ -89,6 +89,11 @@ the same Session; after every round's kill or fault the Turns asked and still ac
 interrupted (so the round's waits for settled work end), `interaction_state` is checked with
 every law, and at the end what the clients were answered is checked (`interaction_answered`,
 `interrupt_answered`); the summary counts the answers by status.
+A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent app-server
+starts through `tests/daemon/misbehaving_app_server.py`, and in each odd round but a full-disk
+one a Turn of one of the chaos's two Sessions meets a fault (one endless line, garbage, non-object
+notifications, its stdout closed at `turn/start` or mid-Turn) among the clients' load, the
+round's kill landing on it or not; at the end `provider_fault_settles` judges what was seen.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -113,6 +118,7 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -252,6 +258,8 @@ class World:
         self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
         self.asker = Asker(self.provider.get)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+        self.faults = ProviderChaos(home.parent / "arms", seed)
+        """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -540,7 +548,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
         f"long_timeout_s = {GC_TIMEOUT_S}\n"
-    )
+    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
         yield tmp_path / "home"
 
@@ -550,6 +558,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     print(f"crash soak seed: {seed} (AGENTHOST_SOAK_SEED={seed} replays it)")
     rng = random.Random(seed)
     w = World(home, seed)
+    w.faults.setup(w.daemon.client(timeout=60), w.cwd)
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
@@ -562,6 +571,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         t.start()
     try:
         rounds = 0
+        faulted: threading.Thread | None = None
         while rounds < ROUNDS:
             rounds += 1
             if revive(w):
@@ -615,6 +625,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
             w.running.set()
+            # `provider_chaos`: a fault among the round's load, met by its kill or not, and
+            # running on across the round's checks (joined at the end).
+            if rounds % 2 == 1 and not full and not (faulted and faulted.is_alive()):
+                c = w.daemon.client(timeout=5)
+                faulted = threading.Thread(
+                    target=w.faults.guarded, args=(c, lambda: w.generation), daemon=True
+                )
+                faulted.start()
             began_round = time.monotonic()
             deadline = began_round + rng.uniform(0.5, 2.5)
             arm_at = began_round + rng.uniform(0.0, 0.5) if stall else None
@@ -759,6 +777,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         release_asks(w)
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
         asked_violations = w.asker.check(c)
+        if faulted is not None:
+            faulted.join(120)
+        fault_violations = w.faults.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
         checks += 1
@@ -771,6 +792,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         w.daemon.stop()
     assert not w.failures + w.asker.failures, (seed, (w.failures + w.asker.failures)[:10])
     assert not asked_violations, (seed, asked_violations)
+    assert not fault_violations and not w.faults.failures, (
+        seed,
+        fault_violations,
+        w.faults.failures,
+    )
+    assert w.faults.faults, ("no provider fault round ran", seed, w.faults.summary())
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
     checks += 1
@@ -796,6 +823,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
         f" {len(w.diffed)})",
         w.asker.summary(),
+        w.faults.summary(),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))

@@ -19,6 +19,7 @@ import pytest
 
 from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
 from tests.reliability.interaction_chaos import took
+from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import (
     WS,
@@ -33,6 +34,7 @@ from tests.support.daemon import (
 from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
+    FAULT_RSS_BOUND_KIB,
     Answered,
     Law,
     WorkspaceAnswer,
@@ -40,6 +42,7 @@ from tests.support.invariants import (
     check_interaction_answers,
     check_interrupts,
     check_invariants,
+    check_provider_faults,
     check_session_events,
     check_status_bounds,
     check_workspace_answers,
@@ -1205,3 +1208,55 @@ def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked:
 
 def _fields(a: Answered) -> dict[str, Any]:
     return {name: getattr(a, name) for name in Answered.__slots__}
+
+
+def test_a_provider_fault_left_active_mis_settled_or_unbounded_is_reported(tmp_path: Path) -> None:
+    """`provider_fault_settles` over real rounds (a real daemon, its Tutti Agent app-server
+    behind the relay: an endless line, garbage, notifications with no object) is clean; each
+    observation changed as a broken bound would leave it is reported."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(relay_table(tmp_path / "arms"))
+    chaos = ProviderChaos(tmp_path / "arms", 0)
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        chaos.setup(c)
+        for fault in ("endless", "garbage", "notobject"):
+            chaos.next_fault = ("endless", "garbage", "close", "close_mid", "notobject").index(
+                fault
+            )
+            assert chaos.round(c, lambda: 0) is not None, chaos.calls
+        turns = {
+            str(t["turnId"]): t
+            for sid in chaos.sids
+            for t in c.call(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 100}
+            )["turns"]
+        }
+    finally:
+        d.stop()
+    endless, garbage, _ = chaos.faults
+    assert check_provider_faults(chaos.faults, turns) == [], (chaos.faults, chaos.summary())
+    assert endless.relay_pid is not None and endless.rss_growth_kib is not None, endless
+    untyped = {endless.turn_id: turns[endless.turn_id] | {"errorReason": None}}
+    tampered = [
+        ([endless], {endless.turn_id: turns[endless.turn_id] | {"phase": "active"}}),
+        ([replace(endless, in_bound=False)], turns),
+        ([endless], untyped),
+        ([endless], {endless.turn_id: turns[endless.turn_id] | {"outcome": "completed"}}),
+        ([replace(endless, relay_alive=True)], turns),
+        ([replace(endless, next_pid=endless.relay_pid)], turns),
+        ([replace(endless, next_outcome="failed")], turns),
+        ([replace(endless, rss_growth_kib=FAULT_RSS_BOUND_KIB + 1)], turns),
+        (
+            [garbage],
+            {
+                garbage.turn_id: turns[garbage.turn_id]
+                | {"outcome": "failed", "errorReason": "provider_protocol_error"}
+            },
+        ),
+    ]
+    for faults, seen in tampered:
+        found = check_provider_faults(faults, seen)
+        assert [v.law for v in found] == [Law.PROVIDER_FAULT_SETTLES], (faults, found)

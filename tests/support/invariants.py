@@ -252,6 +252,16 @@ class Law(StrEnum):
     another outcome than that answer showed as settled (a settlement is final: an interrupt of
     a settled Turn answers it unchanged) (docs/design/internals.md, "Interactions and
     interrupts")."""
+    PROVIDER_FAULT_SETTLES = "provider_fault_settles"
+    """Over what a soak saw of a provider that misbehaved on its stdout (`check_provider_faults`,
+    `tests/reliability/provider_chaos.py`): its Turn still `active` past the fault's bound or
+    once the clients are quiet; `failed` with no typed reason of the protocol's
+    (docs/protocol.md, "Turn errors"); a fault that breaks the pipe (an endless line, a stdout
+    closed) leaving its Turn `completed` or its runtime running once the Turn settled, or the
+    Session's next Turn on the same runtime or not `completed`; a fault the reader skips
+    (garbage, a notification whose params are no object) failing its Turn; or the worker's
+    peak RSS grown past `FAULT_RSS_BOUND_KIB` over the round (docs/reliability.md, "A
+    misbehaving provider in the soaks")."""
 
 
 STORE_LAWS = frozenset(
@@ -2364,6 +2374,93 @@ def check_interrupts(
                     f" {shown.get('phase')} {shown.get('outcome')}",
                 )
             )
+    return out
+
+
+TURN_REASONS = frozenset(
+    {
+        "model_unreachable",
+        "model_auth_failed",
+        "model_timeout",
+        "provider_stopped",
+        "provider_unresponsive",
+        "provider_protocol_error",
+    }
+)
+"""A failed Turn's typed reasons (`errorReason`, docs/protocol.md "Turn errors")."""
+BREAKING_FAULTS = frozenset({"endless", "close", "close_mid"})
+"""Faults after which the runtime's stdout cannot be read on: it is killed, its Turn fails."""
+FAULT_RSS_BOUND_KIB = (2 * (64 << 20) + (32 << 20)) // 1024
+"""The most a worker's peak RSS may grow over a fault round: reading one line costs at most
+twice `MAX_LINE_BYTES` (64 MiB, drivers/app_server/process.py) transiently, plus 32 MiB for the
+worker's other work meanwhile. A reader that held the whole line would pass it with any line
+over ~160 MiB (the unbounded reader held 311 MB more for 300 MiB); the soaks' endless line
+has no end."""
+
+
+@dataclass(frozen=True, slots=True)
+class ProviderFault:
+    """One misbehaving-provider round of a soak: the Turn submitted on a Session whose
+    app-server's stdout the relay broke with `fault`, and what the soak saw of it."""
+
+    sid: str
+    fault: str
+    turn_id: str
+    in_bound: bool
+    """The Turn was seen settled within the fault's bound."""
+    disturbed: bool
+    """A kill, restart or stop of the soak's own met the round: only its settlement is judged."""
+    relay_pid: int | None = None
+    """The relay that took the fault (None: no `turn/start` reached it)."""
+    relay_alive: bool = False
+    """That relay still ran once the Turn settled (and the kill's grace passed)."""
+    next_outcome: str | None = None
+    """The Session's next Turn's outcome (None: not run)."""
+    next_pid: int | None = None
+    """The relay that served that next Turn's `turn/start`."""
+    rss_growth_kib: int | None = None
+    """The worker's peak RSS growth over the round (None: not measured, e.g. a new worker)."""
+
+
+def check_provider_faults(
+    faults: Iterable[ProviderFault], turns: Mapping[str, Mapping[str, Any]]
+) -> list[Violation]:
+    """`provider_fault_settles` over the fault rounds a soak ran and each Turn as
+    `session.timeline` answered once the clients were quiet (`turns`: turn id → Turn; a Turn
+    not there, its Session deleted, is judged on what the round saw)."""
+    out: list[Violation] = []
+
+    def fail(f: ProviderFault, what: str) -> None:
+        out.append(
+            Violation(Law.PROVIDER_FAULT_SETTLES, f"{f.fault} turn {f.turn_id} ({f.sid}): {what}")
+        )
+
+    for f in faults:
+        turn = turns.get(f.turn_id)
+        if turn is not None and turn.get("phase") != "settled":
+            fail(f, "still active once the clients were quiet")
+        if f.rss_growth_kib is not None and f.rss_growth_kib > FAULT_RSS_BOUND_KIB:
+            fail(f, f"the worker's peak RSS grew {f.rss_growth_kib} KiB (> {FAULT_RSS_BOUND_KIB})")
+        if f.disturbed:
+            continue
+        if not f.in_bound:
+            fail(f, "active past the fault's bound")
+        if turn is None or turn.get("phase") != "settled":
+            continue
+        outcome, reason = turn.get("outcome"), turn.get("errorReason")
+        if outcome == "failed" and reason not in TURN_REASONS:
+            fail(f, f"failed with no typed reason: {str(turn.get('error'))[:120]!r}")
+        breaking = f.fault in BREAKING_FAULTS and f.relay_pid is not None
+        if breaking and outcome != "failed":
+            fail(f, f"{outcome} behind a broken stdout")
+        if f.fault not in BREAKING_FAULTS and outcome != "completed":
+            fail(f, f"{outcome} ({reason}) for lines the reader skips")
+        if breaking and f.relay_alive:
+            fail(f, f"its broken runtime (relay {f.relay_pid}) still runs")
+        if f.next_outcome is not None and f.next_outcome != "completed":
+            fail(f, f"the Session's next Turn {f.next_outcome}")
+        if breaking and f.next_pid is not None and f.next_pid == f.relay_pid:
+            fail(f, f"the Session's next Turn ran on the broken runtime (relay {f.relay_pid})")
     return out
 
 

@@ -1,0 +1,342 @@
+"""A misbehaving provider in the soaks' chaos (docs/reliability.md, "A misbehaving provider in
+the soaks"): every Tutti Agent app-server of the soak's home starts through the relay
+`tests/daemon/misbehaving_app_server.py`, which execs the real one for every Session but the
+few this module makes (`FAULT_SESSIONS`, each with its arm directory). A round picks one of
+them and a fault — one endless line, garbage between the provider's lines, its stdout closed
+at a `turn/start` or once the Turn runs, notifications whose params are no object — arms it,
+submits a Turn, waits for it to settle, then runs the Session's next Turn, and keeps what it
+saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
+within its bound (`failed` with a typed reason where the pipe broke, `completed` where the
+reader skips the lines), the broken runtime killed, the next Turn on a new one, the worker's
+peak RSS within `FAULT_RSS_BOUND_KIB`. A round a kill, a restart or a SIGSTOP of the soak's
+own met is kept as disturbed: only its settlement is judged."""
+
+from __future__ import annotations
+
+import random
+import shlex
+import sys
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from tests.support.daemon import WS
+from tests.support.freezer import running
+from tests.support.invariants import (
+    BREAKING_FAULTS,
+    ProviderFault,
+    Violation,
+    check_provider_faults,
+)
+from transport.client import Client, ClientClosed, ClientTimeout
+
+RELAY = Path(__file__).parents[1] / "daemon" / "misbehaving_app_server.py"
+FAULTS = ("endless", "garbage", "close", "close_mid", "notobject")
+FAULT_SESSIONS = 2
+"""The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
+client of the soak works on them, so each fault lands on the Turn the round submitted)."""
+FAULT_BOUND_S = 20.0
+"""A faulted Turn settles within this of its fault (the relay's take at its `turn/start`):
+reading 64 MiB or the 5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
+the soak's load — before the 30 s `turn/start` timeout and the 39 s liveness failure a broken
+pipe used to wait for."""
+TAKEN_S = 60.0
+"""How long a Turn may take to reach its `turn/start` (a runtime started under the soak's load)."""
+SETTLE_S = 120.0
+"""How long any other Turn of the chaos is waited for."""
+KILLED_S = 10.0
+"""The broken runtime's relay is gone this soon after its Turn settled."""
+TEXT = {"close_mid": "/slow 600000 never"}
+"""The faulted Turn's text (else `hello`): a Turn the model keeps running for 10 minutes."""
+
+
+def relay_table(arm_dir: Path) -> str:
+    """The `agenthost.toml` table that starts every Tutti Agent program through `arm_dir`'s
+    `tutti-agent`: a shell script that runs the relay (this Python's) for a Session with an arm
+    directory, and execs the real `tutti-agent` beside this Python for any other (no Python
+    started for it: the soaks' other Sessions pay one `sh`)."""
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    tutti = shlex.quote(str(Path(sys.executable).parent / "tutti-agent"))
+    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, arm_dir))
+    script = arm_dir / "tutti-agent"
+    script.write_text(
+        "#!/bin/sh\n"
+        'session="${TUTTI_AGENT_HOME%/*}"\n'
+        'session="${session##*/}"\n'
+        f'if [ -n "$TUTTI_AGENT_HOME" ] && [ -d {shlex.quote(str(arm_dir))}/"$session" ]; then\n'
+        f'  exec {relay} -- {tutti} "$@"\n'
+        "fi\n"
+        f'exec {tutti} "$@"\n'
+    )
+    script.chmod(0o755)
+    return f'[providers."tutti-agent"]\ncommand = ["{script}"]\n'
+
+
+class ProviderChaos:
+    """The fault rounds of one soak and what they saw."""
+
+    def __init__(self, arm_dir: Path, seed: int) -> None:
+        self.arm_dir = arm_dir
+        self.rng = random.Random(seed)
+        self.sids: list[str] = []
+        self.faults: list[ProviderFault] = []
+        self.calls: Counter[str] = Counter()
+        self.failures: list[str] = []
+        """What went wrong in a round's thread beyond the soak's faults (a bug, or an answer
+        no law allows)."""
+        self.lock = threading.Lock()
+        self.next_fault = self.rng.randrange(len(FAULTS))
+
+    def setup(self, c: Client, cwd: str | None = None) -> list[str]:
+        """Makes the chaos's Sessions (each with its arm directory) and runs a Turn on each."""
+        for _ in range(FAULT_SESSIONS):
+            params: dict[str, Any] = {"workspaceId": WS, "provider": "tutti-agent"}
+            sid = str(
+                c.call("session.create", params | ({"cwd": cwd} if cwd else {}))["session"][
+                    "agentSessionId"
+                ]
+            )
+            (self.arm_dir / sid).mkdir()
+            self.sids.append(sid)
+            turn = self._turn(c, sid, "warm", "pass")
+            assert turn is not None and turn[0].get("outcome") == "completed", turn
+            assert turn[1] is not None, "the relay served no Turn of the chaos's Session"
+        return self.sids
+
+    def round(
+        self, c: Client, generation: Callable[[], int], stop: threading.Event | None = None
+    ) -> ProviderFault | None:
+        """One fault on one of the chaos's Sessions, and its next Turn (none once `stop` is
+        set). `generation`: the soak's daemon generation (a restart meanwhile disturbs it)."""
+        sid = self.rng.choice(self.sids)
+        fault = FAULTS[self.next_fault % len(FAULTS)]
+        self.next_fault += 1
+        began = generation()
+        turn_id: str | None = None
+        try:
+            if not self._idle(c, sid, SETTLE_S):
+                self._count(f"{fault} skipped: the Session busy")
+                return None
+            worker = _worker_pid(c)
+            hwm = _peak_rss_kib(worker)
+            turn_id = self._submit(c, sid, TEXT.get(fault, "hello"), fault)
+            if turn_id is None:
+                return None
+            pid = self._taken(c, sid, turn_id, TAKEN_S)
+            # The bound runs from the fault (a Turn that never reached its `turn/start` met
+            # none: it is given the settle wait of any Turn).
+            turn = self._settled(c, sid, turn_id, FAULT_BOUND_S if pid else SETTLE_S)
+            # A worker the soak SIGSTOPped (the crash soak's stop rounds) holds the Turn.
+            held = _stopped(worker)
+            alive = False
+            if pid is not None and fault in BREAKING_FAULTS and turn is not None:
+                deadline = time.monotonic() + KILLED_S
+                while running(pid) and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                alive = running(pid)
+            after = _worker_pid(c)
+            growth = None
+            if after == worker and worker is not None:
+                now = _peak_rss_kib(worker)
+                growth = None if now is None or hwm is None else now - hwm
+            stopped = turn is not None and turn.get("errorReason") == "provider_stopped"
+            by = [
+                what
+                for what, met in (
+                    ("a SIGSTOP", stopped),
+                    ("a stopped worker", held),
+                    ("a new worker", after != worker),
+                    ("a restart", generation() != began),
+                )
+                if met
+            ]
+            disturbed = bool(by)
+            nxt = None
+            if turn is not None and not disturbed and not (stop and stop.is_set()):
+                nxt = self._turn(c, sid, "after", "pass")
+                if nxt is None:
+                    self._count(f"{fault} next Turn refused")
+                if generation() != began or _worker_pid(c) != worker:
+                    disturbed, by = True, ["a kill after it"]
+                elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
+                    disturbed, by = True, ["a SIGSTOP of the next Turn's runtime"]
+        except (ClientTimeout, ClientClosed):
+            self._count(f"{fault} lost")
+            if turn_id is None:
+                return None
+            record = ProviderFault(sid, fault, turn_id, in_bound=False, disturbed=True)
+        else:
+            record = ProviderFault(
+                sid,
+                fault,
+                turn_id,
+                in_bound=turn is not None,
+                disturbed=disturbed,
+                relay_pid=pid,
+                relay_alive=alive,
+                next_outcome=None if nxt is None else str(nxt[0].get("outcome")),
+                next_pid=None if nxt is None else nxt[1],
+                rss_growth_kib=growth,
+            )
+            outcome = "active" if turn is None else turn.get("outcome")
+            why = "" if turn is None else f" {turn.get('errorReason')}"
+            if turn is not None and outcome == "failed" and not turn.get("errorReason"):
+                why = f" ({str(turn.get('error'))[:60]})"
+            met = f" disturbed by {' and '.join(by)}" if disturbed else ""
+            self._count(f"{fault} {outcome}{why}{met}")
+        with self.lock:
+            self.faults.append(record)
+        return record
+
+    def guarded(
+        self, c: Client, generation: Callable[[], int], stop: threading.Event | None = None
+    ) -> None:
+        """`round` in a thread of its own: what it raises is kept in `failures`."""
+        try:
+            self.round(c, generation, stop)
+        except Exception as exc:  # noqa: BLE001 - a bug in the test or an untyped failure
+            with self.lock:
+                self.failures.append(f"{type(exc).__name__}: {exc}")
+
+    def run(self, connect: Callable[[], Client], stop: threading.Event) -> None:
+        """Rounds one after another until `stop` (the contention soak's: no restart)."""
+        c = connect()
+        while not stop.is_set():
+            self.guarded(c, lambda: 0, stop)
+
+    def check(self, c: Client) -> list[Violation]:
+        """The law over every round, against each faulted Turn as its Session answers now."""
+        turns: dict[str, dict[str, Any]] = {}
+        for sid in self.sids:
+            status, body = c.call_raw(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            if status == 200:
+                turns.update({str(t["turnId"]): t for t in body["turns"]})
+        with self.lock:
+            faults = list(self.faults)
+        return check_provider_faults(faults, turns)
+
+    def summary(self) -> str:
+        growth = [f.rss_growth_kib for f in self.faults if f.rss_growth_kib is not None]
+        peak = max(growth, default=0) // 1024
+        return (
+            f"provider faults: {len(self.faults)} rounds, worker peak RSS growth max {peak} MiB; "
+            + " ".join(f"{k}={v}" for k, v in sorted(self.calls.items()))
+        )
+
+    def _count(self, key: str) -> None:
+        with self.lock:
+            self.calls[key] += 1
+
+    def _arm(self, sid: str, mode: str) -> None:
+        (self.arm_dir / sid / "armed.taken").unlink(missing_ok=True)
+        (self.arm_dir / sid / "armed").write_text(mode)
+
+    def _taken(self, c: Client, sid: str, turn_id: str, timeout: float) -> int | None:
+        """The pid of the relay that took the Session's arm, once it did (None: none did, and
+        the Turn settled or `timeout` passed; a daemon killed meanwhile raises `ClientTimeout`)."""
+        taken = self.arm_dir / sid / "armed.taken"
+        deadline = time.monotonic() + timeout
+        looks = 0
+        while time.monotonic() < deadline:
+            lines = taken.read_text().split("\n") if taken.exists() else []
+            if len(lines) > 1 and lines[1].strip():
+                return int(lines[1])
+            looks += 1
+            if looks % 10 == 0 and self._settled(c, sid, turn_id, 0.0) is not None:
+                break  # settled before its `turn/start`: no fault met it
+            time.sleep(0.05)
+        (self.arm_dir / sid / "armed").unlink(missing_ok=True)  # never taken: disarmed
+        return None
+
+    def _submit(self, c: Client, sid: str, text: str, mode: str) -> str | None:
+        """Arms the Session's relay with `mode` and submits a Turn (a busy store is asked
+        again); its id, or None when it was refused."""
+        self._arm(sid, mode)
+        params = {
+            "workspaceId": WS,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "input": [{"type": "text", "text": text}],
+        }
+        deadline = time.monotonic() + 30
+        while True:
+            status, body = c.call_raw("turn.submit", params)
+            if status == 503 and time.monotonic() < deadline:
+                time.sleep(0.2)
+                continue
+            if status >= 400:
+                self._count(f"turn.submit {status} {body.get('reason')}")
+                (self.arm_dir / sid / "armed").unlink(missing_ok=True)
+                return None
+            return str(body["turn"]["turnId"])
+
+    def _turn(
+        self, c: Client, sid: str, text: str, mode: str
+    ) -> tuple[dict[str, Any], int | None] | None:
+        """A Turn run to its end behind an arm of `mode`, and the relay that served it (None:
+        the submit was refused)."""
+        turn_id = self._submit(c, sid, text, mode)
+        if turn_id is None:
+            return None
+        pid = self._taken(c, sid, turn_id, TAKEN_S)
+        turn = self._settled(c, sid, turn_id, SETTLE_S)
+        return (turn or {"outcome": "active"}), pid
+
+    def _settled(self, c: Client, sid: str, turn_id: str, timeout: float) -> dict[str, Any] | None:
+        """The Turn once settled, or None if it is still active after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            status, body = c.call_raw(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            if status == 200:
+                turn = next((t for t in body["turns"] if t["turnId"] == turn_id), None)
+                if turn is not None and turn["phase"] == "settled":
+                    return dict(turn)
+            if time.monotonic() >= deadline:
+                return None
+            time.sleep(0.1)
+
+    def _idle(self, c: Client, sid: str, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            status, body = c.call_raw(
+                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            if status == 200 and all(t["phase"] == "settled" for t in body["turns"]):
+                return True
+            time.sleep(0.2)
+        return False
+
+
+def _worker_pid(c: Client) -> int | None:
+    for w in c.call("host.status")["workers"]:
+        if w["provider"] == "tutti-agent" and w.get("pid"):
+            return int(w["pid"])
+    return None
+
+
+def _stopped(pid: int | None) -> bool:
+    """Whether the process is stopped (SIGSTOP: state `T`, or `t` traced)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text() if pid else ""
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[:1] in (["T"], ["t"])
+
+
+def _peak_rss_kib(pid: int | None) -> int | None:
+    """The process's peak resident set (`VmHWM`), None when it is gone."""
+    if pid is None:
+        return None
+    try:
+        lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+    except OSError:
+        return None
+    return next((int(x.split()[1]) for x in lines if x.startswith("VmHWM:")), None)
