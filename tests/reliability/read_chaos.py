@@ -1,0 +1,166 @@
+"""The reads a GUI lives on, in the soaks' chaos (docs/protocol.md, "session.list",
+"session.timeline", "session.lineage"; docs/reliability.md, the reads' laws): a reader pages
+`session.list` to its end with a small `limit`, pages a Session's timeline with
+`afterSequence`, or reads a Session's lineage, while the other clients create, delete, rename,
+pin, fork and run Turns (and, in the crash soak, while the daemon is killed). Around each read
+it reads the store (`read_view`: before the first request, after the last answer), and
+`check_read_answers` holds each answer to both (`list_pages`, `timeline_pages`,
+`lineage_answer`). A read a kill cut (no reply) or a Session deleted meanwhile (404) is
+counted and dropped, not a failure; any other error answer is a failure."""
+
+from __future__ import annotations
+
+import random
+import threading
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from tests.support.daemon import WS
+from tests.support.invariants import (
+    LineageRead,
+    ListPaging,
+    ReadAnswer,
+    TimelinePaging,
+    Violation,
+    check_read_answers,
+    read_view,
+)
+from transport.client import Client, ClientClosed, ClientTimeout
+
+LIST_LIMIT = 3
+"""`session.list`'s `limit` while paging: small, so a paging spans many pages and writes."""
+TIMELINE_LIMIT = 2
+"""`session.timeline`'s `limit` while paging."""
+MAX_PAGES = 500
+"""A paging that has not ended after this many pages is a failure (a cursor that loops)."""
+GONE = ("workspace_agent_session_not_found",)
+"""The refusal a law allows a read of one Session: it was deleted meanwhile."""
+
+
+class Cut(Exception):
+    """A read ended without an answer to keep (no reply, or its Session deleted)."""
+
+
+class Reader:
+    """The read actions of one soak's clients, and what they were answered."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self.lock = threading.Lock()
+        self.reads: list[ReadAnswer] = []
+        self.checked = 0
+        """How many of `reads` `check` has held to their laws (each is checked once)."""
+        self.calls: Counter[str] = Counter()
+        self.failures: list[str] = []
+
+    def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
+        """One read: page the Sessions, page a Session's timeline, or read its lineage."""
+        mine = sorted(sids)
+        how = rng.choice(["list", "timeline", "lineage"]) if mine else "list"
+        try:
+            if how == "list":
+                read: ReadAnswer = self.page_list(c)
+            elif how == "timeline":
+                read = self.page_timeline(c, rng.choice(mine))
+            else:
+                read = self.lineage(c, rng.choice(mine))
+        except Cut as why:
+            with self.lock:
+                self.calls[f"read {how} cut: {why}"] += 1
+            return
+        except AssertionError as exc:
+            with self.lock:
+                self.failures.append(f"{tag}: {how}: {exc}")
+            return
+        with self.lock:
+            self.reads.append(read)
+            self.calls[f"read {how} kept"] += 1
+
+    def sweep(self, c: Client, sids: Iterable[str]) -> None:
+        """Each read once, over one Session of `sids` (after a restart: what it reads back)."""
+        mine = sorted(sids)
+        rng = random.Random(len(self.reads))
+        for how in ("list", "timeline", "lineage"):
+            if how != "list" and not mine:
+                return
+            try:
+                if how == "list":
+                    read: ReadAnswer = self.page_list(c)
+                elif how == "timeline":
+                    read = self.page_timeline(c, rng.choice(mine))
+                else:
+                    read = self.lineage(c, rng.choice(mine))
+            except Cut as why:
+                with self.lock:
+                    self.calls[f"sweep {how} cut: {why}"] += 1
+                continue
+            with self.lock:
+                self.reads.append(read)
+                self.calls[f"sweep {how} kept"] += 1
+
+    def check(self) -> list[Violation]:
+        """The reads' laws over the reads not checked yet."""
+        with self.lock:
+            fresh = self.reads[self.checked :]
+            self.checked = len(self.reads)
+        return check_read_answers(fresh)
+
+    def _call(self, c: Client, method: str, params: dict[str, Any]) -> dict[str, Any]:
+        try:
+            status, body = c.call_raw(method, params)
+        except (ClientTimeout, ClientClosed) as exc:
+            raise Cut(f"{method} {type(exc).__name__}") from None
+        if status == 404 and body.get("reason") in GONE:
+            raise Cut(f"{method} 404")
+        assert status == 200, f"{method} {params} → {status} {body}"
+        return body
+
+    def page_list(self, c: Client) -> ListPaging:
+        """`session.list` paged to its end (`nextCursor` until null)."""
+        before = read_view(self.home, WS)
+        pages: list[tuple[tuple[str, ...], bool]] = []
+        cursor: str | None = None
+        while True:
+            params: dict[str, Any] = {"workspaceId": WS, "limit": LIST_LIMIT}
+            if cursor is not None:
+                params["cursor"] = cursor
+            body = self._call(c, "session.list", params)
+            cursor = body.get("nextCursor")
+            ids = tuple(str(s["agentSessionId"]) for s in body["sessions"])
+            pages.append((ids, cursor is not None))
+            if cursor is None:
+                break
+            assert len(pages) < MAX_PAGES, f"session.list paged {len(pages)} times"
+        return ListPaging(LIST_LIMIT, tuple(pages), before, read_view(self.home, WS))
+
+    def page_timeline(self, c: Client, sid: str) -> TimelinePaging:
+        """`session.timeline` of `sid` paged to its end (`afterSequence` = `nextSequence`)."""
+        before = read_view(self.home, WS, [sid])
+        pages: list[tuple[tuple[tuple[str, int], ...], bool]] = []
+        after = 0
+        while True:
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "afterSequence": after,
+                "limit": TIMELINE_LIMIT,
+            }
+            body = self._call(c, "session.timeline", params)
+            turns = tuple((str(t["turnId"]), int(t["sequence"])) for t in body["turns"])
+            nxt = body.get("nextSequence")
+            pages.append((turns, nxt is not None))
+            if nxt is None:
+                break
+            after = int(nxt)
+            assert len(pages) < MAX_PAGES, f"session.timeline paged {len(pages)} times"
+        return TimelinePaging(
+            sid, TIMELINE_LIMIT, tuple(pages), before, read_view(self.home, WS, [sid])
+        )
+
+    def lineage(self, c: Client, sid: str) -> LineageRead:
+        """`session.lineage` of `sid`."""
+        before = read_view(self.home, WS)
+        body = self._call(c, "session.lineage", {"workspaceId": WS, "agentSessionId": sid})
+        return LineageRead(sid, body, before, read_view(self.home, WS))
