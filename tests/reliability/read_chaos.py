@@ -6,7 +6,9 @@ pin, fork and run Turns (and, in the crash soak, while the daemon is killed). Ar
 it reads the store (`read_view`: before the first request, after the last answer), and
 `check_read_answers` holds each answer to both (`list_pages`, `timeline_pages`,
 `lineage_answer`). A read a kill cut (no reply) or a Session deleted meanwhile (404) is
-counted and dropped, not a failure; any other error answer is a failure."""
+counted and dropped, not a failure; any other error answer is a failure. A reader's step is at
+times a write a page shows instead (`session.pin`, `session.updateTitle`), so the readers race
+pins and renames in both soaks; only a 500 to it is a failure."""
 
 from __future__ import annotations
 
@@ -37,6 +39,8 @@ MAX_PAGES = 500
 """A paging that has not ended after this many pages is a failure (a cursor that loops)."""
 GONE = ("workspace_agent_session_not_found",)
 """The refusal a law allows a read of one Session: it was deleted meanwhile."""
+BUSY = ("store_busy",)
+"""A read refused while another process holds the store (counted; none seen so far)."""
 
 
 class Cut(Exception):
@@ -58,7 +62,10 @@ class Reader:
     def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
         """One read: page the Sessions, page a Session's timeline, or read its lineage."""
         mine = sorted(sids)
-        how = rng.choice(["list", "timeline", "lineage"]) if mine else "list"
+        how = rng.choice(["list", "timeline", "lineage", "write"]) if mine else "list"
+        if how == "write":
+            self.write(c, rng, rng.choice(mine), tag)
+            return
         try:
             if how == "list":
                 read: ReadAnswer = self.page_list(c)
@@ -77,6 +84,22 @@ class Reader:
         with self.lock:
             self.reads.append(read)
             self.calls[f"read {how} kept"] += 1
+
+    def write(self, c: Client, rng: random.Random, sid: str, tag: str) -> None:
+        """A write a page shows, racing the other readers: a pin or a rename of `sid`."""
+        params: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
+        if rng.random() < 0.5:
+            method, params["pinned"] = "session.pin", rng.random() < 0.5
+        else:
+            method, params["title"] = "session.updateTitle", f"r{rng.randrange(1000)}"
+        try:
+            status, body = c.call_raw(method, params)
+        except (ClientTimeout, ClientClosed):
+            status, body = 0, {"reason": "lost"}
+        with self.lock:
+            self.calls[f"{method} {status} {body.get('reason', '')}".rstrip()] += 1
+            if status == 500:
+                self.failures.append(f"{tag}: {method} → 500 {body}")
 
     def sweep(self, c: Client, sids: Iterable[str]) -> None:
         """Each read once, over one Session of `sids` (after a restart: what it reads back)."""
@@ -114,6 +137,8 @@ class Reader:
             raise Cut(f"{method} {type(exc).__name__}") from None
         if status == 404 and body.get("reason") in GONE:
             raise Cut(f"{method} 404")
+        if status == 503 and body.get("reason") in BUSY:
+            raise Cut(f"{method} 503")
         assert status == 200, f"{method} {params} → {status} {body}"
         return body
 

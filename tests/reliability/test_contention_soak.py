@@ -114,6 +114,7 @@ import zmq
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -208,6 +209,9 @@ NEW_LAWS = (
     Law.STATUS_BOUNDS,
     Law.RESTORE_UNDO_KEPT,
     Law.WORKSPACE_ANSWER,
+    Law.LIST_PAGES,
+    Law.TIMELINE_PAGES,
+    Law.LINEAGE_ANSWER,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -216,7 +220,7 @@ pytestmark = pytest.mark.timeout(trials(240, 1200))
 
 
 class Tally:
-    def __init__(self) -> None:
+    def __init__(self, home: Path) -> None:
         self.lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
@@ -230,6 +234,8 @@ class Tally:
         self.codex: set[str] = set()  # the Codex Sessions
         self.asker = Asker(self.provider_of)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+        self.reader = Reader(home)
+        """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
 
     def provider_of(self, sid: str) -> str:
         return CLAUDE if sid in self.claude else CODEX if sid in self.codex else "tutti-agent"
@@ -285,8 +291,9 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                 "get",
                 "restore",
                 "workspace_diff",
+                "read",
             ],
-            weights=[6, 2, 1, 1, 1, 0.5, 1, 1, 1, 0.5],
+            weights=[6, 2, 1, 1, 1, 0.5, 1, 1, 1, 0.5, 1],
         )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
@@ -352,6 +359,8 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
         elif action in ("restore", "workspace_diff"):
             workspace_call(t, c, rng, sid, action)
+        elif action == "read":
+            t.reader.step(c, rng, sids + t.children, f"client {n}")  # page or read the lineage
         elif action == "settings":
             settings = t.asker.settings(sid, {"r": rng.randrange(100)})
             t.call(c, "session.updateSettings", s | {"settings": settings})
@@ -803,7 +812,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         home, args=("--listen", f"tcp://127.0.0.1:{port}"), preexec_fn=_limit_fds
     ).start()
     pressure = FdPressure(d, port, seed)
-    t = Tally()
+    t = Tally(home)
     stop = threading.Event()
     locks = 0
     locked_s = 0.0
@@ -994,6 +1003,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         codex_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in codex)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
+        reads_wrong = t.reader.check()
         asked_violations = t.asker.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
@@ -1017,6 +1027,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + status_violations
         + answers_wrong
         + asked_violations
+        + reads_wrong
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -1076,6 +1087,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
         "  " + t.asker.summary(),
+        f"  reads held to the store: {len(t.reader.reads)} "
+        + " ".join(f"{k}={v}" for k, v in sorted(t.reader.calls.items())),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -1094,6 +1107,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     assert not t.failures, (seed, t.failures[:10])
     lost = [k for k in t.asker.calls if k.endswith(" lost")]
     assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
+    assert not t.reader.failures and t.reader.reads, (seed, t.reader.failures[:10])
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

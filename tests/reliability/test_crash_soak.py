@@ -113,6 +113,7 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -192,6 +193,8 @@ seed fork, the long profile's `CODEX_ROUND` before its Codex one."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
 ASK_SHARE = 0.15
+READ_SHARE = 0.08
+"""The share of client steps that page or read a lineage (`read_chaos.Reader`)."""
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 STALL_EVERY = 5
 """Round `n` is a stalled-git round when `n % STALL_EVERY == 3`, and one whose daemon is
@@ -252,6 +255,8 @@ class World:
         self.diffed: set[WorkspaceAnswer] = set()  # answers whose changes were compared
         self.asker = Asker(self.provider.get)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+        self.reader = Reader(home)
+        """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -325,6 +330,9 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
         ops = list(w.ops)
     if rng.random() < ASK_SHARE:
         w.asker.step(c, rng, sessions, tag)  # ask, answer or interrupt
+        return
+    if rng.random() < READ_SHARE:
+        w.reader.step(c, rng, sessions, tag)  # page, read a lineage, or pin or rename
         return
     sid = rng.choice(sessions) if sessions else None
     action = rng.choices(
@@ -696,6 +704,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
+                # What the restarted daemon reads back (the clients parked).
+                w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
             if action != "stop_worker" or stopped is None:
                 release_asks(w)
             grace = None
@@ -724,6 +734,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             answers_wrong = check_answers(w)
             violations += len(answers_wrong)
             assert not answers_wrong, (seed, answers_wrong)
+            reads_wrong = w.reader.check()  # the reads since the last check
+            violations += len(reads_wrong)
+            assert not reads_wrong, (seed, reads_wrong)
             # No process of a killed daemon (its workers, their app-servers) outlives it, and
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
@@ -761,6 +774,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         asked_violations = w.asker.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
+        w.reader.sweep(c, list(w.sessions))
+        assert not w.reader.check(), seed
         checks += 1
         spares_seen = max(spares_seen, final.spare_homes)
     finally:
@@ -769,7 +784,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         for t in threads:
             t.join(10)
         w.daemon.stop()
-    assert not w.failures + w.asker.failures, (seed, (w.failures + w.asker.failures)[:10])
+    failures = w.failures + w.asker.failures + w.reader.failures
+    assert not failures, (seed, failures[:10])
     assert not asked_violations, (seed, asked_violations)
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
@@ -796,6 +812,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f" {sum(a.method == 'workspace.restore' for a in w.answers)}, diffs compared"
         f" {len(w.diffed)})",
         w.asker.summary(),
+        f"reads held to the store: {len(w.reader.reads)} "
+        + " ".join(f"{k}={v}" for k, v in sorted(w.reader.calls.items())),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))
