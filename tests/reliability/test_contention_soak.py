@@ -83,6 +83,12 @@ and lock takes; once the chaos is over the asked Turns still active are interrup
 the clients were answered is checked (`interaction_answered`, `interrupt_answered`;
 `interaction_state` with every store law), the answers counted by status.
 
+The reads a GUI lives on among the clients' actions (`read_chaos.Reader`): `session.list`
+paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
+`session.lineage` — or a pin or rename the pages show — racing the Turns, forks, deletes and
+lock takes; after the chaos each read is held to the store as it was before and after it
+(`list_pages`, `timeline_pages`, `lineage_answer`).
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""

@@ -89,6 +89,12 @@ the same Session; after every round's kill or fault the Turns asked and still ac
 interrupted (so the round's waits for settled work end), `interaction_state` is checked with
 every law, and at the end what the clients were answered is checked (`interaction_answered`,
 `interrupt_answered`); the summary counts the answers by status.
+The reads a GUI lives on too (`read_chaos.Reader`): a client step pages `session.list` or a
+Session's `session.timeline`, reads a `session.lineage`, or pins or renames a Session, racing
+the others and the kills (a read a kill cuts is dropped); after each restart the daemon's
+answers to each read are read back, and at every check the reads since the last one are held
+to the store as it was before and after them (`list_pages`, `timeline_pages`,
+`lineage_answer`).
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
