@@ -21,6 +21,7 @@ from typing import Any
 
 from tests.support.daemon import WS
 from tests.support.invariants import (
+    ForkPaging,
     LineageRead,
     ListPaging,
     ReadAnswer,
@@ -35,6 +36,8 @@ LIST_LIMIT = 3
 """`session.list`'s `limit` while paging: small, so a paging spans many pages and writes."""
 TIMELINE_LIMIT = 2
 """`session.timeline`'s `limit` while paging."""
+FORKS_LIMIT = 1
+"""`session.lineage`'s `maxNodes` while paging a Session's forks by `afterOrdinal`."""
 MAX_PAGES = 500
 """A paging that has not ended after this many pages is a failure (a cursor that loops)."""
 GONE = ("workspace_agent_session_not_found",)
@@ -62,7 +65,7 @@ class Reader:
     def step(self, c: Client, rng: random.Random, sids: Iterable[str], tag: str) -> None:
         """One read: page the Sessions, page a Session's timeline, or read its lineage."""
         mine = sorted(sids)
-        how = rng.choice(["list", "timeline", "lineage", "write"]) if mine else "list"
+        how = rng.choice(["list", "timeline", "lineage", "forks", "write"]) if mine else "list"
         if how == "write":
             self.write(c, rng, rng.choice(mine), tag)
             return
@@ -71,6 +74,8 @@ class Reader:
                 read: ReadAnswer = self.page_list(c)
             elif how == "timeline":
                 read = self.page_timeline(c, rng.choice(mine))
+            elif how == "forks":
+                read = self.page_forks(c, rng.choice(mine))
             else:
                 read = self.lineage(c, rng.choice(mine))
         except Cut as why:
@@ -86,12 +91,18 @@ class Reader:
             self.calls[f"read {how} kept"] += 1
 
     def write(self, c: Client, rng: random.Random, sid: str, tag: str) -> None:
-        """A write a page shows, racing the other readers: a pin or a rename of `sid`."""
+        """A write a page shows, racing the other readers: a pin, a rename or a goal (set or
+        cleared: its text counts in a `session.list` page's bytes) of `sid`."""
         params: dict[str, Any] = {"workspaceId": WS, "agentSessionId": sid}
-        if rng.random() < 0.5:
+        draw = rng.random()
+        if draw < 0.3:
             method, params["pinned"] = "session.pin", rng.random() < 0.5
-        else:
+        elif draw < 0.6:
             method, params["title"] = "session.updateTitle", f"r{rng.randrange(1000)}"
+        elif draw < 0.8:
+            method, params["goal"] = "goal.set", "x" * rng.randrange(1, 2000)
+        else:
+            method = "goal.clear"
         try:
             status, body = c.call_raw(method, params)
         except (ClientTimeout, ClientClosed):
@@ -105,7 +116,7 @@ class Reader:
         """Each read once, over one Session of `sids` (after a restart: what it reads back)."""
         mine = sorted(sids)
         rng = random.Random(len(self.reads))
-        for how in ("list", "timeline", "lineage"):
+        for how in ("list", "timeline", "lineage", "forks"):
             if how != "list" and not mine:
                 return
             try:
@@ -113,6 +124,8 @@ class Reader:
                     read: ReadAnswer = self.page_list(c)
                 elif how == "timeline":
                     read = self.page_timeline(c, rng.choice(mine))
+                elif how == "forks":
+                    read = self.page_forks(c, rng.choice(mine))
                 else:
                     read = self.lineage(c, rng.choice(mine))
             except Cut as why:
@@ -189,3 +202,25 @@ class Reader:
         before = read_view(self.home, WS)
         body = self._call(c, "session.lineage", {"workspaceId": WS, "agentSessionId": sid})
         return LineageRead(sid, body, before, read_view(self.home, WS))
+
+    def page_forks(self, c: Client, sid: str) -> ForkPaging:
+        """`sid`'s own forks paged by `afterOrdinal`, `FORKS_LIMIT` a page, to the end."""
+        before = read_view(self.home, WS)
+        pages: list[tuple[tuple[str, int], ...]] = []
+        after = 0
+        while True:
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "maxNodes": FORKS_LIMIT,
+                "afterOrdinal": after,
+            }
+            body = self._call(c, "session.lineage", params)
+            page = tuple((str(n["agentSessionId"]), int(n["ordinal"])) for n in body["descendants"])
+            pages.append(page)
+            cut = body.get("truncated")
+            if cut is None or not cut.get("omittedChildren") or not page:
+                break
+            after = page[-1][1]
+            assert len(pages) < MAX_PAGES, f"session.lineage paged {len(pages)} times"
+        return ForkPaging(sid, FORKS_LIMIT, tuple(pages), before, read_view(self.home, WS))

@@ -35,6 +35,7 @@ from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
     Answered,
+    ForkPaging,
     Law,
     LineageRead,
     ListPaging,
@@ -1260,6 +1261,7 @@ def read(tmp_path_factory: pytest.TempPathFactory) -> Read:
             reader.page_timeline(c, sid),
             reader.lineage(c, child),
             reader.lineage(c, sid),
+            reader.page_forks(c, sid),
         ]
     finally:
         d.stop()
@@ -1271,10 +1273,11 @@ def read_laws(reads: list[ReadAnswer]) -> set[Law]:
 
 
 def test_real_reads_keep_the_reads_laws(read: Read) -> None:
-    listing, timeline, up, down = read.reads
+    listing, timeline, up, down, forks = read.reads
     assert isinstance(listing, ListPaging) and len(listing.pages) >= 3  # 7 live, limit 3
     assert isinstance(timeline, TimelinePaging) and len(timeline.pages) >= 3  # 5 Turns, limit 2
     assert isinstance(down, LineageRead) and down.answer["descendants"]
+    assert isinstance(forks, ForkPaging) and len(forks.pages) == 2  # 2 forks, maxNodes 1
     assert check_read_answers(read.reads) == []
 
 
@@ -1324,3 +1327,14 @@ def test_a_lineage_answer_that_disagrees_with_the_store_is_reported(read: Read) 
     misplaced = replace(down, answer={**down.answer, "descendants": moved})
     for bad in (no_ancestors, missing, shown_live, reordered, wrong_ordinal, misplaced):
         assert read_laws([bad]) == {Law.LINEAGE_ANSWER}, bad.answer
+
+
+def test_a_fork_paging_that_misses_repeats_or_goes_back_is_reported(read: Read) -> None:
+    forks = read.reads[4]
+    assert isinstance(forks, ForkPaging)
+    first, second = forks.pages
+    missed = replace(forks, pages=(first,))
+    twice = replace(forks, pages=(first, first + second))
+    back = replace(forks, pages=(second, first))
+    for bad in (missed, twice, back):
+        assert read_laws([bad]) == {Law.LINEAGE_ANSWER}, bad.pages

@@ -273,8 +273,9 @@ class Law(StrEnum):
     order with rising ordinals (or an ordinal is not the store's while no fork of that source
     committed meanwhile), a committed fork of the tree before the read is missing from an
     answer with `truncated` null, or one shown live (`session` set, `deleted` false) was
-    deleted before the read, or one shown deleted is live after it (docs/protocol.md,
-    "session.lineage")."""
+    deleted before the read, or one shown deleted is live after it; or a Session's forks
+    paged by `afterOrdinal` went back, missed one committed before the paging, or showed one
+    twice while none committed meanwhile (docs/protocol.md, "session.lineage")."""
 
 
 STORE_LAWS = frozenset(
@@ -2651,7 +2652,20 @@ class LineageRead:
     after: ReadView
 
 
-ReadAnswer = ListPaging | TimelinePaging | LineageRead
+@dataclass(frozen=True, slots=True)
+class ForkPaging:
+    """A Session's own forks paged with `session.lineage` `maxNodes` = `limit` and
+    `afterOrdinal` = the last ordinal listed, until `truncated` is null: each page's
+    (agentSessionId, ordinal) in order; the store before and after."""
+
+    session: str
+    limit: int
+    pages: tuple[tuple[tuple[str, int], ...], ...]
+    before: ReadView
+    after: ReadView
+
+
+ReadAnswer = ListPaging | TimelinePaging | LineageRead | ForkPaging
 
 
 def check_read_answers(reads: Iterable[ReadAnswer]) -> list[Violation]:
@@ -2663,6 +2677,8 @@ def check_read_answers(reads: Iterable[ReadAnswer]) -> list[Violation]:
             out += _list_pages(r)
         elif isinstance(r, TimelinePaging):
             out += _timeline_pages(r)
+        elif isinstance(r, ForkPaging):
+            out += _fork_pages(r)
         else:
             out += _lineage_answer(r)
     return out
@@ -2800,4 +2816,31 @@ def _lineage_answer(r: LineageRead) -> list[Violation]:
         missing = sorted(set(tree) - listed)
         if missing:
             fail(f"committed forks before the read missing from an untruncated answer: {missing}")
+    return out
+
+
+def _fork_pages(r: ForkPaging) -> list[Violation]:
+    """A paging of a Session's forks by `afterOrdinal`: ordinals rise across its pages, every
+    fork committed before it began is shown (an ordinal only grows: a fork not yet reached
+    is reached later), and one is shown twice only if a fork of the Session committed
+    meanwhile (an adopt of an earlier-asked fork moves the later ones up, docs/protocol.md)."""
+    out: list[Violation] = []
+
+    def fail(detail: str) -> None:
+        out.append(Violation(Law.LINEAGE_ANSWER, f"session {r.session} forks paged: {detail}"))
+
+    shown = [item for page in r.pages for item in page]
+    ordinals = [o for _, o in shown]
+    if any(b <= a for a, b in itertools.pairwise(ordinals)):
+        fail(f"ordinals not rising across pages: {ordinals}")
+    if any(len(page) > r.limit for page in r.pages):
+        fail(f"a page over maxNodes {r.limit}: {r.pages}")
+    ids = [i for i, _ in shown]
+    missed = sorted(set(r.before.forks.get(r.session, ())) - set(ids))
+    if missed:
+        fail(f"forks committed before the paging not shown: {missed}")
+    twice = sorted(k for k, v in Counter(ids).items() if v > 1)
+    steady = r.before.forks.get(r.session, ()) == r.after.forks.get(r.session, ())
+    if twice and steady:
+        fail(f"forks shown twice though none committed meanwhile: {twice}")
     return out
