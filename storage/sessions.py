@@ -50,6 +50,7 @@ class SessionStore:
         self._submit = db.submit_write
         self._all = db.rows
         self._one = db.one
+        self._read = db.read
         self._with_conn = db.with_conn
         # (workspace, session) → provider: fixed at create, and a Session's row is never
         # removed nor its id reused (a delete is soft), so an entry never goes stale.
@@ -158,7 +159,9 @@ class SessionStore:
 
         `max_bytes`: the page ends before the Session that would take its stored text (settings,
         runtime context, title, cwd, goal) past it — never before the first — and `nextCursor`
-        continues from there; only the Sessions of the page are read whole."""
+        continues from there; only the Sessions of the page are read whole. The sizes and the
+        page are one read snapshot: a Session deleted between two statements would let one
+        that was never measured into the page, past `max_bytes`."""
         if not 1 <= limit <= 1000:
             raise InvalidArgument("limit", "limit must be between 1 and 1000")
         after_created, after_id = -1, ""
@@ -176,23 +179,26 @@ class SessionStore:
         )
         args = (ws, after_created, after_created, after_id)
         more = False
-        if max_bytes is not None:
-            # Sizes first: a page of huge settings is not read whole only to be cut.
-            sizes = self._all(
-                "SELECT length(s.settings_json) + length(s.runtime_context_json)"
-                " + length(s.title) + length(s.cwd) + coalesce(length(s.goal), 0)"
-                " FROM sessions s" + where,
-                (*args, limit + 1),
-            )
-            fit, total = 0, 0
-            for (size,) in sizes[:limit]:
-                total += int(size or 0) + _SESSION_OVERHEAD
-                if fit and total > max_bytes:
-                    break
-                fit += 1
-            more = len(sizes) > fit
-            limit = fit
-        rows = self._all(SESSION_SELECT + where, (*args, limit + 1))
+        if max_bytes is None:
+            rows = self._all(SESSION_SELECT + where, (*args, limit + 1))
+        else:
+            with self._read() as conn:
+                # Sizes first: a page of huge settings is not read whole only to be cut.
+                sizes = conn.execute(
+                    "SELECT length(s.settings_json) + length(s.runtime_context_json)"
+                    " + length(s.title) + length(s.cwd) + coalesce(length(s.goal), 0)"
+                    " FROM sessions s" + where,
+                    (*args, limit + 1),
+                ).fetchall()
+                fit, total = 0, 0
+                for (size,) in sizes[:limit]:
+                    total += int(size or 0) + _SESSION_OVERHEAD
+                    if fit and total > max_bytes:
+                        break
+                    fit += 1
+                more = len(sizes) > fit
+                limit = fit
+                rows = conn.execute(SESSION_SELECT + where, (*args, limit + 1)).fetchall()
         sessions = [session_from_row(r) for r in rows[:limit]]
         next_cursor = None
         if (more or len(rows) > limit) and sessions:

@@ -88,6 +88,11 @@ starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the cha
 after another (one endless line, garbage, non-object notifications, its stdout closed at
 `turn/start` or mid-Turn) on Turns of the chaos's two Sessions, under the lock takes and the
 SIGSTOPs; at the end `provider_fault_settles` judges what was seen.
+The reads a GUI lives on among the clients' actions (`read_chaos.Reader`): `session.list`
+paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
+`session.lineage` — or a pin or rename the pages show — racing the Turns, forks, deletes and
+lock takes; after the chaos each read is held to the store as it was before and after it
+(`list_pages`, `timeline_pages`, `lineage_answer`).
 
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
@@ -121,6 +126,7 @@ from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
+from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
     fork_latest_params,
@@ -216,6 +222,9 @@ NEW_LAWS = (
     Law.RESTORE_UNDO_KEPT,
     Law.WORKSPACE_ANSWER,
     Law.PROVIDER_FAULT_SETTLES,
+    Law.LIST_PAGES,
+    Law.TIMELINE_PAGES,
+    Law.LINEAGE_ANSWER,
 )
 """The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
 violations one by one."""
@@ -224,7 +233,7 @@ pytestmark = pytest.mark.timeout(trials(240, 1200))
 
 
 class Tally:
-    def __init__(self) -> None:
+    def __init__(self, home: Path) -> None:
         self.lock = threading.Lock()
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
@@ -238,6 +247,8 @@ class Tally:
         self.codex: set[str] = set()  # the Codex Sessions
         self.asker = Asker(self.provider_of)
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
+        self.reader = Reader(home)
+        """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
 
     def provider_of(self, sid: str) -> str:
         return CLAUDE if sid in self.claude else CODEX if sid in self.codex else "tutti-agent"
@@ -293,8 +304,9 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                 "get",
                 "restore",
                 "workspace_diff",
+                "read",
             ],
-            weights=[6, 2, 1, 1, 1, 0.5, 1, 1, 1, 0.5],
+            weights=[6, 2, 1, 1, 1, 0.5, 1, 1, 1, 0.5, 1],
         )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
@@ -360,6 +372,8 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
         elif action in ("restore", "workspace_diff"):
             workspace_call(t, c, rng, sid, action)
+        elif action == "read":
+            t.reader.step(c, rng, sids + t.children, f"client {n}")  # page or read the lineage
         elif action == "settings":
             settings = t.asker.settings(sid, {"r": rng.randrange(100)})
             t.call(c, "session.updateSettings", s | {"settings": settings})
@@ -811,7 +825,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         home, args=("--listen", f"tcp://127.0.0.1:{port}"), preexec_fn=_limit_fds
     ).start()
     pressure = FdPressure(d, port, seed)
-    t = Tally()
+    t = Tally(home)
     faults = ProviderChaos(tmp_path / "arms", seed)
     stop = threading.Event()
     locks = 0
@@ -1009,6 +1023,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         codex_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in codex)
         live = check_invariants(home, live_grace_s=5, repositories=repositories)
         answers_wrong = check_workspace_answers(home, t.answers)
+        reads_wrong = t.reader.check()
         asked_violations = t.asker.check(c)
         fault_violations = faults.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
@@ -1034,6 +1049,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + answers_wrong
         + asked_violations
         + fault_violations
+        + reads_wrong
     )
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
@@ -1094,6 +1110,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         "  " + final.summary(),
         "  " + t.asker.summary(),
         "  " + faults.summary(),
+        f"  reads held to the store: {len(t.reader.reads)} "
+        + " ".join(f"{k}={v}" for k, v in sorted(t.reader.calls.items())),
     ]
     summary += [f"    {k}: {v}" for k, v in sorted(t.calls.items())]
     print("\n".join(summary))
@@ -1115,6 +1133,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # ... and a provider misbehaved on its stdout in a round no fault of the soak's disturbed.
     assert any(not f.disturbed for f in faults.faults), (seed, faults.summary())
     assert not faults.failures, (seed, faults.failures)
+    assert not t.reader.failures and t.reader.reads, (seed, t.reader.failures[:10])
     # The run really met the fault and really ran turns and forks.
     assert locks > 0 and turn_outcomes["completed"] > 0 and t.ops
     # Removing `run/` never let a second daemon serve the home or recover its store.

@@ -94,6 +94,12 @@ starts through `tests/daemon/misbehaving_app_server.py`, and in each odd round b
 one a Turn of one of the chaos's two Sessions meets a fault (one endless line, garbage, non-object
 notifications, its stdout closed at `turn/start` or mid-Turn) among the clients' load, the
 round's kill landing on it or not; at the end `provider_fault_settles` judges what was seen.
+The reads a GUI lives on too (`read_chaos.Reader`): a client step pages `session.list` or a
+Session's `session.timeline`, reads a `session.lineage`, or pins or renames a Session, racing
+the others and the kills (a read a kill cuts is dropped); after each restart the daemon's
+answers to each read are read back, and at every check the reads since the last one are held
+to the store as it was before and after them (`list_pages`, `timeline_pages`,
+`lineage_answer`).
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -119,6 +125,7 @@ import pytest
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
+from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
     SOAK,
@@ -198,6 +205,8 @@ seed fork, the long profile's `CODEX_ROUND` before its Codex one."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
 ASK_SHARE = 0.15
+READ_SHARE = 0.08
+"""The share of client steps that page or read a lineage (`read_chaos.Reader`)."""
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 STALL_EVERY = 5
 """Round `n` is a stalled-git round when `n % STALL_EVERY == 3`, and one whose daemon is
@@ -260,6 +269,8 @@ class World:
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
         self.faults = ProviderChaos(home.parent / "arms", seed)
         """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
+        self.reader = Reader(home)
+        """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -333,6 +344,9 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
         ops = list(w.ops)
     if rng.random() < ASK_SHARE:
         w.asker.step(c, rng, sessions, tag)  # ask, answer or interrupt
+        return
+    if rng.random() < READ_SHARE:
+        w.reader.step(c, rng, sessions, tag)  # page, read a lineage, or pin or rename
         return
     sid = rng.choice(sessions) if sessions else None
     action = rng.choices(
@@ -714,6 +728,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 with w.lock:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
+                # What the restarted daemon reads back (the clients parked).
+                w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
             if action != "stop_worker" or stopped is None:
                 release_asks(w)
             grace = None
@@ -742,6 +758,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             answers_wrong = check_answers(w)
             violations += len(answers_wrong)
             assert not answers_wrong, (seed, answers_wrong)
+            reads_wrong = w.reader.check()  # the reads since the last check
+            violations += len(reads_wrong)
+            assert not reads_wrong, (seed, reads_wrong)
             # No process of a killed daemon (its workers, their app-servers) outlives it, and
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
@@ -782,6 +801,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         fault_violations = w.faults.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
+        w.reader.sweep(c, list(w.sessions))
+        assert not w.reader.check(), seed
         checks += 1
         spares_seen = max(spares_seen, final.spare_homes)
     finally:
@@ -790,7 +811,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         for t in threads:
             t.join(10)
         w.daemon.stop()
-    assert not w.failures + w.asker.failures, (seed, (w.failures + w.asker.failures)[:10])
+    failures = w.failures + w.asker.failures + w.reader.failures
+    assert not failures, (seed, failures[:10])
     assert not asked_violations, (seed, asked_violations)
     assert not fault_violations and not w.faults.failures, (
         seed,
@@ -824,6 +846,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f" {len(w.diffed)})",
         w.asker.summary(),
         w.faults.summary(),
+        f"reads held to the store: {len(w.reader.reads)} "
+        + " ".join(f"{k}={v}" for k, v in sorted(w.reader.calls.items())),
     ]
     summary += [f"  {k}: {v}" for k, v in sorted(w.calls.items())]
     print("\n".join(summary))

@@ -9,7 +9,7 @@ import shutil
 import subprocess
 import uuid
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +20,7 @@ import pytest
 from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
 from tests.reliability.interaction_chaos import took
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
+from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import fork_params
 from tests.support.daemon import (
     WS,
@@ -36,13 +37,19 @@ from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
     FAULT_RSS_BOUND_KIB,
     Answered,
+    ForkPaging,
     Law,
+    LineageRead,
+    ListPaging,
+    ReadAnswer,
+    TimelinePaging,
     WorkspaceAnswer,
     check_fork_events,
     check_interaction_answers,
     check_interrupts,
     check_invariants,
     check_provider_faults,
+    check_read_answers,
     check_session_events,
     check_status_bounds,
     check_workspace_answers,
@@ -1260,3 +1267,129 @@ def test_a_provider_fault_left_active_mis_settled_or_unbounded_is_reported(tmp_p
     for faults, seen in tampered:
         found = check_provider_faults(faults, seen)
         assert [v.law for v in found] == [Law.PROVIDER_FAULT_SETTLES], (faults, found)
+
+
+# The reads' laws: `list_pages`, `timeline_pages`, `lineage_answer`, over real reads
+# of a real daemon (`read_chaos.Reader`), then each answer changed as a broken read would give it.
+
+
+@dataclass
+class Read:
+    home: Path
+    source: str
+    child: str
+    grandchild: str
+    reads: list[ReadAnswer]
+
+
+@pytest.fixture(scope="module")
+def read(tmp_path_factory: pytest.TempPathFactory) -> Read:
+    home = tmp_path_factory.mktemp("reads") / "home"
+    d = DaemonProcess(home).start()
+    reader = Reader(home)
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        turns = [run_turn(c, sid, f"t{n}")["turnId"] for n in range(5)]
+
+        def fork(source: str, turn: str) -> str:
+            op_id = c.call("fork.create", fork_params(source, turn))["operation"]["operationId"]
+
+            def poll() -> dict[str, Any] | None:
+                op = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+                return op if op["status"] != "accepted" else None
+
+            op = wait_for(poll)
+            assert op["status"] == "committed", op
+            return str(op["targetAgentSessionId"])
+
+        child = fork(sid, turns[1])
+        second = fork(sid, turns[2])
+        grandchild = fork(child, run_turn(c, child, "own")["turnId"])
+        gone = create_session(c)["agentSessionId"]
+        for _ in range(4):
+            create_session(c)
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": gone})
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": second})
+        reads: list[ReadAnswer] = [
+            reader.page_list(c),
+            reader.page_timeline(c, sid),
+            reader.lineage(c, child),
+            reader.lineage(c, sid),
+            reader.page_forks(c, sid),
+        ]
+    finally:
+        d.stop()
+    return Read(home, sid, child, grandchild, reads)
+
+
+def read_laws(reads: list[ReadAnswer]) -> set[Law]:
+    return {v.law for v in check_read_answers(reads)}
+
+
+def test_real_reads_keep_the_reads_laws(read: Read) -> None:
+    listing, timeline, up, down, forks = read.reads
+    assert isinstance(listing, ListPaging) and len(listing.pages) >= 3  # 7 live, limit 3
+    assert isinstance(timeline, TimelinePaging) and len(timeline.pages) >= 3  # 5 Turns, limit 2
+    assert isinstance(down, LineageRead) and down.answer["descendants"]
+    assert isinstance(forks, ForkPaging) and len(forks.pages) == 2  # 2 forks, maxNodes 1
+    assert check_read_answers(read.reads) == []
+
+
+def test_a_list_paging_that_repeats_misses_or_shows_a_deleted_session_is_reported(
+    read: Read,
+) -> None:
+    listing = read.reads[0]
+    assert isinstance(listing, ListPaging)
+    (first, more), *rest = listing.pages
+    twice = replace(listing, pages=((first, more), (first[:1] + rest[0][0][1:], True), *rest[1:]))
+    missed = replace(listing, pages=((first[1:], more), *rest))
+    deleted = next(iter(listing.before.deleted))
+    dead = replace(listing, pages=((first + (deleted,), more), *rest))
+    empty = replace(listing, pages=(((), True), *listing.pages))
+    for bad in (twice, missed, dead, empty):
+        assert read_laws([bad]) == {Law.LIST_PAGES}, bad.pages
+
+
+def test_a_timeline_paging_that_repeats_reorders_or_leaves_a_gap_is_reported(
+    read: Read,
+) -> None:
+    timeline = read.reads[1]
+    assert isinstance(timeline, TimelinePaging)
+    (first, more), *rest = timeline.pages
+    twice = replace(timeline, pages=((first, more), (first, True), *rest))
+    gap = replace(timeline, pages=((first[:1], more), *rest))
+    swapped = replace(timeline, pages=((first[::-1], more), *rest))
+    moved = replace(timeline, pages=(((first[0], (first[1][0], 99)), more), *rest))
+    for bad in (twice, gap, swapped, moved):
+        assert read_laws([bad]) == {Law.TIMELINE_PAGES}, bad.pages
+
+
+def test_a_lineage_answer_that_disagrees_with_the_store_is_reported(read: Read) -> None:
+    up, down = read.reads[2], read.reads[3]
+    assert isinstance(up, LineageRead) and isinstance(down, LineageRead)
+    no_ancestors = replace(up, answer={**up.answer, "ancestors": []})
+    nodes = down.answer["descendants"]
+    child = next(n for n in nodes if n["agentSessionId"] == read.child)
+    missing = replace(down, answer={**down.answer, "descendants": [child | {"children": []}]})
+    deleted = next(n for n in nodes if n["deleted"])
+    revived = [n | {"deleted": False} if n is deleted else n for n in nodes]
+    shown_live = replace(down, answer={**down.answer, "descendants": revived})
+    reordered = replace(down, answer={**down.answer, "descendants": nodes[::-1]})
+    renumbered = [n | {"ordinal": n["ordinal"] + 1} if n is child else n for n in nodes]
+    wrong_ordinal = replace(down, answer={**down.answer, "descendants": renumbered})
+    moved = [child | {"children": []}, *child["children"], *(n for n in nodes if n is not child)]
+    misplaced = replace(down, answer={**down.answer, "descendants": moved})
+    for bad in (no_ancestors, missing, shown_live, reordered, wrong_ordinal, misplaced):
+        assert read_laws([bad]) == {Law.LINEAGE_ANSWER}, bad.answer
+
+
+def test_a_fork_paging_that_misses_repeats_or_goes_back_is_reported(read: Read) -> None:
+    forks = read.reads[4]
+    assert isinstance(forks, ForkPaging)
+    first, second = forks.pages
+    missed = replace(forks, pages=(first,))
+    twice = replace(forks, pages=(first, first + second))
+    back = replace(forks, pages=(second, first))
+    for bad in (missed, twice, back):
+        assert read_laws([bad]) == {Law.LINEAGE_ANSWER}, bad.pages

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
 import os
 import shutil
@@ -262,6 +263,29 @@ class Law(StrEnum):
     (garbage, a notification whose params are no object) failing its Turn; or the worker's
     peak RSS grown past `FAULT_RSS_BOUND_KIB` over the round (docs/reliability.md, "A
     misbehaving provider in the soaks")."""
+
+    # The reads' laws: what a page or a lineage answer promises a GUI, read while
+    # other clients write (`check_read_answers`, over what the soaks' readers were answered).
+    LIST_PAGES = "list_pages"
+    """Paging `session.list` to its end (`nextCursor` until null) showed a Session twice,
+    missed one live for the whole paging (live in the store before the first page and after
+    the last), showed one deleted before the paging began, ended a page with `nextCursor` set
+    and no Session, or gave a page more than its `limit` (docs/protocol.md, "session.list")."""
+    TIMELINE_PAGES = "timeline_pages"
+    """Paging `session.timeline` (`afterSequence` = the last page's `nextSequence`) showed a
+    Turn twice or out of sequence order, left out a Turn settled before the paging began (a
+    gap among settled Turns), showed a Turn at another sequence than the store's, or ended a
+    page that has `nextSequence` with fewer than `limit` Turns (docs/protocol.md)."""
+    LINEAGE_ANSWER = "lineage_answer"
+    """A `session.lineage` answer disagrees with the store: its ancestors are not the
+    Session's `forkedFrom` chain, a descendant is no committed fork of the node it is listed
+    under (or its `lineage` names another source), a node's children are not in operation
+    order with rising ordinals (or an ordinal is not the store's while no fork of that source
+    committed meanwhile), a committed fork of the tree before the read is missing from an
+    answer with `truncated` null, or one shown live (`session` set, `deleted` false) was
+    deleted before the read, or one shown deleted is live after it; or a Session's forks
+    paged by `afterOrdinal` went back, missed one committed before the paging, or showed one
+    twice while none committed meanwhile (docs/protocol.md, "session.lineage")."""
 
 
 STORE_LAWS = frozenset(
@@ -2627,3 +2651,293 @@ def assert_invariants(
     )
     assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
     return report
+
+
+# The reads' laws: `list_pages`, `timeline_pages`, `lineage_answer`. A reader reads
+# the store before its first request and after its last answer (`read_view`); a law holds over
+# both views: a deleted Session never lives again (ids are never reused), a committed fork's
+# lineage row and a Turn's sequence never change, so what was so at both ends was so between.
+
+
+@dataclass(frozen=True, slots=True)
+class ReadView:
+    """The store at one moment, as far as the reads' laws look: the live and the deleted
+    Sessions, the Turns of the named Sessions (turnId → (sequence, phase)), and the
+    committed forks — each child's source, each source's children in operation order."""
+
+    live: frozenset[str]
+    deleted: frozenset[str]
+    turns: Mapping[str, Mapping[str, tuple[int, str]]]
+    forked_from: Mapping[str, str]
+    forks: Mapping[str, tuple[str, ...]]
+
+
+def read_view(home: Path, ws: str, sids: Iterable[str] = ()) -> ReadView:
+    """`ReadView` of the store of `home` now: one read transaction on a read-only connection
+    (as `work_in_flight` opens it: a live daemon's store is never written to; WAL lets the
+    read run while a writer holds the lock)."""
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        conn.set_busy_timeout(10_000)
+        with conn:  # one snapshot for every statement
+            sessions = _rows(
+                conn, "SELECT session_id, deleted FROM sessions WHERE workspace_id = ?", (ws,)
+            )
+            forks = _rows(
+                conn,
+                "SELECT l.source_session_id AS source, l.target_session_id AS target"
+                " FROM fork_lineage l JOIN fork_operations o ON o.workspace_id ="
+                " l.workspace_id AND o.operation_id = l.operation_id WHERE l.workspace_id = ?"
+                " ORDER BY o.op_seq",
+                (ws,),
+            )
+            turns: dict[str, dict[str, tuple[int, str]]] = {}
+            for sid in sids:
+                turns[sid] = {
+                    str(r["turn_id"]): (int(r["sequence"]), str(r["phase"]))
+                    for r in _rows(
+                        conn,
+                        "SELECT turn_id, sequence, phase FROM turns WHERE workspace_id = ?"
+                        " AND session_id = ?",
+                        (ws, sid),
+                    )
+                }
+    finally:
+        conn.close()
+    children: dict[str, list[str]] = defaultdict(list)
+    for r in forks:
+        children[str(r["source"])].append(str(r["target"]))
+    return ReadView(
+        live=frozenset(str(r["session_id"]) for r in sessions if not r["deleted"]),
+        deleted=frozenset(str(r["session_id"]) for r in sessions if r["deleted"]),
+        turns=turns,
+        forked_from={str(r["target"]): str(r["source"]) for r in forks},
+        forks={k: tuple(v) for k, v in children.items()},
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class ListPaging:
+    """`session.list` paged to its end: each page's Session ids in order, whether it had a
+    `nextCursor`, and the store before the first request and after the last answer."""
+
+    limit: int
+    pages: tuple[tuple[tuple[str, ...], bool], ...]
+    before: ReadView
+    after: ReadView
+
+
+@dataclass(frozen=True, slots=True)
+class TimelinePaging:
+    """`session.timeline` of one Session paged to its end: each page's (turnId, sequence) in
+    order and whether it had a `nextSequence`; the store before and after."""
+
+    session: str
+    limit: int
+    pages: tuple[tuple[tuple[tuple[str, int], ...], bool], ...]
+    before: ReadView
+    after: ReadView
+
+
+@dataclass(frozen=True, slots=True)
+class LineageRead:
+    """A `session.lineage` answer (200) of `session`, and the store before and after."""
+
+    session: str
+    answer: Mapping[str, Any]
+    before: ReadView
+    after: ReadView
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPaging:
+    """A Session's own forks paged with `session.lineage` `maxNodes` = `limit` and
+    `afterOrdinal` = the last ordinal listed, until `truncated` is null: each page's
+    (agentSessionId, ordinal) in order; the store before and after."""
+
+    session: str
+    limit: int
+    pages: tuple[tuple[tuple[str, int], ...], ...]
+    before: ReadView
+    after: ReadView
+
+
+ReadAnswer = ListPaging | TimelinePaging | LineageRead | ForkPaging
+
+
+def check_read_answers(reads: Iterable[ReadAnswer]) -> list[Violation]:
+    """`list_pages`, `timeline_pages` and `lineage_answer` over what a soak's readers were
+    answered, each held to the store as it was before and after its read."""
+    out: list[Violation] = []
+    for r in reads:
+        if isinstance(r, ListPaging):
+            out += _list_pages(r)
+        elif isinstance(r, TimelinePaging):
+            out += _timeline_pages(r)
+        elif isinstance(r, ForkPaging):
+            out += _fork_pages(r)
+        else:
+            out += _lineage_answer(r)
+    return out
+
+
+def _list_pages(r: ListPaging) -> list[Violation]:
+    out: list[Violation] = []
+
+    def fail(detail: str) -> None:
+        out.append(Violation(Law.LIST_PAGES, f"session.list (limit {r.limit}): {detail}"))
+
+    shown: list[str] = []
+    for n, (page, more) in enumerate(r.pages):
+        if len(page) > r.limit:
+            fail(f"page {n} holds {len(page)} Sessions")
+        if more and not page:
+            fail(f"page {n} is empty with nextCursor set")
+        shown += page
+    twice = sorted(k for k, v in Counter(shown).items() if v > 1)
+    if twice:
+        fail(f"shown twice: {twice}")
+    missed = sorted((r.before.live & r.after.live) - set(shown))
+    if missed:
+        fail(f"missed Sessions live all along: {missed}")
+    gone = sorted(r.before.deleted & set(shown))
+    if gone:
+        fail(f"shown though deleted before the paging: {gone}")
+    return out
+
+
+def _timeline_pages(r: TimelinePaging) -> list[Violation]:
+    out: list[Violation] = []
+
+    def fail(detail: str) -> None:
+        out.append(Violation(Law.TIMELINE_PAGES, f"session {r.session} timeline: {detail}"))
+
+    shown: list[tuple[str, int]] = []
+    for n, (page, more) in enumerate(r.pages):
+        if more and len(page) != r.limit:
+            fail(f"page {n} holds {len(page)} Turns of {r.limit} with nextSequence set")
+        shown += page
+    ids = [t for t, _ in shown]
+    seqs = [q for _, q in shown]
+    twice = sorted(k for k, v in Counter(ids).items() if v > 1)
+    if twice:
+        fail(f"Turns shown twice: {twice}")
+    if any(b <= a for a, b in itertools.pairwise(seqs)):
+        fail(f"sequences not rising: {seqs}")
+    settled = {
+        t for t, (_, phase) in r.before.turns.get(r.session, {}).items() if phase == "settled"
+    }
+    gap = sorted(settled - set(ids))
+    if gap:
+        fail(f"Turns settled before the paging left out: {gap}")
+    now = r.after.turns.get(r.session, {})
+    if r.session in r.after.live:
+        moved = [(t, q, now.get(t)) for t, q in shown if (now.get(t) or (None, ""))[0] != q]
+        if moved:
+            fail(f"Turns shown at another sequence than the store's: {moved}")
+    return out
+
+
+def _chain(sid: str, views: Sequence[ReadView]) -> list[str]:
+    """`sid`'s `forkedFrom` chain, nearest first (a committed lineage row never changes)."""
+    chain: list[str] = []
+    up = sid
+    while True:
+        source = next((v.forked_from[up] for v in views if up in v.forked_from), None)
+        if source is None or source in chain or source == sid:
+            return chain
+        chain.append(source)
+        up = source
+
+
+def _lineage_answer(r: LineageRead) -> list[Violation]:
+    out: list[Violation] = []
+    before, after = r.before, r.after
+
+    def fail(detail: str) -> None:
+        out.append(Violation(Law.LINEAGE_ANSWER, f"session {r.session} lineage: {detail}"))
+
+    if r.session in before.deleted:
+        fail("answered though the Session was deleted before the read")
+    ancestors = list(r.answer.get("ancestors") or [])
+    asked = [str(a["agentSessionId"]) for a in ancestors]
+    chain = _chain(r.session, (after, before))
+    if asked != chain:
+        fail(f"ancestors {asked}, the store's forkedFrom chain {chain}")
+    for a in ancestors:
+        aid = str(a["agentSessionId"])
+        if a.get("session") is None and aid in after.live:
+            fail(f"ancestor {aid} shown deleted, live after the read")
+        if a.get("session") is not None and aid in before.deleted:
+            fail(f"ancestor {aid} shown live, deleted before the read")
+        source = (a.get("lineage") or {}).get("sourceAgentSessionId")
+        up = _chain(aid, (after, before))[:1]
+        if [source] != up and not (source is None and not up):
+            fail(f"ancestor {aid}'s lineage names {source}, the store's {up}")
+    listed: set[str] = set()
+    stack: list[tuple[str, list[Mapping[str, Any]]]] = [
+        (r.session, list(r.answer.get("descendants") or []))
+    ]
+    while stack:
+        parent, nodes = stack.pop()
+        ordinals = [int(n["ordinal"]) for n in nodes]
+        if any(b <= a for a, b in itertools.pairwise(ordinals)):
+            fail(f"children of {parent} with ordinals {ordinals}")
+        committed = list(after.forks.get(parent, ()))
+        steady = tuple(committed) == tuple(before.forks.get(parent, ()))
+        ids = [str(n["agentSessionId"]) for n in nodes]
+        order = [committed.index(i) for i in ids if i in committed]
+        if order != sorted(order):
+            fail(f"children of {parent} not in operation order")
+        for node in nodes:
+            cid = str(node["agentSessionId"])
+            listed.add(cid)
+            if cid not in committed:
+                fail(f"{cid} listed under {parent}, no committed fork of it")
+            elif steady and int(node["ordinal"]) != committed.index(cid) + 1:
+                fail(f"{cid} ordinal {node['ordinal']}, the store's {committed.index(cid) + 1}")
+            if (node.get("lineage") or {}).get("sourceAgentSessionId") != parent:
+                fail(f"{cid}'s lineage does not name {parent}")
+            if node.get("deleted") and cid in after.live:
+                fail(f"{cid} shown deleted, live after the read")
+            if not node.get("deleted") and cid in before.deleted:
+                fail(f"{cid} shown live, deleted before the read")
+            stack.append((cid, list(node.get("children") or [])))
+    if r.answer.get("truncated") is None:
+        tree: list[str] = []
+        frontier = [r.session]
+        while frontier:
+            nxt = [c for p in frontier for c in before.forks.get(p, ()) if c not in tree]
+            tree += nxt
+            frontier = nxt
+        missing = sorted(set(tree) - listed)
+        if missing:
+            fail(f"committed forks before the read missing from an untruncated answer: {missing}")
+    return out
+
+
+def _fork_pages(r: ForkPaging) -> list[Violation]:
+    """A paging of a Session's forks by `afterOrdinal`: ordinals rise across its pages, every
+    fork committed before it began is shown (an ordinal only grows: a fork not yet reached
+    is reached later), and one is shown twice only if a fork of the Session committed
+    meanwhile (an adopt of an earlier-asked fork moves the later ones up, docs/protocol.md)."""
+    out: list[Violation] = []
+
+    def fail(detail: str) -> None:
+        out.append(Violation(Law.LINEAGE_ANSWER, f"session {r.session} forks paged: {detail}"))
+
+    shown = [item for page in r.pages for item in page]
+    ordinals = [o for _, o in shown]
+    if any(b <= a for a, b in itertools.pairwise(ordinals)):
+        fail(f"ordinals not rising across pages: {ordinals}")
+    if any(len(page) > r.limit for page in r.pages):
+        fail(f"a page over maxNodes {r.limit}: {r.pages}")
+    ids = [i for i, _ in shown]
+    missed = sorted(set(r.before.forks.get(r.session, ())) - set(ids))
+    if missed:
+        fail(f"forks committed before the paging not shown: {missed}")
+    twice = sorted(k for k, v in Counter(ids).items() if v > 1)
+    steady = r.before.forks.get(r.session, ()) == r.after.forks.get(r.session, ())
+    if twice and steady:
+        fail(f"forks shown twice though none committed meanwhile: {twice}")
+    return out
