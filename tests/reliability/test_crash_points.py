@@ -328,15 +328,16 @@ class Case:
     git: bool = False
     """The Session's folder is a git repository (its Turns are checkpointed)."""
     unforkable: bool = False
-    """The kill leaves a settled Turn with no provider binding, so every later fork of the
-    Session is refused `provider_turn_missing` (docs/reliability.md, table 1c: open)."""
+    """The kill leaves a settled Turn its provider never had (so no provider binding), and
+    every later fork of the Session is refused `provider_turn_missing` (docs/reliability.md,
+    table 1c: open). A Turn the provider had is re-bound from its history and forks."""
 
 
 CASES: dict[str, Case] = {
     "host.turn.before_claim": Case(turn_before_claim),
     "host.turn.before_warm_start": Case(turn_before_warm_start, unforkable=True),
     "host.checkpoint.before": Case(checkpoint_before, git=True),
-    "host.checkpoint.after": Case(checkpoint_after, git=True, unforkable=True),
+    "host.checkpoint.after": Case(checkpoint_after, git=True),
     "host.session.delete.after_commit": Case(delete_after_commit),
     "host.session.delete.discard": Case(delete_discard),
     "worker.turn.before_start": Case(worker_turn_before_start, unforkable=True),
