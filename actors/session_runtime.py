@@ -121,6 +121,10 @@ class SessionRuntime:
         # actor settles `completed` without a durable binding, a binding write that did not
         # land, a re-bind and any plain mutation all bring back.
         self._all_bound = False
+        # False until this actor's first re-bind check has also asked for settled Turns that
+        # are not `completed` and unbound (a kill mid-Turn leaves one when its bind was still
+        # queued): asked once per actor, on the cold path only (`_rebind_missing`).
+        self._unanswered_asked = False
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
         self._slot_provider: str | None = None
@@ -352,6 +356,11 @@ class SessionRuntime:
         failure here only leaves those Turns unbound, as they were."""
         try:
             missing = self._missing_bindings()
+            if not self._unanswered_asked:
+                self._unanswered_asked = True
+                missing += self._core.session_store.turns.unanswered_turns_missing_binding(
+                    self._core.ws, self._core.sid
+                )
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
             missing = []

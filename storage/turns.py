@@ -176,6 +176,19 @@ class TurnStore:
         )
         return [str(r[0]) for r in rows]
 
+    def unanswered_turns_missing_binding(self, ws: str, sid: str) -> list[str]:
+        """Settled Turns not `completed` with no provider turn id, in sequence order: a Turn
+        the provider ran (and perhaps answered) whose bind was lost with a killed daemon, which
+        recovery settled `interrupted`, is among them — a re-bind candidate like those of
+        `turns_missing_binding` (one the provider never got simply matches nothing)."""
+        rows = self._all(
+            "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND outcome != 'completed' AND root_provider_turn_id IS NULL"
+            " ORDER BY sequence",
+            (ws, sid),
+        )
+        return [str(r[0]) for r in rows]
+
     def record_turn_binding(self, ws: str, sid: str, turn_id: str, binding_json: str) -> None:
         """Replace the opaque provider binding JSON; allowed on settled Turns (late
         checkpoints). Nothing is read back (the Session actor's, as `record_provider_turn`)."""
