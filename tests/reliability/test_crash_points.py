@@ -9,6 +9,7 @@ invariant, and that the daemon serves the next Turn on that Session.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import uuid
 from collections import Counter
@@ -304,7 +305,13 @@ def worker_resolve_transient_loaded(t: Trial) -> str:
     t.worker_killed(None)
     # An inspection changes nothing: the operation stays `unknown`, and the next inspection
     # reads the same one child, still adoptable.
-    got = c.call("fork.resolve", resolve_params(op["operationId"], "inspect"))
+    try:
+        got = c.call("fork.resolve", resolve_params(op["operationId"], "inspect"))
+    except ApiError as exc:
+        raise AssertionError(
+            f"{exc}; workers: {c.call('host.status')['workers']}; fired: "
+            f"{sorted(os.listdir(t.home / 'run' / 'workers' / 'failpoints-state'))}"
+        ) from exc
     assert got["operation"]["status"] == "unknown", got
     assert got["evidence"]["verdict"] == "adoptable", got
     assert len(got["evidence"]["children"]) == 1, got
