@@ -41,7 +41,7 @@ FAULT_SESSIONS = 2
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
 FAULT_BOUND_S = 20.0
 """A faulted Turn settles within this of its fault (the relay's take at its `turn/start`):
-reading 64 MiB or the 5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
+reading 64 MiB or the 0.5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
 the soak's load — before the 30 s `turn/start` timeout and the 39 s liveness failure a broken
 pipe used to wait for."""
 TAKEN_S = 60.0
