@@ -18,9 +18,10 @@ relay's pid) and does what it says:
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
-serves the Session whose provider home `$TUTTI_AGENT_HOME` is in (`runtimes/<ws>/<session>/
-tutti-agent-home`); if `ARM/<session>/` exists its arm file is `ARM/<session>/armed`, else the
-relay execs the real argv (the other Sessions run their provider as is). Its child dies with
+serves the Session whose provider home `$TUTTI_AGENT_HOME` or `$CODEX_HOME` is in
+(`runtimes/<ws>/<session>/tutti-agent-home`, `…/codex-home`: Codex's app-server speaks the same
+JSON lines); if `ARM/<session>/` exists its arm file is `ARM/<session>/armed`, else the relay
+execs the real argv (the other Sessions run their provider as is). Its child dies with
 it (`PR_SET_PDEATHSIG`), as the driver's own app-servers do.
 
 The provider stays real: only what the driver reads is changed.
@@ -71,7 +72,7 @@ def main() -> None:
     arm = sys.argv[1]
     argv = sys.argv[sys.argv.index("--") + 1 :]
     if os.path.isdir(arm):
-        home = os.environ.get("TUTTI_AGENT_HOME", "")
+        home = os.environ.get("TUTTI_AGENT_HOME") or os.environ.get("CODEX_HOME", "")
         mine = os.path.join(arm, os.path.basename(os.path.dirname(home))) if home else ""
         if not mine or not os.path.isdir(mine):
             os.execv(argv[0], argv)

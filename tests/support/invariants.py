@@ -2420,6 +2420,8 @@ class ProviderFault:
     """The relay that served that next Turn's `turn/start`."""
     rss_growth_kib: int | None = None
     """The worker's peak RSS growth over the round (None: not measured, e.g. a new worker)."""
+    provider: str = "tutti-agent"
+    """The Session's provider (`tutti-agent` or `codex`: each app-server behind the relay)."""
 
 
 def check_provider_faults(
@@ -2432,7 +2434,10 @@ def check_provider_faults(
 
     def fail(f: ProviderFault, what: str) -> None:
         out.append(
-            Violation(Law.PROVIDER_FAULT_SETTLES, f"{f.fault} turn {f.turn_id} ({f.sid}): {what}")
+            Violation(
+                Law.PROVIDER_FAULT_SETTLES,
+                f"{f.provider} {f.fault} turn {f.turn_id} ({f.sid}): {what}",
+            )
         )
 
     for f in faults:
