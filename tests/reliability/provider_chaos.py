@@ -30,9 +30,9 @@ from tests.reliability.reliability_harness import codex_binary
 from tests.support.daemon import WS
 from tests.support.freezer import running
 from tests.support.invariants import (
-    BREAKING_FAULTS,
     ProviderFault,
     Violation,
+    breaking_faults,
     check_provider_faults,
 )
 from transport.client import Client, ClientClosed, ClientTimeout
@@ -45,8 +45,12 @@ client of the soak works on them, so each fault lands on the Turn the round subm
 CODEX_FAULT_SESSIONS = 1
 """The Codex Sessions whose app-server misbehaves on demand (the same relay: Codex's app-server
 speaks the same JSON lines), when the soak's home fronts Codex (`codex_front`)."""
+CLAUDE_FAULT_SESSIONS = 1
+"""The Claude Code Sessions whose CLI misbehaves on demand (the relay's `--claude` dialect:
+stream-json lines), when the soak's home fronts Claude Code (`claude_front`)."""
 TUTTI = "tutti-agent"
 CODEX = "codex"
+CLAUDE = "claude-code"
 FAULT_BOUND_S = 20.0
 """A faulted Turn settles within this of its fault (the relay's take at its `turn/start`):
 reading 64 MiB or the 0.5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
@@ -64,14 +68,16 @@ minutes. A Codex Turn's is `hello` (its fake Responses API answers at once: `clo
 the relay's stdout at the Turn's `turn/started`, so the driver never reads its end)."""
 
 
-def _front(arm_dir: Path, name: str, real: str, home_var: str) -> Path:
+def _front(
+    arm_dir: Path, name: str, real: str, home_var: str, dialect: tuple[str, ...] = ()
+) -> Path:
     """`arm_dir/name`: a shell script that runs the relay (this Python's) in front of `real`
     for a Session with an arm directory (its provider home, `$home_var`, under
     `runtimes/<ws>/<session>/`), and execs `real` for any other (no Python started for it:
     the soaks' other Sessions pay one `sh`)."""
     arm_dir.mkdir(parents=True, exist_ok=True)
     program = shlex.quote(real)
-    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, arm_dir))
+    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, *dialect, arm_dir))
     script = arm_dir / name
     script.write_text(
         "#!/bin/sh\n"
@@ -104,6 +110,15 @@ def codex_front(arm_dir: Path) -> str:
     return str(_front(arm_dir, CODEX, str(native or real), "CODEX_HOME"))
 
 
+def claude_front(arm_dir: Path) -> str:
+    """The `[providers.claude-code] cli_path` that starts every Claude Code CLI through
+    `arm_dir`'s `claude-code` front (the SDK's bundled CLI behind it, the driver's default)."""
+    import claude_agent_sdk
+
+    real = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    return str(_front(arm_dir, CLAUDE, str(real), "CLAUDE_CONFIG_DIR", ("--claude",)))
+
+
 class ProviderChaos:
     """The fault rounds of one soak and what they saw."""
 
@@ -126,7 +141,8 @@ class ProviderChaos:
         the home fronts Codex, `codex_front` made in the arm directory) and runs a Turn on
         each."""
         codex = CODEX_FAULT_SESSIONS if (self.arm_dir / CODEX).exists() else 0
-        providers = [TUTTI] * FAULT_SESSIONS + [CODEX] * codex
+        claude = CLAUDE_FAULT_SESSIONS if (self.arm_dir / CLAUDE).exists() else 0
+        providers = [TUTTI] * FAULT_SESSIONS + [CODEX] * codex + [CLAUDE] * claude
         for provider in providers:
             params: dict[str, Any] = {"workspaceId": WS, "provider": provider}
             sid = str(
@@ -171,7 +187,7 @@ class ProviderChaos:
             # A worker the soak SIGSTOPped (the crash soak's stop rounds) holds the Turn.
             held = _stopped(worker)
             alive = False
-            if pid is not None and fault in BREAKING_FAULTS and turn is not None:
+            if pid is not None and fault in breaking_faults(provider) and turn is not None:
                 deadline = time.monotonic() + KILLED_S
                 while running(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)

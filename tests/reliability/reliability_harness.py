@@ -97,7 +97,8 @@ def _provider_table(
 
         # The default echo, and a Bash call for `/bash …` (the soaks' permission asks).
         messages = servers.enter_context(MessagesServer(reply=soak_reply))
-        return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n'
+        cli = f'cli_path = "{command}"\n' if command else ""
+        return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n{cli}'
     if provider == "codex":
         from model_fakes.responses import ResponsesServer
         from tests.reliability.interaction_chaos import soak_responses_reply
