@@ -53,7 +53,7 @@ def test_every_stdout_fault_of_a_claude_cli_settles_as_the_law_says(
             chaos.setup(c, str(cwd))
             claude = [sid for sid in chaos.sids if chaos.providers[sid] == CLAUDE]
             assert len(claude) == 1, chaos.providers
-            chaos.sids = claude  # the rounds on the Claude Code Session only
+            chaos.sids, chaos.providers = claude, {claude[0]: CLAUDE}  # its rounds only
             for fault in FAULTS:
                 chaos.next_fault = FAULTS.index(fault)
                 assert chaos.round(c, lambda: 0) is not None, chaos.summary()

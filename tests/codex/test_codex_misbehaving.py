@@ -48,7 +48,7 @@ def test_every_stdout_fault_of_a_codex_app_server_settles_as_the_law_says(
             chaos.setup(c, str(cwd))
             codex = [sid for sid in chaos.sids if chaos.providers[sid] == CODEX]
             assert len(codex) == 1, chaos.providers
-            chaos.sids = codex  # the rounds on the Codex Session only
+            chaos.sids, chaos.providers = codex, {codex[0]: CODEX}  # its rounds only
             for fault in FAULTS:
                 chaos.next_fault = FAULTS.index(fault)
                 assert chaos.round(c, lambda: 0) is not None, chaos.summary()

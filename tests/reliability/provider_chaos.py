@@ -135,6 +135,7 @@ class ProviderChaos:
         no law allows)."""
         self.lock = threading.Lock()
         self.next_fault = self.rng.randrange(len(FAULTS))
+        self.next_provider = self.rng.randrange(3)
 
     def setup(self, c: Client, cwd: str | None = None) -> list[str]:
         """Makes the chaos's Sessions (each with its arm directory: the Codex ones only where
@@ -163,8 +164,12 @@ class ProviderChaos:
     ) -> ProviderFault | None:
         """One fault on one of the chaos's Sessions, and its next Turn (none once `stop` is
         set). `generation`: the soak's daemon generation (a restart meanwhile disturbs it)."""
-        sid = self.rng.choice(self.sids)
-        provider = self.providers[sid]
+        # The providers in turn (each meets the faults however few rounds a short soak runs),
+        # one of its Sessions at random.
+        kinds = sorted(set(self.providers.values()))
+        provider = kinds[self.next_provider % len(kinds)]
+        self.next_provider += 1
+        sid = self.rng.choice([s for s in self.sids if self.providers[s] == provider])
         fault = FAULTS[self.next_fault % len(FAULTS)]
         name = fault if provider == TUTTI else f"{provider} {fault}"
         text = TEXT.get(fault, "hello") if provider == TUTTI else "hello"
@@ -281,8 +286,11 @@ class ProviderChaos:
     def summary(self) -> str:
         growth = [f.rss_growth_kib for f in self.faults if f.rss_growth_kib is not None]
         peak = max(growth, default=0) // 1024
+        made = Counter(self.providers.values())
         return (
-            f"provider faults: {len(self.faults)} rounds, worker peak RSS growth max {peak} MiB; "
+            f"provider faults: {len(self.faults)} rounds on "
+            + ", ".join(f"{n} {p}" for p, n in sorted(made.items()))
+            + f" Sessions, worker peak RSS growth max {peak} MiB; "
             + " ".join(f"{k}={v}" for k, v in sorted(self.calls.items()))
         )
 
