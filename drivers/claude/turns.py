@@ -63,6 +63,12 @@ async def _read(next_message: Any) -> Any:
         raise ProtocolBreak(f"{type(exc).__name__}: {exc}"[:300]) from exc
 
 
+EOF_EXIT_GRACE_S = 0.5
+"""How long a CLI whose stdout ended may run on before it is killed (the app-server reader's
+grace, `drivers.app_server.process.EOF_EXIT_GRACE_S`): an exiting CLI closes its stdout as it
+exits and is reaped a moment later."""
+
+
 def stdout_ended(process: Any) -> bool:
     """The CLI's stdout reached its end and the SDK has read all of it (the asyncio reader
     under anyio's process, `at_eof`)."""
@@ -303,14 +309,14 @@ class Turns:
         a timeout would end the Turn before the host's inactivity limit. Kill it, the Turn
         failing `provider_stopped` in words (the next Turn starts a new CLI).
 
-        On the same tick: a CLI whose stdout ended and that still runs a tick later (an
-        exiting one closes its stdout as it exits, and is reaped at once) can never say
-        anything again, and the SDK waits for its exit for good: killed, the Turn failing
-        `provider_protocol_error`."""
+        On the same tick: a CLI whose stdout ended and that still runs a tick and
+        `EOF_EXIT_GRACE_S` later (an exiting one closes its stdout as it exits, and is reaped
+        at once) can never say anything again, and the SDK waits for its exit for good:
+        killed, the Turn failing `provider_protocol_error`."""
         limit = self._config.stopped_limit_s
         since: float | None = None
         watch: TreeWatch | None = None
-        ended: int | None = None
+        ended: tuple[int, float] | None = None  # the pid whose stdout ended, and when seen
         while True:
             await asyncio.sleep(max(0.05, min(5.0, limit / 4)))
             process = getattr(turn.transport, "_process", None)
@@ -318,13 +324,15 @@ class Turns:
             if not isinstance(pid, int):
                 continue  # not spawned yet
             if getattr(process, "returncode", None) is None and stdout_ended(process):
-                if ended == pid:
+                now = time.monotonic()
+                if ended is not None and ended[0] == pid and now - ended[1] >= EOF_EXIT_GRACE_S:
                     turn.provider_failure = protocol_error(
                         pid, "closed its stdout but kept running"
                     )
                     kill_tree(pid)  # the SDK then sees it exit
                     return
-                ended = pid
+                if ended is None or ended[0] != pid:
+                    ended = (pid, now)
             if watch is None or watch.pid != pid:
                 watch = TreeWatch(pid)
             now = time.monotonic()
