@@ -42,9 +42,14 @@ MAX_LINE_BYTES = 64 << 20
 measured is a 10,000-Turn thread's `thread/read` (~2.3 MB, docs/performance.md); a line past
 this is a broken server (one endless line would grow the worker without bound): it is killed
 and its Turns fail `provider_protocol_error`. Reading one costs up to twice this, transiently."""
-EOF_EXIT_GRACE_S = 5.0
-"""How long a server whose stdout reached its end may run on before it is killed: an exiting
-server closes its stdout as it exits; one that runs on can never answer again."""
+EOF_EXIT_GRACE_S = 0.5
+"""How long a server whose stdout reached its end may run on before it is killed (its Turns
+failed `provider_protocol_error`): an exiting server closes its stdout as it exits and is
+waitable a moment later; one that runs on can never answer again. Well under the shortest
+liveness bound a daemon is given (`provider_stopped_seconds`, 2 s in the contention soak), so
+the reader names the closed stdout before the liveness check calls the runtime unresponsive;
+and the process is gone before its Turns are failed (the next Turn starts a new one on the
+same home)."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
 """The reason word a Turn fails with when its app-server broke the stdio protocol the reader
 cannot go on from: a line longer than `MAX_LINE_BYTES`, or its stdout closed while it runs."""
@@ -574,14 +579,14 @@ class AppServerProcess:
         self._kill_broken(proc, f"wrote a line longer than {limit} bytes")
 
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> None:
-        """Kill a server the reader cannot go on reading (its Turns fail in these words), and
-        reap it."""
+        """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
+        these words (killed first: the next Turn, started by the failure, finds it gone)."""
+        kill_tree(proc.pid)
+        proc.wait()
         self._mark_closed(
             f"{PROVIDER_PROTOCOL_ERROR}: the app-server (pid {proc.pid}) {what}; it was killed, "
             "and a new one starts at the next Turn"
         )
-        kill_tree(proc.pid)
-        proc.wait()
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         method = msg.get("method")

@@ -76,7 +76,8 @@ class ClaudeEvents:
 
         sid = session.agent_session_id
         if isinstance(message, StreamEvent):
-            if message.parent_tool_use_id is None:
+            # A raw event that is no object (a broken CLI's) says nothing: skipped.
+            if message.parent_tool_use_id is None and isinstance(message.event, Mapping):
                 self._on_stream_event(session, turn, message.event)
             return None
         lane = getattr(message, "parent_tool_use_id", None)

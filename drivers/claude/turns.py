@@ -31,8 +31,59 @@ TURN_START_TIMEOUT_S = 120.0
 MAX_MESSAGE_BYTES = 64 << 20
 """The largest message line the SDK reads from the CLI (64 MiB; its default, 1 MiB, failed any
 Turn with a longer reply or tool result). The bound the app-server reader keeps
-(`drivers.app_server.process.MAX_LINE_BYTES`): past it the SDK fails the Turn
-`CLIJSONDecodeError … exceeded maximum buffer size`, the worker's memory bounded."""
+(`drivers.app_server.process.MAX_LINE_BYTES`): past it the SDK raises `CLIJSONDecodeError …
+exceeded maximum buffer size`, the worker's memory bounded; the CLI is killed and the Turn
+fails `provider_protocol_error` (`ProtocolBreak`)."""
+PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
+"""The reason word a Turn fails with when its CLI broke the stream-json protocol the SDK
+cannot read on from (as an app-server's, `drivers.app_server.process`)."""
+_UNREADABLE = (UnicodeDecodeError, TypeError, KeyError, AttributeError, ValueError)
+"""What the SDK's reading of the CLI's stdout raises, besides its own errors, for bytes that
+are not UTF-8 or a message of a known type whose fields have the wrong shape (its parser
+indexes them unchecked)."""
+
+
+class ProtocolBreak(Exception):
+    """The SDK could not read what the CLI wrote (a line past `MAX_MESSAGE_BYTES`, corrupt
+    JSON, bytes that are not UTF-8, a wrong-shaped message): raised by `_read` only, so a bug
+    in the driver's own handling of a message is never taken for one."""
+
+
+async def _read(next_message: Any) -> Any:
+    """The SDK's next message (`next_message`: its `__anext__()` awaitable or task; None at the
+    stream's end), a failure to read it raised as `ProtocolBreak`."""
+    from claude_agent_sdk import CLIJSONDecodeError
+    from claude_agent_sdk._errors import MessageParseError
+
+    try:
+        return await next_message
+    except StopAsyncIteration:
+        return None
+    except (CLIJSONDecodeError, MessageParseError, *_UNREADABLE) as exc:
+        raise ProtocolBreak(f"{type(exc).__name__}: {exc}"[:300]) from exc
+
+
+EOF_EXIT_GRACE_S = 0.5
+"""How long a CLI whose stdout ended may run on before it is killed (the app-server reader's
+grace, `drivers.app_server.process.EOF_EXIT_GRACE_S`): an exiting CLI closes its stdout as it
+exits and is reaped a moment later."""
+
+
+def stdout_ended(process: Any) -> bool:
+    """The CLI's stdout reached its end and the SDK has read all of it (the asyncio reader
+    under anyio's process, `at_eof`)."""
+    reader = getattr(getattr(process, "_process", None), "stdout", None)
+    at_eof = getattr(reader, "at_eof", None)
+    return bool(at_eof()) if callable(at_eof) else False
+
+
+def protocol_error(pid: int | None, what: str) -> str:
+    """The failure of a Turn whose CLI broke the stream-json protocol, in words."""
+    which = "" if pid is None else f" (pid {pid})"
+    return (
+        f"{PROVIDER_PROTOCOL_ERROR}: the claude-code CLI{which} {what}; it was killed, "
+        "and a new one starts at the next Turn"
+    )
 
 
 class Turns:
@@ -205,23 +256,25 @@ class Turns:
             cli.prompt.set_result(text)
             async with contextlib.aclosing(cli.messages) as messages:
                 try:
-                    message = await cli.first
-                except StopAsyncIteration:
-                    message = None
-                answering.set()
-                if message is not None:
-                    result = self.events.on_message(session, turn, message)
-                    if result is not None:
-                        outcome, error = result
-                    async for message in messages:
+                    message = await _read(cli.first)
+                    answering.set()
+                    while message is not None:
                         result = self.events.on_message(session, turn, message)
                         if result is not None:
                             outcome, error = result
+                        message = await _read(messages.__anext__())
+                except ProtocolBreak as exc:
+                    # Named and killed while the SDK still holds its process (its close, on
+                    # the way out, lets go of it).
+                    self._broken(turn, exc)
+                    raise
             if turn.provider_turn_id is None and error is None:
                 error = "Claude Code ended the turn without persisting the user message"
                 outcome = TurnOutcome.FAILED
         except asyncio.CancelledError:
             outcome, error = TurnOutcome.INTERRUPTED, None
+        except ProtocolBreak:
+            outcome, error = TurnOutcome.FAILED, turn.provider_failure
         except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
             text = f"{type(exc).__name__}: {exc}"
             if TIMED_OUT.search(text):
@@ -240,20 +293,46 @@ class Turns:
         if turn.provider_turn_id is not None and not turn.interrupted:
             self.prestart(session)
 
+    def _broken(self, turn: TurnState, exc: ProtocolBreak) -> None:
+        """The SDK cannot read on from the Turn's CLI: it goes (its process tree) and the Turn
+        fails `provider_protocol_error` in words."""
+        process = getattr(turn.transport, "_process", None)
+        pid = getattr(process, "pid", None)
+        if turn.provider_failure is None:
+            turn.provider_failure = protocol_error(pid, f"wrote what cannot be read ({exc})")
+        if isinstance(pid, int) and getattr(process, "returncode", 0) is None:
+            kill_tree(pid)
+
     async def _watch_stopped(self, turn: TurnState) -> None:
         """The turn's CLI (or a process under it) stopped (SIGSTOP, SIGTSTP, a debugger) for
         `stopped_limit_s`: it keeps its pipes open and answers nothing, so neither its exit nor
         a timeout would end the Turn before the host's inactivity limit. Kill it, the Turn
-        failing `provider_stopped` in words (the next Turn starts a new CLI)."""
+        failing `provider_stopped` in words (the next Turn starts a new CLI).
+
+        On the same tick: a CLI whose stdout ended and that still runs a tick and
+        `EOF_EXIT_GRACE_S` later (an exiting one closes its stdout as it exits, and is reaped
+        at once) can never say anything again, and the SDK waits for its exit for good:
+        killed, the Turn failing `provider_protocol_error`."""
         limit = self._config.stopped_limit_s
         since: float | None = None
         watch: TreeWatch | None = None
+        ended: tuple[int, float] | None = None  # the pid whose stdout ended, and when seen
         while True:
             await asyncio.sleep(max(0.05, min(5.0, limit / 4)))
             process = getattr(turn.transport, "_process", None)
             pid = getattr(process, "pid", None)
             if not isinstance(pid, int):
                 continue  # not spawned yet
+            if getattr(process, "returncode", None) is None and stdout_ended(process):
+                now = time.monotonic()
+                if ended is not None and ended[0] == pid and now - ended[1] >= EOF_EXIT_GRACE_S:
+                    turn.provider_failure = protocol_error(
+                        pid, "closed its stdout but kept running"
+                    )
+                    kill_tree(pid)  # the SDK then sees it exit
+                    return
+                if ended is None or ended[0] != pid:
+                    ended = (pid, now)
             if watch is None or watch.pid != pid:
                 watch = TreeWatch(pid)
             now = time.monotonic()

@@ -18,10 +18,21 @@ relay's pid) and does what it says:
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
-serves the Session whose provider home `$TUTTI_AGENT_HOME` is in (`runtimes/<ws>/<session>/
-tutti-agent-home`); if `ARM/<session>/` exists its arm file is `ARM/<session>/armed`, else the
-relay execs the real argv (the other Sessions run their provider as is). Its child dies with
+serves the Session whose provider home `$TUTTI_AGENT_HOME` or `$CODEX_HOME` is in
+(`runtimes/<ws>/<session>/tutti-agent-home`, `…/codex-home`: Codex's app-server speaks the same
+JSON lines); if `ARM/<session>/` exists its arm file is `ARM/<session>/armed`, else the relay
+execs the real argv (the other Sessions run their provider as is). Its child dies with
 it (`PR_SET_PDEATHSIG`), as the driver's own app-servers do.
+
+`python misbehaving_app_server.py --claude ARM -- <real claude argv...>`: the same in front of
+the Claude Code CLI the SDK runs over stdio (stream-json lines, `tests/reliability/
+provider_chaos.py`'s `claude_front`): the arm is taken at the Turn's prompt (the SDK's
+`{"type": "user", …}` line), `close_mid` closes once the CLI's echo of it is relayed (the Turn
+started), a directory ARM serves the Session of `$CLAUDE_CONFIG_DIR`; `garbage` writes what the
+SDK skips (not JSON, no object, messages of no known type, a control response for a request
+never made), `notobject` what it cannot read on from: messages of a known type whose fields
+have the wrong shape (a stream event, an assistant message, a result), bytes that are not UTF-8
+(the SDK reads text).
 
 The provider stays real: only what the driver reads is changed.
 """
@@ -62,16 +73,41 @@ NOT_OBJECTS = (
 )
 
 
+CLAUDE_GARBAGE = (
+    b"not json at all\n",
+    b"[1, 2, 3]\n",
+    b"42\n",
+    b"\n",
+    b'{"type": "no_such_kind", "x": 1}\n',
+    b'{"type": "control_response", "response": {"subtype": "success", "request_id": "never"}}\n',
+)
+
+
+CLAUDE_NOT_OBJECTS = (
+    b'{"type": "stream_event", "uuid": "u", "session_id": "s", "event": 5}\n',
+    b"\xff\xfe binary \x00 bytes\n",
+    b'{"type": "assistant", "message": "text"}\n',
+    b'{"type": "result", "subtype": 7}\n',
+)
+
+
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def main() -> None:
-    arm = sys.argv[1]
+    claude = sys.argv[1] == "--claude"
+    arm = sys.argv[2 if claude else 1]
     argv = sys.argv[sys.argv.index("--") + 1 :]
+    # What starts a Turn on stdin, and what says it runs on stdout.
+    start = b'{"type": "user"' if claude else b'"turn/start"'
+    started = b'{"type":"user"' if claude else b'"turn/started"'
+    garbage = CLAUDE_GARBAGE if claude else GARBAGE
+    not_objects = CLAUDE_NOT_OBJECTS if claude else NOT_OBJECTS
     if os.path.isdir(arm):
-        home = os.environ.get("TUTTI_AGENT_HOME", "")
+        home_vars = ("CLAUDE_CONFIG_DIR",) if claude else ("TUTTI_AGENT_HOME", "CODEX_HOME")
+        home = next((os.environ[v] for v in home_vars if os.environ.get(v)), "")
         mine = os.path.join(arm, os.path.basename(os.path.dirname(home))) if home else ""
         if not mine or not os.path.isdir(mine):
             os.execv(argv[0], argv)
@@ -98,12 +134,13 @@ def main() -> None:
                     continue
                 out.write(line)
                 out.flush()
-                if close_after_start.is_set() and b'"turn/started"' in line:
+                if close_after_start.is_set() and started in line:
                     close()
 
     threading.Thread(target=pump, daemon=True).start()
     for line in sys.stdin.buffer:
-        taken = _take(arm) if b'"turn/start"' in line else None
+        starts = line.startswith(start) if claude else start in line
+        taken = _take(arm) if starts else None
         mode, _, count = (taken or "").partition(" ")
         if mode == "endless":
             silenced.set()
@@ -123,7 +160,7 @@ def main() -> None:
             close_after_start.set()
         if mode in ("garbage", "notobject"):
             with lock:
-                out.writelines(GARBAGE if mode == "garbage" else NOT_OBJECTS)
+                out.writelines(garbage if mode == "garbage" else not_objects)
                 out.flush()
         child.stdin.write(line)
         child.stdin.flush()

@@ -39,14 +39,14 @@ class Relay:
         return int(lines[0])
 
 
-def _daemon(tmp_path: Path, relay: Relay) -> DaemonProcess:
+def _daemon(tmp_path: Path, relay: Relay, daemon: str = "") -> DaemonProcess:
     home = tmp_path / "home"
     home.mkdir(parents=True)
     tutti = Path(sys.executable).parent / "tutti-agent"
     argv = [sys.executable, str(RELAY), str(relay.arm_file), "--", str(tutti)]
     command = ", ".join(f'"{a}"' for a in argv)
     (home / "agenthost.toml").write_text(
-        f'[daemon]\n[providers."tutti-agent"]\ncommand = [{command}]\n'
+        f'[daemon]\n{daemon}[providers."tutti-agent"]\ncommand = [{command}]\n'
     )
     return DaemonProcess(home).start()
 
@@ -125,18 +125,22 @@ def test_garbage_and_wrong_shaped_lines_between_real_ones_leave_the_turn_whole(
         d.stop()
 
 
+@pytest.mark.parametrize("stopped_limit", [None, 2], ids=["default", "stopped-2s"])
 @pytest.mark.parametrize(
     ("mode", "text"), [("close", "hello"), ("close_mid", "/slow 600000 never")]
 )
 def test_a_provider_that_closes_its_stdout_and_keeps_running_is_killed_and_replaced(
-    tmp_path: Path, mode: str, text: str
+    tmp_path: Path, mode: str, text: str, stopped_limit: int | None
 ) -> None:
     """The relay closes its stdout and runs on — at a `turn/start`, or once the Turn runs (its
     `turn/started` relayed; the model slow for 10 minutes): the reader's end is the
     runtime's, so the worker kills it, the Turn fails `provider_protocol_error` naming the
-    closed stdout, and the next Turn runs on a new app-server."""
+    closed stdout, and the next Turn runs on a new app-server. With a short
+    `provider_stopped_seconds` (2 s, the contention soak's) too: the reader names the closed
+    stdout before the liveness check would call the runtime unresponsive."""
     relay = Relay(tmp_path)
-    d = _daemon(tmp_path, relay)
+    limit = "" if stopped_limit is None else f"provider_stopped_seconds = {stopped_limit}\n"
+    d = _daemon(tmp_path, relay, limit)
     pid = None
     try:
         c = d.client()

@@ -1,8 +1,9 @@
 """A misbehaving provider in the soaks' chaos (docs/reliability.md, "A misbehaving provider in
-the soaks"): every Tutti Agent app-server of the soak's home starts through the relay
-`tests/daemon/misbehaving_app_server.py`, which execs the real one for every Session but the
-few this module makes (`FAULT_SESSIONS`, each with its arm directory). A round picks one of
-them and a fault — one endless line, garbage between the provider's lines, its stdout closed
+the soaks"): every Tutti Agent and Codex app-server of the soak's home starts through a `sh`
+front that runs the relay `tests/daemon/misbehaving_app_server.py` for the few Sessions this
+module makes (`FAULT_SESSIONS` Tutti Agent ones, `CODEX_FAULT_SESSIONS` Codex ones, each with
+its arm directory) and execs the real program for every other. A round picks one of them and a
+fault — one endless line, garbage between the provider's lines, its stdout closed
 at a `turn/start` or once the Turn runs, notifications whose params are no object — arms it,
 submits a Turn, waits for it to settle, then runs the Session's next Turn, and keeps what it
 saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
@@ -24,12 +25,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from drivers.codex.command import native_behind_npm_shim
+from tests.reliability.reliability_harness import codex_binary
 from tests.support.daemon import WS
 from tests.support.freezer import running
 from tests.support.invariants import (
-    BREAKING_FAULTS,
     ProviderFault,
     Violation,
+    breaking_faults,
     check_provider_faults,
 )
 from transport.client import Client, ClientClosed, ClientTimeout
@@ -39,9 +42,18 @@ FAULTS = ("endless", "garbage", "close", "close_mid", "notobject")
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
+CODEX_FAULT_SESSIONS = 1
+"""The Codex Sessions whose app-server misbehaves on demand (the same relay: Codex's app-server
+speaks the same JSON lines), when the soak's home fronts Codex (`codex_front`)."""
+CLAUDE_FAULT_SESSIONS = 1
+"""The Claude Code Sessions whose CLI misbehaves on demand (the relay's `--claude` dialect:
+stream-json lines), when the soak's home fronts Claude Code (`claude_front`)."""
+TUTTI = "tutti-agent"
+CODEX = "codex"
+CLAUDE = "claude-code"
 FAULT_BOUND_S = 20.0
 """A faulted Turn settles within this of its fault (the relay's take at its `turn/start`):
-reading 64 MiB or the 5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
+reading 64 MiB or the 0.5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
 the soak's load — before the 30 s `turn/start` timeout and the 39 s liveness failure a broken
 pipe used to wait for."""
 TAKEN_S = 60.0
@@ -51,29 +63,60 @@ SETTLE_S = 120.0
 KILLED_S = 10.0
 """The broken runtime's relay is gone this soon after its Turn settled."""
 TEXT = {"close_mid": "/slow 600000 never"}
-"""The faulted Turn's text (else `hello`): a Turn the model keeps running for 10 minutes."""
+"""The faulted Tutti Agent Turn's text (else `hello`): a Turn the model keeps running for 10
+minutes. A Codex Turn's is `hello` (its fake Responses API answers at once: `close_mid` closes
+the relay's stdout at the Turn's `turn/started`, so the driver never reads its end)."""
+
+
+def _front(
+    arm_dir: Path, name: str, real: str, home_var: str, dialect: tuple[str, ...] = ()
+) -> Path:
+    """`arm_dir/name`: a shell script that runs the relay (this Python's) in front of `real`
+    for a Session with an arm directory (its provider home, `$home_var`, under
+    `runtimes/<ws>/<session>/`), and execs `real` for any other (no Python started for it:
+    the soaks' other Sessions pay one `sh`)."""
+    arm_dir.mkdir(parents=True, exist_ok=True)
+    program = shlex.quote(real)
+    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, *dialect, arm_dir))
+    script = arm_dir / name
+    script.write_text(
+        "#!/bin/sh\n"
+        f'session="${{{home_var}%/*}}"\n'
+        'session="${session##*/}"\n'
+        f'if [ -n "${home_var}" ] && [ -d {shlex.quote(str(arm_dir))}/"$session" ]; then\n'
+        f'  exec {relay} -- {program} "$@"\n'
+        "fi\n"
+        f'exec {program} "$@"\n'
+    )
+    script.chmod(0o755)
+    return script
 
 
 def relay_table(arm_dir: Path) -> str:
     """The `agenthost.toml` table that starts every Tutti Agent program through `arm_dir`'s
-    `tutti-agent`: a shell script that runs the relay (this Python's) for a Session with an arm
-    directory, and execs the real `tutti-agent` beside this Python for any other (no Python
-    started for it: the soaks' other Sessions pay one `sh`)."""
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    tutti = shlex.quote(str(Path(sys.executable).parent / "tutti-agent"))
-    relay = " ".join(shlex.quote(str(a)) for a in (sys.executable, RELAY, arm_dir))
-    script = arm_dir / "tutti-agent"
-    script.write_text(
-        "#!/bin/sh\n"
-        'session="${TUTTI_AGENT_HOME%/*}"\n'
-        'session="${session##*/}"\n'
-        f'if [ -n "$TUTTI_AGENT_HOME" ] && [ -d {shlex.quote(str(arm_dir))}/"$session" ]; then\n'
-        f'  exec {relay} -- {tutti} "$@"\n'
-        "fi\n"
-        f'exec {tutti} "$@"\n'
-    )
-    script.chmod(0o755)
+    `tutti-agent` front (the real `tutti-agent` beside this Python behind it)."""
+    tutti = str(Path(sys.executable).parent / "tutti-agent")
+    script = _front(arm_dir, TUTTI, tutti, "TUTTI_AGENT_HOME")
     return f'[providers."tutti-agent"]\ncommand = ["{script}"]\n'
+
+
+def codex_front(arm_dir: Path) -> str:
+    """The `[providers.codex] command` that starts every Codex app-server through `arm_dir`'s
+    `codex` front: the native binary the pinned npm shim would run (the driver resolves a
+    configured shim the same way; no Node.js start for any Session)."""
+    real = codex_binary()
+    assert real is not None, "no codex binary (AGENTHOST_CODEX_BIN)"
+    native = native_behind_npm_shim(real)
+    return str(_front(arm_dir, CODEX, str(native or real), "CODEX_HOME"))
+
+
+def claude_front(arm_dir: Path) -> str:
+    """The `[providers.claude-code] cli_path` that starts every Claude Code CLI through
+    `arm_dir`'s `claude-code` front (the SDK's bundled CLI behind it, the driver's default)."""
+    import claude_agent_sdk
+
+    real = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    return str(_front(arm_dir, CLAUDE, str(real), "CLAUDE_CONFIG_DIR", ("--claude",)))
 
 
 class ProviderChaos:
@@ -83,6 +126,8 @@ class ProviderChaos:
         self.arm_dir = arm_dir
         self.rng = random.Random(seed)
         self.sids: list[str] = []
+        self.providers: dict[str, str] = {}
+        """Each of `sids`' provider."""
         self.faults: list[ProviderFault] = []
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
@@ -90,11 +135,17 @@ class ProviderChaos:
         no law allows)."""
         self.lock = threading.Lock()
         self.next_fault = self.rng.randrange(len(FAULTS))
+        self.next_provider = self.rng.randrange(3)
 
     def setup(self, c: Client, cwd: str | None = None) -> list[str]:
-        """Makes the chaos's Sessions (each with its arm directory) and runs a Turn on each."""
-        for _ in range(FAULT_SESSIONS):
-            params: dict[str, Any] = {"workspaceId": WS, "provider": "tutti-agent"}
+        """Makes the chaos's Sessions (each with its arm directory: the Codex ones only where
+        the home fronts Codex, `codex_front` made in the arm directory) and runs a Turn on
+        each."""
+        codex = CODEX_FAULT_SESSIONS if (self.arm_dir / CODEX).exists() else 0
+        claude = CLAUDE_FAULT_SESSIONS if (self.arm_dir / CLAUDE).exists() else 0
+        providers = [TUTTI] * FAULT_SESSIONS + [CODEX] * codex + [CLAUDE] * claude
+        for provider in providers:
+            params: dict[str, Any] = {"workspaceId": WS, "provider": provider}
             sid = str(
                 c.call("session.create", params | ({"cwd": cwd} if cwd else {}))["session"][
                     "agentSessionId"
@@ -102,6 +153,7 @@ class ProviderChaos:
             )
             (self.arm_dir / sid).mkdir()
             self.sids.append(sid)
+            self.providers[sid] = provider
             turn = self._turn(c, sid, "warm", "pass")
             assert turn is not None and turn[0].get("outcome") == "completed", turn
             assert turn[1] is not None, "the relay served no Turn of the chaos's Session"
@@ -112,18 +164,25 @@ class ProviderChaos:
     ) -> ProviderFault | None:
         """One fault on one of the chaos's Sessions, and its next Turn (none once `stop` is
         set). `generation`: the soak's daemon generation (a restart meanwhile disturbs it)."""
-        sid = self.rng.choice(self.sids)
+        # The providers in turn (each meets the faults however few rounds a short soak runs),
+        # one of its Sessions at random.
+        kinds = sorted(set(self.providers.values()))
+        provider = kinds[self.next_provider % len(kinds)]
+        self.next_provider += 1
+        sid = self.rng.choice([s for s in self.sids if self.providers[s] == provider])
         fault = FAULTS[self.next_fault % len(FAULTS)]
+        name = fault if provider == TUTTI else f"{provider} {fault}"
+        text = TEXT.get(fault, "hello") if provider == TUTTI else "hello"
         self.next_fault += 1
         began = generation()
         turn_id: str | None = None
         try:
             if not self._idle(c, sid, SETTLE_S):
-                self._count(f"{fault} skipped: the Session busy")
+                self._count(f"{name} skipped: the Session busy")
                 return None
-            worker = _worker_pid(c)
+            worker = _worker_pid(c, provider)
             hwm = _peak_rss_kib(worker)
-            turn_id = self._submit(c, sid, TEXT.get(fault, "hello"), fault)
+            turn_id = self._submit(c, sid, text, fault)
             if turn_id is None:
                 return None
             pid = self._taken(c, sid, turn_id, TAKEN_S)
@@ -133,12 +192,12 @@ class ProviderChaos:
             # A worker the soak SIGSTOPped (the crash soak's stop rounds) holds the Turn.
             held = _stopped(worker)
             alive = False
-            if pid is not None and fault in BREAKING_FAULTS and turn is not None:
+            if pid is not None and fault in breaking_faults(provider) and turn is not None:
                 deadline = time.monotonic() + KILLED_S
                 while running(pid) and time.monotonic() < deadline:
                     time.sleep(0.1)
                 alive = running(pid)
-            after = _worker_pid(c)
+            after = _worker_pid(c, provider)
             growth = None
             if after == worker and worker is not None:
                 now = _peak_rss_kib(worker)
@@ -159,16 +218,18 @@ class ProviderChaos:
             if turn is not None and not disturbed and not (stop and stop.is_set()):
                 nxt = self._turn(c, sid, "after", "pass")
                 if nxt is None:
-                    self._count(f"{fault} next Turn refused")
-                if generation() != began or _worker_pid(c) != worker:
+                    self._count(f"{name} next Turn refused")
+                if generation() != began or _worker_pid(c, provider) != worker:
                     disturbed, by = True, ["a kill after it"]
                 elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
                     disturbed, by = True, ["a SIGSTOP of the next Turn's runtime"]
         except (ClientTimeout, ClientClosed):
-            self._count(f"{fault} lost")
+            self._count(f"{name} lost")
             if turn_id is None:
                 return None
-            record = ProviderFault(sid, fault, turn_id, in_bound=False, disturbed=True)
+            record = ProviderFault(
+                sid, fault, turn_id, in_bound=False, disturbed=True, provider=provider
+            )
         else:
             record = ProviderFault(
                 sid,
@@ -181,13 +242,14 @@ class ProviderChaos:
                 next_outcome=None if nxt is None else str(nxt[0].get("outcome")),
                 next_pid=None if nxt is None else nxt[1],
                 rss_growth_kib=growth,
+                provider=provider,
             )
             outcome = "active" if turn is None else turn.get("outcome")
             why = "" if turn is None else f" {turn.get('errorReason')}"
             if turn is not None and outcome == "failed" and not turn.get("errorReason"):
                 why = f" ({str(turn.get('error'))[:60]})"
             met = f" disturbed by {' and '.join(by)}" if disturbed else ""
-            self._count(f"{fault} {outcome}{why}{met}")
+            self._count(f"{name} {outcome}{why}{met}")
         with self.lock:
             self.faults.append(record)
         return record
@@ -224,8 +286,11 @@ class ProviderChaos:
     def summary(self) -> str:
         growth = [f.rss_growth_kib for f in self.faults if f.rss_growth_kib is not None]
         peak = max(growth, default=0) // 1024
+        made = Counter(self.providers.values())
         return (
-            f"provider faults: {len(self.faults)} rounds, worker peak RSS growth max {peak} MiB; "
+            f"provider faults: {len(self.faults)} rounds on "
+            + ", ".join(f"{n} {p}" for p, n in sorted(made.items()))
+            + f" Sessions, worker peak RSS growth max {peak} MiB; "
             + " ".join(f"{k}={v}" for k, v in sorted(self.calls.items()))
         )
 
@@ -315,9 +380,9 @@ class ProviderChaos:
         return False
 
 
-def _worker_pid(c: Client) -> int | None:
+def _worker_pid(c: Client, provider: str) -> int | None:
     for w in c.call("host.status")["workers"]:
-        if w["provider"] == "tutti-agent" and w.get("pid"):
+        if w["provider"] == provider and w.get("pid"):
             return int(w["pid"])
     return None
 

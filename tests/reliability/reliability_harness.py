@@ -13,7 +13,7 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -58,24 +58,35 @@ def codex_binary() -> str | None:
 
 @contextlib.contextmanager
 def provider_env(
-    provider: str, home: Path, *, config: str = "", also: tuple[str, ...] = ()
+    provider: str,
+    home: Path,
+    *,
+    config: str = "",
+    also: tuple[str, ...] = (),
+    commands: Mapping[str, str] | None = None,
 ) -> Iterator[Path]:
     """Writes `home/agenthost.toml` for `provider` and the providers `also` (pointing each at a
     local model server that lives for the block) after `config` (more of the file, e.g. a
     `[daemon]` table) and yields a cwd for `provider`'s sessions. Every provider's Sessions may
     run in the block: the soaks mix `claude-code` and `codex` Sessions among their
-    `tutti-agent` ones this way."""
+    `tutti-agent` ones this way. `commands`: a provider's program instead of its own (the
+    soaks' Codex behind `provider_chaos.codex_front`)."""
     home.mkdir(parents=True, exist_ok=True)
     cwd = home.parent / f"cwd-{provider}"
     cwd.mkdir(exist_ok=True)
     with contextlib.ExitStack() as servers:
-        text = config + "".join(_provider_table(p, servers) for p in (provider, *also))
+        commands = commands or {}
+        text = config + "".join(
+            _provider_table(p, servers, commands.get(p)) for p in (provider, *also)
+        )
         if text:
             (home / "agenthost.toml").write_text(text)
         yield cwd
 
 
-def _provider_table(provider: str, servers: contextlib.ExitStack) -> str:
+def _provider_table(
+    provider: str, servers: contextlib.ExitStack, command: str | None = None
+) -> str:
     """`provider`'s table of `agenthost.toml`, its model server started on `servers` (none for
     `tutti-agent`: the built-in deterministic model)."""
     if provider == "tutti-agent":
@@ -86,7 +97,8 @@ def _provider_table(provider: str, servers: contextlib.ExitStack) -> str:
 
         # The default echo, and a Bash call for `/bash …` (the soaks' permission asks).
         messages = servers.enter_context(MessagesServer(reply=soak_reply))
-        return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n'
+        cli = f'cli_path = "{command}"\n' if command else ""
+        return f'[providers.claude-code]\nmodel_base_url = "{messages.base_url}"\n{cli}'
     if provider == "codex":
         from model_fakes.responses import ResponsesServer
         from tests.reliability.interaction_chaos import soak_responses_reply
@@ -94,7 +106,7 @@ def _provider_table(provider: str, servers: contextlib.ExitStack) -> str:
         # The default echo, and an `exec_command` call for `/run …` (the soaks' approvals).
         responses = servers.enter_context(ResponsesServer(reply=soak_responses_reply))
         return (
-            f'[providers.codex]\ncommand = "{codex_binary()}"\nmodel = "mock-model"\n'
+            f'[providers.codex]\ncommand = "{command or codex_binary()}"\nmodel = "mock-model"\n'
             f'model_base_url = "{responses.base_url}"\n'
         )
     raise ValueError(provider)

@@ -125,7 +125,12 @@ import zmq
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
-from tests.reliability.provider_chaos import ProviderChaos, relay_table
+from tests.reliability.provider_chaos import (
+    ProviderChaos,
+    claude_front,
+    codex_front,
+    relay_table,
+)
 from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
@@ -812,7 +817,9 @@ def home(tmp_path: Path) -> Iterator[Path]:
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
     ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
-    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
+    # and Codex's app-server, Claude Code's CLI
+    fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
+    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
         yield tmp_path / "home"
 
 

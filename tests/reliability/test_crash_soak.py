@@ -124,7 +124,12 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
-from tests.reliability.provider_chaos import ProviderChaos, relay_table
+from tests.reliability.provider_chaos import (
+    ProviderChaos,
+    claude_front,
+    codex_front,
+    relay_table,
+)
 from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
@@ -569,7 +574,9 @@ def home(tmp_path: Path) -> Iterator[Path]:
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
         f"long_timeout_s = {GC_TIMEOUT_S}\n"
     ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
-    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,)):
+    # and Codex's app-server, Claude Code's CLI
+    fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
+    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
         yield tmp_path / "home"
 
 

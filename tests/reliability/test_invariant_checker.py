@@ -41,8 +41,10 @@ from tests.support.invariants import (
     Law,
     LineageRead,
     ListPaging,
+    ProviderFault,
     ReadAnswer,
     TimelinePaging,
+    Violation,
     WorkspaceAnswer,
     check_fork_events,
     check_interaction_answers,
@@ -1393,3 +1395,26 @@ def test_a_fork_paging_that_misses_repeats_or_goes_back_is_reported(read: Read) 
     back = replace(forks, pages=(second, first))
     for bad in (missed, twice, back):
         assert read_laws([bad]) == {Law.LINEAGE_ANSWER}, bad.pages
+
+
+def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported() -> None:
+    """`provider_fault_settles`, Claude Code's row: its SDK cannot read on from a wrong-shaped
+    message (`notobject`), so a Turn `completed` behind one is reported, where an app-server
+    reader skips the same fault (a Tutti Agent or Codex Turn `completed` is clean, a `failed`
+    one reported); Claude's `garbage` is skipped like theirs."""
+    done = {"phase": "settled", "outcome": "completed", "errorReason": None}
+    failed = done | {"outcome": "failed", "errorReason": "provider_protocol_error"}
+
+    def seen(provider: str, fault: str, turn: dict[str, Any]) -> list[Violation]:
+        f = ProviderFault(
+            "s", fault, "t", in_bound=True, disturbed=False, relay_pid=7, provider=provider
+        )
+        return check_provider_faults([f], {"t": turn})
+
+    assert seen("claude-code", "notobject", failed) == []
+    assert [v.law for v in seen("claude-code", "notobject", done)] == [Law.PROVIDER_FAULT_SETTLES]
+    assert "claude-code notobject" in seen("claude-code", "notobject", done)[0].detail
+    assert seen("claude-code", "garbage", done) == []
+    for provider in ("tutti-agent", "codex"):
+        assert seen(provider, "notobject", done) == []
+        assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]

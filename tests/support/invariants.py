@@ -2414,6 +2414,17 @@ TURN_REASONS = frozenset(
 """A failed Turn's typed reasons (`errorReason`, docs/protocol.md "Turn errors")."""
 BREAKING_FAULTS = frozenset({"endless", "close", "close_mid"})
 """Faults after which the runtime's stdout cannot be read on: it is killed, its Turn fails."""
+CLAUDE_BREAKING_FAULTS = BREAKING_FAULTS | {"notobject"}
+"""Claude Code's: its SDK refuses a message of a known type whose fields have the wrong shape
+(`MessageParseError`), where the app-server reader reads non-object params as empty ones."""
+
+
+def breaking_faults(provider: str) -> frozenset[str]:
+    """The faults that break `provider`'s stdout for good (its runtime killed, its Turn
+    failed); the others' lines are skipped and the Turn completes."""
+    return CLAUDE_BREAKING_FAULTS if provider == "claude-code" else BREAKING_FAULTS
+
+
 FAULT_RSS_BOUND_KIB = (2 * (64 << 20) + (32 << 20)) // 1024
 """The most a worker's peak RSS may grow over a fault round: reading one line costs at most
 twice `MAX_LINE_BYTES` (64 MiB, drivers/app_server/process.py) transiently, plus 32 MiB for the
@@ -2444,6 +2455,9 @@ class ProviderFault:
     """The relay that served that next Turn's `turn/start`."""
     rss_growth_kib: int | None = None
     """The worker's peak RSS growth over the round (None: not measured, e.g. a new worker)."""
+    provider: str = "tutti-agent"
+    """The Session's provider (`tutti-agent`, `codex`: the app-server behind the relay;
+    `claude-code`: each Turn's CLI behind it)."""
 
 
 def check_provider_faults(
@@ -2456,7 +2470,10 @@ def check_provider_faults(
 
     def fail(f: ProviderFault, what: str) -> None:
         out.append(
-            Violation(Law.PROVIDER_FAULT_SETTLES, f"{f.fault} turn {f.turn_id} ({f.sid}): {what}")
+            Violation(
+                Law.PROVIDER_FAULT_SETTLES,
+                f"{f.provider} {f.fault} turn {f.turn_id} ({f.sid}): {what}",
+            )
         )
 
     for f in faults:
@@ -2474,10 +2491,11 @@ def check_provider_faults(
         outcome, reason = turn.get("outcome"), turn.get("errorReason")
         if outcome == "failed" and reason not in TURN_REASONS:
             fail(f, f"failed with no typed reason: {str(turn.get('error'))[:120]!r}")
-        breaking = f.fault in BREAKING_FAULTS and f.relay_pid is not None
+        breaks = breaking_faults(f.provider)
+        breaking = f.fault in breaks and f.relay_pid is not None
         if breaking and outcome != "failed":
             fail(f, f"{outcome} behind a broken stdout")
-        if f.fault not in BREAKING_FAULTS and outcome != "completed":
+        if f.fault not in breaks and outcome != "completed":
             fail(f, f"{outcome} ({reason}) for lines the reader skips")
         if breaking and f.relay_alive:
             fail(f, f"its broken runtime (relay {f.relay_pid}) still runs")

@@ -1,0 +1,66 @@
+"""A Codex app-server that misbehaves on its stdout, through the real daemon: the pinned
+`codex app-server` behind the soaks' relay (`provider_chaos.codex_front`, the same JSON lines
+as Tutti Agent's) writes one endless line, garbage between its lines, notifications whose
+params are no object, or closes its stdout at a `turn/start` or once the Turn started. Each
+round is judged by the soaks' law, `provider_fault_settles`: the Turn settles in its bound
+(`failed provider_protocol_error` where the pipe broke, `completed` where the reader skips the
+lines), the broken runtime goes, the next Turn completes on a new one, the worker's memory
+stays bounded. With `provider_stopped_seconds = 2` (the contention soak's): the closed stdout
+is named before the liveness check would call the runtime unresponsive."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests.reliability.provider_chaos import (
+    CODEX,
+    FAULTS,
+    ProviderChaos,
+    codex_front,
+    relay_table,
+)
+from tests.reliability.reliability_harness import provider_env
+from tests.support.daemon import DaemonProcess
+
+pytestmark = [pytest.mark.timeout(240)]
+
+
+@pytest.mark.parametrize("stopped_limit", [None, 2], ids=["default", "stopped-2s"])
+def test_every_stdout_fault_of_a_codex_app_server_settles_as_the_law_says(
+    tmp_path: Path, stopped_limit: int | None
+) -> None:
+    arms = tmp_path / "arms"
+    config = (
+        "" if stopped_limit is None else f"[daemon]\nprovider_stopped_seconds = {stopped_limit}\n"
+    )
+    with provider_env(
+        CODEX,
+        tmp_path / "home",
+        config=config + relay_table(arms),
+        commands={CODEX: codex_front(arms)},
+    ) as cwd:
+        chaos = ProviderChaos(arms, 0)
+        d = DaemonProcess(tmp_path / "home").start()
+        try:
+            c = d.client(timeout=60)
+            chaos.setup(c, str(cwd))
+            codex = [sid for sid in chaos.sids if chaos.providers[sid] == CODEX]
+            assert len(codex) == 1, chaos.providers
+            chaos.sids, chaos.providers = codex, {codex[0]: CODEX}  # its rounds only
+            for fault in FAULTS:
+                chaos.next_fault = FAULTS.index(fault)
+                assert chaos.round(c, lambda: 0) is not None, chaos.summary()
+            violations = chaos.check(c)
+        finally:
+            d.stop()
+    summary = chaos.summary()
+    assert violations == [], (violations, summary)
+    assert [f.fault for f in chaos.faults] == list(FAULTS), summary
+    assert all(f.provider == CODEX and not f.disturbed for f in chaos.faults), chaos.faults
+    # Every breaking fault met the relay and was named by the reader, not the liveness check.
+    for fault in ("endless", "close", "close_mid"):
+        assert chaos.calls[f"codex {fault} failed provider_protocol_error"] == 1, summary
+    for fault in ("garbage", "notobject"):
+        assert chaos.calls[f"codex {fault} completed None"] == 1, summary
