@@ -277,6 +277,9 @@ class AppServerProcess:
         self.writes_refused = 0
         """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
+        self._closing = False
+        """`close` was called: a stdout that ends now is the exit it asked for, never a
+        broken server (the reader leaves the exit to `close`'s own bounds)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
         self._stderr_tail: deque[str] = deque(maxlen=20)
@@ -350,6 +353,7 @@ class AppServerProcess:
         proc = self._proc
         if proc is None:
             return
+        self._closing = True
         eof = self._close_stdin(proc, timeout)
         if not (eof and _exited(proc, timeout)):
             proc.terminate()
@@ -569,8 +573,12 @@ class AppServerProcess:
                 traceback.print_exc()
         else:
             try:
-                code = proc.wait(EOF_EXIT_GRACE_S)
+                # Asked to exit (`close`): as long as `close` gives it, never killed as broken
+                # (an app-server that still writes its state on the way out loses nothing).
+                code = proc.wait(None if self._closing else EOF_EXIT_GRACE_S)
             except subprocess.TimeoutExpired:
+                if self._closing:
+                    return  # `close` ended it meanwhile and reaps it
                 self._kill_broken(proc, "closed its stdout but kept running")
             else:
                 self._mark_closed(f"app-server exited with status {code}")

@@ -9,6 +9,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -167,3 +168,29 @@ def test_a_program_that_is_not_there_fails_to_start_as_it_always_has(tmp_path: P
     with pytest.raises(AppServerClosed, match="cannot start") as err:
         proc.start()
     assert err.value.sent is False
+
+
+_SLOW_EXIT = """
+import os, sys, time
+sys.stdin.buffer.read()          # until the client closes our stdin
+os.close(1)                       # our stdout ends first ...
+time.sleep(1.5)                   # ... while we still write our state on the way out
+open(sys.argv[1], "w").write("saved")
+"""
+
+
+@pytest.mark.timeout(30)
+def test_a_server_asked_to_close_that_ends_its_stdout_first_is_not_killed_as_broken(
+    tmp_path: Path,
+) -> None:
+    """`close` asks the server to exit (its stdin's end); one that closes its stdout before it
+    has written what it keeps (longer than the reader's grace for a broken server) exits by
+    itself, its state written, never killed as a server that closed its stdout and runs on."""
+    saved = tmp_path / "saved"
+    proc = AppServerProcess(
+        [sys.executable, "-c", _SLOW_EXIT, str(saved)],
+        env=private_env(None, "TUTTI_AGENT_HOME", tmp_path / "home"),
+    )
+    proc.start()
+    proc.close(5.0)
+    assert saved.read_text() == "saved"
