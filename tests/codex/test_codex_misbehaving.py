@@ -17,12 +17,9 @@ import pytest
 from tests.reliability.provider_chaos import (
     CODEX,
     FAULTS,
-    ProviderChaos,
     codex_front,
-    relay_table,
+    every_fault,
 )
-from tests.reliability.reliability_harness import provider_env
-from tests.support.daemon import DaemonProcess
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -31,30 +28,8 @@ pytestmark = [pytest.mark.timeout(240)]
 def test_every_stdout_fault_of_a_codex_app_server_settles_as_the_law_says(
     tmp_path: Path, stopped_limit: int | None
 ) -> None:
-    arms = tmp_path / "arms"
-    config = (
-        "" if stopped_limit is None else f"[daemon]\nprovider_stopped_seconds = {stopped_limit}\n"
-    )
-    with provider_env(
-        CODEX,
-        tmp_path / "home",
-        config=config + relay_table(arms),
-        commands={CODEX: codex_front(arms)},
-    ) as cwd:
-        chaos = ProviderChaos(arms, 0)
-        d = DaemonProcess(tmp_path / "home").start()
-        try:
-            c = d.client(timeout=60)
-            chaos.setup(c, str(cwd))
-            codex = [sid for sid in chaos.sids if chaos.providers[sid] == CODEX]
-            assert len(codex) == 1, chaos.providers
-            chaos.sids, chaos.providers = codex, {codex[0]: CODEX}  # its rounds only
-            for fault in FAULTS:
-                chaos.next_fault = FAULTS.index(fault)
-                assert chaos.round(c, lambda: 0) is not None, chaos.summary()
-            violations = chaos.check(c)
-        finally:
-            d.stop()
+    chaos = every_fault(tmp_path / "home", CODEX, codex_front(tmp_path / "arms"), stopped_limit)
+    violations = chaos.violations
     summary = chaos.summary()
     assert violations == [], (violations, summary)
     assert [f.fault for f in chaos.faults] == list(FAULTS), summary

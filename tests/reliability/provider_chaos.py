@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from drivers.codex.command import native_behind_npm_shim
-from tests.reliability.reliability_harness import codex_binary
-from tests.support.daemon import WS
+from tests.reliability.reliability_harness import codex_binary, provider_env
+from tests.support.daemon import WS, DaemonProcess
 from tests.support.freezer import running
 from tests.support.invariants import (
     ProviderFault,
@@ -133,6 +133,8 @@ class ProviderChaos:
         self.failures: list[str] = []
         """What went wrong in a round's thread beyond the soak's faults (a bug, or an answer
         no law allows)."""
+        self.violations: list[Violation] = []
+        """What `every_fault`'s check found."""
         self.lock = threading.Lock()
         self.next_fault = self.rng.randrange(len(FAULTS))
         self.next_provider = self.rng.randrange(3)
@@ -378,6 +380,37 @@ class ProviderChaos:
                 return True
             time.sleep(0.2)
         return False
+
+
+def every_fault(
+    home: Path, provider: str, front: str, stopped_limit: int | None = None
+) -> ProviderChaos:
+    """One round of each fault, in `FAULTS`' order, on one Session of `provider` (its command
+    `front`, made by `codex_front` / `claude_front`) of a daemon on `home`; with
+    `stopped_limit`, the daemon's `provider_stopped_seconds`. The chaos after its `check`
+    (`chaos.violations`) — for a test of one provider's faults."""
+    arms = home.parent / "arms"
+    config = (
+        "" if stopped_limit is None else f"[daemon]\nprovider_stopped_seconds = {stopped_limit}\n"
+    )
+    with provider_env(
+        provider, home, config=config + relay_table(arms), commands={provider: front}
+    ) as cwd:
+        chaos = ProviderChaos(arms, 0)
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client(timeout=60)
+            chaos.setup(c, str(cwd))
+            own = [sid for sid in chaos.sids if chaos.providers[sid] == provider]
+            assert len(own) == 1, chaos.providers
+            chaos.sids, chaos.providers = own, {own[0]: provider}  # its rounds only
+            for fault in FAULTS:
+                chaos.next_fault = FAULTS.index(fault)
+                assert chaos.round(c, lambda: 0) is not None, chaos.summary()
+            chaos.violations = chaos.check(c)
+        finally:
+            d.stop()
+    return chaos
 
 
 def _worker_pid(c: Client, provider: str) -> int | None:
