@@ -70,14 +70,7 @@ class Reader:
             self.write(c, rng, rng.choice(mine), tag)
             return
         try:
-            if how == "list":
-                read: ReadAnswer = self.page_list(c)
-            elif how == "timeline":
-                read = self.page_timeline(c, rng.choice(mine))
-            elif how == "forks":
-                read = self.page_forks(c, rng.choice(mine))
-            else:
-                read = self.lineage(c, rng.choice(mine))
+            read = self.read(c, how, rng.choice(mine) if mine else "")
         except Cut as why:
             with self.lock:
                 self.calls[f"read {how} cut: {why}"] += 1
@@ -89,6 +82,17 @@ class Reader:
         with self.lock:
             self.reads.append(read)
             self.calls[f"read {how} kept"] += 1
+
+    def read(self, c: Client, how: str, sid: str) -> ReadAnswer:
+        """One read of `how` (`list`, `timeline`, `forks`, `lineage`; `sid` the Session of
+        the three last)."""
+        if how == "list":
+            return self.page_list(c)
+        if how == "timeline":
+            return self.page_timeline(c, sid)
+        if how == "forks":
+            return self.page_forks(c, sid)
+        return self.lineage(c, sid)
 
     def write(self, c: Client, rng: random.Random, sid: str, tag: str) -> None:
         """A write a page shows, racing the other readers: a pin, a rename or a goal (set or
@@ -120,14 +124,7 @@ class Reader:
             if how != "list" and not mine:
                 return
             try:
-                if how == "list":
-                    read: ReadAnswer = self.page_list(c)
-                elif how == "timeline":
-                    read = self.page_timeline(c, rng.choice(mine))
-                elif how == "forks":
-                    read = self.page_forks(c, rng.choice(mine))
-                else:
-                    read = self.lineage(c, rng.choice(mine))
+                read = self.read(c, how, rng.choice(mine) if mine else "")
             except Cut as why:
                 with self.lock:
                     self.calls[f"sweep {how} cut: {why}"] += 1
