@@ -136,8 +136,17 @@ class Failpoints:
         state = env.get(ENV_STATE_DIR)
         return cls(parse_points(env.get(ENV_POINTS, "")), state_dir=Path(state) if state else None)
 
-    def set(self, points: Mapping[str, str], *, rearm: bool = True) -> dict[str, str]:
-        """Arm (or with `off`, disarm) each named point; re-arming clears a fired `once:`.
+    def set(
+        self, points: Mapping[str, str], *, rearm: bool = True, clear_markers: bool = True
+    ) -> dict[str, str]:
+        """Arm (or with `off`, disarm) each named point; re-arming clears a fired `once:`:
+        this process's record of it and, with `clear_markers`, the shared marker.
+
+        A worker armed by its supervisor passes `clear_markers=False`: the supervisor
+        cleared the markers once, as it armed, and each worker gets that arming whenever its
+        link reads it. Clearing again there would undo a claim another worker made meanwhile,
+        and a `once:kill` would fire twice (a worker still starting, or busy, unlinks the
+        marker of a point a sibling already died of; the sibling's successor dies of it too).
 
         Validates every action first, so a bad map changes nothing.
         """
@@ -150,7 +159,7 @@ class Failpoints:
                     self._points[name] = spec
                 if rearm:
                     self._fired.discard(name)
-                    marker = self._marker(name)
+                    marker = self._marker(name) if clear_markers else None
                     if marker is not None:
                         with contextlib.suppress(FileNotFoundError):
                             marker.unlink()

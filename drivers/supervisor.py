@@ -291,6 +291,13 @@ def next_look(worker: WorkerRecord, now: float) -> float:
 log = logging.getLogger(__name__)
 
 
+def _arm_msg(req_id: int, points: Mapping[str, str]) -> dict[str, Any]:
+    """A worker's `debug.failpoints` from its supervisor: the points, never clearing a fired
+    `once:` marker (`set_failpoints` cleared them as it armed; a worker reading this after a
+    sibling claimed the point would otherwise let it fire again)."""
+    return req_msg(req_id, "debug.failpoints", {"points": dict(points), "clearMarkers": False})
+
+
 class WorkerSupervisor:
     """Owns the worker processes of one daemon. Thread-safe public methods."""
 
@@ -399,7 +406,9 @@ class WorkerSupervisor:
         """Arm points in every live worker and in every worker spawned later; returns the map
         now in force. A bad action raises ValueError and changes nothing."""
         checked = parse_points(format_points({str(k): str(v) for k, v in points.items()}))
-        # Re-arming clears fired `once:` markers so the next incarnation sees them armed.
+        # Re-arming clears fired `once:` markers so the next incarnation sees them armed: here,
+        # once, before any worker has the arming; the workers are sent it with
+        # `clearMarkers: false` (`_arm_msg`), since one reading it late must not undo a claim.
         _Failpoints(state_dir=self._fp_state).set(checked)
         self._mailbox.put(("failpoints", checked))
         merged = dict(self._points)
@@ -614,7 +623,7 @@ class WorkerSupervisor:
                     self._ids += 1
                     req_id = self._ids
                 # Fire-and-forget: its answer arrives with an id nobody waits for.
-                worker.end.send(req_msg(req_id, "debug.failpoints", {"points": points}))
+                worker.end.send(_arm_msg(req_id, points))
 
     def _send_points_armed_while_starting(self, worker: WorkerRecord) -> None:
         """Points armed (or turned off) after this incarnation was spawned never reached it
@@ -630,7 +639,7 @@ class WorkerSupervisor:
             with self._ids_lock:
                 self._ids += 1
                 req_id = self._ids
-            worker.end.send(req_msg(req_id, "debug.failpoints", {"points": changed}))
+            worker.end.send(_arm_msg(req_id, changed))
 
     def _spawn(self, worker: WorkerRecord) -> None:
         """Start an incarnation; any failure (EMFILE, ENOMEM, a missing python) is a death

@@ -458,8 +458,13 @@ class WorkerServer:
         points = params.get("points")
         if not isinstance(points, dict):
             raise InvalidRequest("points must be a map")
+        # False from the supervisor: it cleared the shared `once:` markers as it armed.
+        clear = params.get("clearMarkers", True)
+        if not isinstance(clear, bool):
+            raise InvalidRequest("clearMarkers must be a boolean")
         try:
-            return {"points": self.failpoints.set({str(k): str(v) for k, v in points.items()})}
+            armed = {str(k): str(v) for k, v in points.items()}
+            return {"points": self.failpoints.set(armed, clear_markers=clear)}
         except ValueError as exc:
             raise InvalidRequest(str(exc)) from exc
 
