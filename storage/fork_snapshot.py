@@ -4,8 +4,9 @@ snapshot prepare freezes of it.
 
 The boundary checks: what in the source blocks a fork (an active fork, a running Turn, a
 pending Interaction), and the Turn boundary a fork may go through — settled, bound to its
-provider turn, free of descendant lanes, session-local attachments and a resume cursor of the
-source — loaded with its history for the snapshot.
+provider turn (each Turn before it too, but for one its provider never got: schema v24's
+`host_only`, left out of the provider prefix), free of descendant lanes, session-local
+attachments and a resume cursor of the source — loaded with its history for the snapshot.
 
 The snapshot, frozen at prepare, is hashed with SHA-256 over its stored bytes (law 5); commit
 and the committed projection read only it (and the operation row) — and, for a version 4 or 5
