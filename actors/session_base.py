@@ -56,6 +56,11 @@ class TurnState:
     # waits for a runtime slot (no limit: it is queued, not hung) or for its runtime's start
     # (`session.start`, with its own timeout).
     at_provider: bool = False
+    # A `turn.start` of it may have reached the provider: set as one is handed to the worker
+    # link, cleared when the link answers "not sent" (`NotDelivered`) or the worker refused it
+    # before the provider (`RuntimeChanged`). A Turn settled without it is host-only (schema
+    # v24): the provider's thread provably holds no Turn for it.
+    start_maybe_sent: bool = False
     # Its `turn.start` is sent and not yet answered: the start's events (binding) arrive
     # before the answer, and their writes wait for it to land as one transaction.
     start_unanswered: bool = False

@@ -21,6 +21,7 @@ from typing import Any
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
+from actors.ports import NotDelivered
 from actors.provider_errors import runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
@@ -181,6 +182,7 @@ class TurnRunner:
             )
             return
         state.at_provider = True
+        state.start_maybe_sent = True
         state.start_unanswered = True
         state.last_activity = time.monotonic()
         if warm:
@@ -257,6 +259,9 @@ class TurnRunner:
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001
+            if isinstance(exc, NotDelivered) or (again is not None and runtime_changed(exc)):
+                # Never left the host, or refused by the worker before the provider saw it.
+                state.start_maybe_sent = False
             if again is not None and runtime_changed(exc):
                 self._runtime.forget_warm_runtime()
                 if not state.settling:
@@ -562,6 +567,8 @@ class TurnRunner:
                     turn=self._image(state),
                     bound=bound,
                     messages=messages,
+                    # Read when the write lands: no `turn.start` can be sent after it.
+                    host_only=not state.start_maybe_sent and state.provider_turn_id is None,
                 )
                 if reply is not None:
                     state.last_assistant_message_id = reply

@@ -173,6 +173,7 @@ class TurnWrites(Protocol):
         turn: Turn | None = None,
         bound: TurnBound | None = None,
         messages: tuple[NewMessage, ...] = (),
+        host_only: bool = False,
     ) -> bool: ...
 
 

@@ -722,6 +722,9 @@ def build_child(
                 turn[T_ERROR],
                 turn[T_CREATED],
                 committed_at_ms if active else turn[T_SETTLED],
+                # A Turn of the boundary with no provider turn id is one its provider never got
+                # (`host_only`: load_boundary refuses any other): host-only in the child too.
+                1 if turn[T_ROOT_PROVIDER_TURN] is None else 0,
             )
         )
         for i in turn[T_INTERACTIONS]:

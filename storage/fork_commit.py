@@ -204,8 +204,8 @@ class ForkCommit:
         tx.executemany(
             "INSERT INTO turns (workspace_id, session_id, turn_id, sequence, sequence_provenance,"
             " phase, outcome, root_provider_turn_id, provider_turn_binding_json,"
-            " final_assistant_message_id, error, created_at_ms, settled_at_ms)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            " final_assistant_message_id, error, created_at_ms, settled_at_ms, host_only)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
             plan.turn_rows,
         )
         # Every cloned Message is created at the commit, in the child's Session (its key, schema

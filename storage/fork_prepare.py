@@ -371,7 +371,11 @@ class ForkPrepare:
                 committed_session=None,
                 lineage=None,
                 target_title=title,
-                frozen_turns=tuple((str(t[T_ID]), t[T_BINDING]) for t in boundary.turns),
+                # Lined up with the provider prefix: a host-only Turn (no provider turn id) is
+                # in neither.
+                frozen_turns=tuple(
+                    (str(t[T_ID]), t[T_BINDING]) for t in boundary.turns if t[T_ROOT_PROVIDER_TURN]
+                ),
                 workspace_mode=req.workspace,
                 worktree=loads(worktree_json),
                 worktree_state=None if plan is None else PLANNED,

@@ -4,8 +4,9 @@ snapshot prepare freezes of it.
 
 The boundary checks: what in the source blocks a fork (an active fork, a running Turn, a
 pending Interaction), and the Turn boundary a fork may go through — settled, bound to its
-provider turn, free of descendant lanes, session-local attachments and a resume cursor of the
-source — loaded with its history for the snapshot.
+provider turn (each Turn before it too, but for one its provider never got: schema v24's
+`host_only`, left out of the provider prefix), free of descendant lanes, session-local
+attachments and a resume cursor of the source — loaded with its history for the snapshot.
 
 The snapshot, frozen at prepare, is hashed with SHA-256 over its stored bytes (law 5); commit
 and the committed projection read only it (and the operation row) — and, for a version 4 or 5
@@ -184,7 +185,7 @@ _TURN_COLUMNS = (
     " t.settled_at_ms"
 )
 _TURNS_WHERE = " WHERE t.workspace_id = ?1 AND t.session_id = ?2 AND t.sequence <= ?3"
-_TURNS_SQL = f"SELECT {_TURN_COLUMNS} FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
+_TURNS_SQL = f"SELECT {_TURN_COLUMNS}, t.host_only FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
 # ... and with each one's final assistant Message (its position and its own Turn; NULLs when the
 # Session holds no row of it) looked up by the `(session_key, message_id)` key as the walk reaches
 # the Turn: one walk of the Turns, not a second one joining them to their final Messages. The
@@ -197,7 +198,8 @@ _TURNS_SQL = f"SELECT {_TURN_COLUMNS} FROM turns t{_TURNS_WHERE} ORDER BY t.sequ
 _TURNS_FINALS_SQL = (
     "SELECT t.turn_id, t.sequence, t.sequence_provenance, t.phase, t.outcome,"
     " t.root_provider_turn_id, t.provider_turn_binding_json, t.final_assistant_message_id,"
-    " t.error, t.created_at_ms, t.settled_at_ms, fm.position, fm.turn_id FROM session_keys k"
+    " t.error, t.created_at_ms, t.settled_at_ms, fm.position, fm.turn_id, t.host_only"
+    " FROM session_keys k"
     " JOIN turns t ON t.workspace_id = k.workspace_id AND t.session_id = k.session_id"
     " LEFT JOIN messages fm ON fm.session_key = k.session_key"
     " AND fm.message_id = t.final_assistant_message_id"
@@ -205,7 +207,8 @@ _TURNS_FINALS_SQL = (
 )
 # A Session without a key (no row in `session_keys`): its Turns, no final Message found.
 _TURNS_NO_FINALS_SQL = (
-    f"SELECT {_TURN_COLUMNS}, NULL, NULL FROM turns t{_TURNS_WHERE} ORDER BY t.sequence"
+    f"SELECT {_TURN_COLUMNS}, NULL, NULL, t.host_only FROM turns t{_TURNS_WHERE}"
+    " ORDER BY t.sequence"
 )
 _SESSION_KEY_SQL = SESSION_KEY_OF[1:-1]
 
@@ -267,7 +270,10 @@ def load_boundary(
         # prefix to the provider as to us.
         if r[2] not in VERIFIABLE_PROVENANCE or r[1] != expected:
             raise ForkBoundaryError(ForkBoundaryReason.TURN_SEQUENCE_UNVERIFIED)
-        if not r[5]:
+        # Every Turn the provider may hold is bound; one it provably never got (`host_only`,
+        # its last column, schema v24) is left out of the provider prefix below, but the fork
+        # cannot go through it (the provider has no Turn to fork at).
+        if not r[5] and (not r[-1] or r[0] == turn_id):
             raise ForkBoundaryError(ForkBoundaryReason.PROVIDER_TURN_MISSING)
         interactions: list[dict[str, Any]] = []
         turn: Any
@@ -318,7 +324,7 @@ def load_boundary(
         )
     return Boundary(
         turns=turns,
-        provider_turn_ids=tuple(str(r[5]) for r in turn_rows),
+        provider_turn_ids=tuple(str(r[5]) for r in turn_rows if r[5]),
         selected=by_id[turn_id],
         turn_id=turn_id,
         history=history,

@@ -788,6 +788,24 @@ def _v23(conn: apsw.Connection) -> None:
     _add_checked_column(conn, "stage", STAGE_COLUMN, _V23_STAGES, _V23_INDEX)
 
 
+# v24: a Turn the provider never got (its `turn.start` provably never sent: the runtime's
+# preparation failed, or the worker link answered "not sent") is marked `host_only` by its
+# settlement. The fork's provider prefix leaves it out (storage/fork_snapshot.py): the
+# provider's thread holds no Turn for it, so one such Turn no longer makes its Session
+# unforkable for good. The CHECK keeps the mark honest: a marked Turn never gets a provider
+# turn id. The column's default fills every existing row in O(1) (no row is rewritten); a
+# store that has it already (the steps re-run over a newer store) is left as it is.
+_V24 = (
+    "ALTER TABLE turns ADD COLUMN host_only INTEGER NOT NULL DEFAULT 0"
+    " CHECK (host_only = 0 OR (host_only = 1 AND root_provider_turn_id IS NULL))"
+)
+
+
+def _v24(conn: apsw.Connection) -> None:
+    if "host_only" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(turns)")}:
+        conn.execute(_V24)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -812,6 +830,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v21,
     _v22,
     _v23,
+    _v24,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

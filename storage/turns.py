@@ -180,11 +180,12 @@ class TurnStore:
         """Settled Turns not `completed` with no provider turn id, in sequence order: a Turn
         the provider ran (and perhaps answered) whose bind was lost with a killed daemon, which
         recovery settled `interrupted`, is among them — a re-bind candidate like those of
-        `turns_missing_binding` (one the provider never got simply matches nothing)."""
+        `turns_missing_binding` (one the provider never got simply matches nothing; one the
+        host knows it never got, `host_only`, is not asked about)."""
         rows = self._all(
             "SELECT turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
             " AND phase = 'settled' AND outcome != 'completed' AND root_provider_turn_id IS NULL"
-            " ORDER BY sequence",
+            " AND host_only = 0 ORDER BY sequence",
             (ws, sid),
         )
         return [str(r[0]) for r in rows]
@@ -233,6 +234,7 @@ class TurnStore:
         turn: Turn | None = None,
         bound: TurnBound | None = None,
         messages: tuple[NewMessage, ...] = (),
+        host_only: bool = False,
     ) -> bool:
         """`settle_turn` without the read-back (the Session actor's, as
         `record_provider_turn`): whether this write settled it (False: it already was).
@@ -250,7 +252,12 @@ class TurnStore:
         supersedes the pending ones in SQL): read back.
         `messages`: the Turn's new Messages its caller had queued and not yet written (its
         reply), inserted by this write first, in order, as the lone appends would have inserted
-        them just before it (design/store.md, "A Turn's reply in its settlement")."""
+        them just before it (design/store.md, "A Turn's reply in its settlement").
+        `host_only`: the Turn's `turn.start` was provably never sent (its caller knows: the
+        runtime's preparation failed, or the link answered "not sent"), so the provider's
+        thread holds no Turn for it; marked by this write, it is left out of a fork's provider
+        prefix (design/store.md, "A Turn the provider never got"). Ignored with a `bound`
+        provider turn id (the provider named the Turn: it got it)."""
         if outcome not in _OUTCOMES:
             raise InvalidArgument("outcome", f"unknown outcome {outcome!r}")
         carried = turn if turn is not None and _carriable(turn, ws, sid, turn_id) else None
@@ -273,6 +280,7 @@ class TurnStore:
                 carried=carried,
                 bound=bound,
                 messages=tuple(rows),
+                host_only=host_only,
             )
 
         return self._submit(body, ws)
@@ -456,6 +464,7 @@ def _settle(
     carried: Turn | None = None,
     bound: TurnBound | None = None,
     messages: tuple[tuple[NewMessage, str], ...] = (),
+    host_only: bool = False,
 ) -> bool:
     """The settle write; False (no settlement written) if the Turn was already settled.
     `checkpoint_json`: the Turn's checkpoint record, set by the same statement (None: the
@@ -514,7 +523,16 @@ def _settle(
             raise InvalidArgument(
                 "finalAssistantMessageId", "final assistant message is not in this turn"
             )
-    if root is None and binding is None:
+    if root is None and binding is None and host_only and turn.root_provider_turn_id is None:
+        # The provider never got it (`record_settlement`): marked by the settlement itself.
+        tx.execute(
+            "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
+            " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json),"
+            " host_only = 1 WHERE workspace_id = ? AND session_id = ? AND turn_id = ?",
+            (outcome, final_assistant_message_id, error, tx.now_ms, checkpoint_json, ws, sid,
+             turn_id),
+        )  # fmt: skip
+    elif root is None and binding is None:
         tx.execute(
             "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
             " error = ?, settled_at_ms = ?, checkpoint_json = COALESCE(?, checkpoint_json)"

@@ -335,9 +335,11 @@ class Case:
     git: bool = False
     """The Session's folder is a git repository (its Turns are checkpointed)."""
     unforkable: bool = False
-    """The kill leaves a settled Turn its provider never had (so no provider binding), and
-    every later fork of the Session is refused `provider_turn_missing` (docs/reliability.md,
-    table 1c: open). A Turn the provider had is re-bound from its history and forks."""
+    """The kill leaves a settled Turn its provider never had (so no provider binding) while the
+    host cannot prove it was never sent (a kill leaves the start's fate unknown, so the Turn is
+    not host-only, schema v24), and every later fork of the Session is refused
+    `provider_turn_missing` (docs/reliability.md, table 1c). A Turn the provider had is re-bound
+    from its history and forks; one the host knows it never sent is left out of the prefix."""
 
 
 CASES: dict[str, Case] = {

@@ -272,6 +272,37 @@ def test_completed_turn_without_provider_binding_is_reported(base: Base, tmp_pat
     assert Law.COMPLETED_TURN_RECORDED in laws(home)
 
 
+def test_a_bound_completed_turn_marked_host_only_is_reported(base: Base, tmp_path: Path) -> None:
+    # Past the schema's CHECK (a marked Turn has no provider turn id): the law's first half.
+    home = tampered(
+        base, tmp_path, f"UPDATE turns SET host_only = 1 WHERE session_id = '{base.source}'"
+    )
+    assert Law.HOST_ONLY_TURN in laws(home)
+
+
+def test_a_child_copy_that_lost_its_source_turns_mark_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # The source's first Turn made one its provider never got (settled failed, unbound,
+    # marked): the committed child's copy of it is not marked.
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE turns SET host_only = 1, root_provider_turn_id = NULL, outcome = 'failed'"
+        f" WHERE session_id = '{base.source}' AND sequence = 1",
+    )
+    assert Law.HOST_ONLY_TURN in laws(home)
+    # The same tamper on the child too: the copies agree again, the law holds.
+    child = base.committed["targetAgentSessionId"]
+    both = tampered(
+        base,
+        tmp_path / "both",
+        "UPDATE turns SET host_only = 1, root_provider_turn_id = NULL, outcome = 'failed'"
+        f" WHERE session_id IN ('{base.source}', '{child}') AND sequence = 1",
+    )
+    assert Law.HOST_ONLY_TURN not in laws(both)
+
+
 def test_active_turn_nothing_works_on_is_reported_when_live(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,

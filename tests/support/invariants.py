@@ -135,6 +135,12 @@ class Law(StrEnum):
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
     (a dropped driver event)."""
+    HOST_ONLY_TURN = "host_only_turn"
+    """A Turn marked host-only (schema v24: its `turn.start` provably never sent, so its
+    provider's thread holds no Turn for it) has a provider turn id, is not settled, or is settled
+    `completed` (only the provider completes a Turn); or a committed child's copy of a boundary
+    Turn is host-only when its source Turn is not, or the other way round (the fork's provider
+    prefix left out exactly the source's host-only Turns, so the child's are the same ones)."""
     ACTIVE_TURN_WORKED = "active_turn_worked"
     """A Turn is `active` with nothing written for it past the grace period and no pending
     interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""
@@ -304,6 +310,7 @@ STORE_LAWS = frozenset(
         Law.BOUNDARY_BARRIER,
         Law.BARRIER_FLAG,
         Law.STAGE_COLUMN,
+        Law.HOST_ONLY_TURN,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -1300,6 +1307,40 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
                 Law.COMPLETED_TURN_RECORDED,
                 f"{where}: final message is not an assistant message of this turn",
             )
+
+
+def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`host_only_turn`: a Turn its provider never got is settled, not `completed`, unbound;
+    a committed child's copy of a boundary Turn is marked exactly when its source Turn is."""
+    if "host_only" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(turns)")}:
+        return  # a store before v24
+    for t in _rows(
+        conn,
+        "SELECT session_id, turn_id, phase, outcome, root_provider_turn_id FROM turns"
+        " WHERE host_only <> 0",
+    ):
+        if t["phase"] != "settled" or t["outcome"] == "completed" or t["root_provider_turn_id"]:
+            ctx.fail(
+                Law.HOST_ONLY_TURN,
+                f"session {t['session_id']} turn {t['turn_id']}: host-only but {t['phase']}"
+                f" {t['outcome']}, provider turn {t['root_provider_turn_id']!r}",
+            )
+    # The child's Turns through the boundary carry the source's sequences (fork_clone).
+    for t in _rows(
+        conn,
+        "SELECT l.target_session_id, c.sequence, c.host_only AS child, s.host_only AS source"
+        " FROM fork_lineage l JOIN turns b ON b.workspace_id = l.workspace_id"
+        " AND b.session_id = l.source_session_id AND b.turn_id = l.source_turn_id"
+        " JOIN turns c ON c.workspace_id = l.workspace_id AND c.session_id = l.target_session_id"
+        " AND c.sequence <= b.sequence"
+        " JOIN turns s ON s.workspace_id = l.workspace_id AND s.session_id = l.source_session_id"
+        " AND s.sequence = c.sequence WHERE c.host_only <> s.host_only",
+    ):
+        ctx.fail(
+            Law.HOST_ONLY_TURN,
+            f"child {t['target_session_id']} turn {t['sequence']}: host_only {t['child']},"
+            f" its source Turn's {t['source']}",
+        )
 
 
 def _check_interactions(ctx: _Ctx, conn: apsw.Connection) -> None:
@@ -2541,6 +2582,7 @@ def check_invariants(
             _check_integrity(ctx, conn)
             _check_schema(ctx, conn)
             _check_completed_turns(ctx, conn)
+            _check_host_only_turns(ctx, conn)
             _check_interactions(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)

@@ -1,0 +1,96 @@
+"""A Turn its provider never got leaves its Session forkable, through the real daemon and a real
+provider: a first Turn that fails before its `turn.start` is sent (the provider's program is
+broken — here `/bin/false` — so its runtime's `session.start` fails) is settled `failed` and
+marked host-only (schema v24); once the program works, a completed Turn forks, the fork's
+provider prefix leaves the host-only Turn out, the child's transcript copies it (still
+host-only) and the child runs a Turn of its own on a provider thread that holds exactly the
+bound Turns."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import apsw
+import pytest
+
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.reliability.reliability_harness import provider_env, unwired_reason
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
+from tests.support.invariants import assert_invariants, provider_children
+
+pytestmark = pytest.mark.timeout(240)
+
+# A program that is there (`session.create` checks that) but never starts a runtime.
+_BROKEN = "/bin/false"
+_CONFIG = {
+    "tutti-agent": f'[providers.tutti-agent]\ncommand = "{_BROKEN}"\n',
+    "codex": "",  # provider_env's own table, with the broken program (`commands`)
+}
+
+
+def _host_only(home: Path, sid: str) -> list[int]:
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT host_only FROM turns WHERE session_id = ? ORDER BY sequence", (sid,)
+        )
+        return [int(r[0]) for r in rows]
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    "provider", ["tutti-agent", pytest.param("codex", marks=pytest.mark.codex)]
+)
+def test_a_first_turn_never_sent_leaves_the_session_forkable(tmp_path: Path, provider: str) -> None:
+    assert unwired_reason(provider) is None, unwired_reason(provider)
+    home = tmp_path / "home"
+    commands = {"codex": _BROKEN} if provider == "codex" else {}
+    with provider_env(provider, home, config=_CONFIG[provider], commands=commands) as cwd:
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider=provider, cwd=str(cwd))["agentSessionId"]
+            lost = run_turn(c, sid, "before the program works")
+            assert lost["outcome"] == "failed" and lost["rootProviderTurnId"] is None, lost
+        finally:
+            d.stop()
+    assert _host_only(home, sid) == [1]
+    (home / "agenthost.toml").unlink(missing_ok=True)
+    with provider_env(provider, home) as cwd:
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            done = run_turn(c, sid, "now it is")
+            assert done["outcome"] == "completed", done
+            _, op = fork(c, sid, done["turnId"])
+            op = until_terminal(c, op)
+            assert op["status"] == "committed", op
+            child = op["targetAgentSessionId"]
+            copied = timeline(c, child)
+            assert [t["sequence"] for t in copied] == [1, 2]
+            assert copied[0]["outcome"] == "failed" and copied[0]["rootProviderTurnId"] is None
+            assert _host_only(home, child) == [1, 0]
+            # The child runs a Turn of its own on its provider thread.
+            own = run_turn(c, child, "the child's own")
+            assert own["outcome"] == "completed", own
+            assert _host_only(home, child) == [1, 0, 0]
+            bound = [t["rootProviderTurnId"] for t in timeline(c, child)[1:]]
+        finally:
+            d.stop()
+    # One provider child, whose thread holds exactly the bound Turns (the source's completed
+    # one, then the child's own): nothing for the Turn its provider never got.
+    children = {ch.child_id for ch in provider_children(home) if ch.provider == provider}
+    assert len(children) == 1, children
+    if provider == "tutti-agent":
+        from tests.support.homes import runtime_home
+        from tutti_agent.store import ThreadStore
+
+        thread = ThreadStore(runtime_home(home, WS, child)).load(next(iter(children)))
+        started = [
+            str(line.item.payload.get("turn_id"))
+            for line in thread.lines
+            if line.item.type == "event_msg" and line.item.payload.get("type") == "task_started"
+        ]
+        assert started == bound, (started, bound)
+    assert_invariants(home)

@@ -1,0 +1,106 @@
+"""Which start failures make a Turn host-only (schema v24), in an in-process daemon (real store
+file, real worker and tutti-agent app-server): the worker link's answer to one Turn's
+`turn.start` is replaced by the port's own typed failure. "Never left the host"
+(`NotDelivered`, what the supervisor's `WorkerUnavailable … not sent` becomes) marks the
+failed Turn host-only and a later fork through a completed Turn commits, leaving it out of the
+provider prefix; "sent, no answer" (`DeliveryUnknown`) leaves the fate unknown: not marked,
+and the fork is refused `provider_turn_missing` as before."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any
+
+import apsw
+import pytest
+
+from actors.ports import DeliveryUnknown, NotDelivered
+from agenthost.daemon import Daemon
+from agenthost.workers import SupervisorPort
+from domain.worker_messages import TurnStart
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.support.daemon import create_session, run_turn, timeline
+from tests.support.in_process import in_process_daemon
+from tests.support.invariants import STORE_LAWS, check_invariants
+from transport.client import ApiError, Client
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
+    with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
+        yield running
+
+
+def _host_only(home: Path, sid: str) -> list[int]:
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT host_only FROM turns WHERE session_id = ? ORDER BY sequence", (sid,)
+        )
+        return [int(r[0]) for r in rows]
+    finally:
+        conn.close()
+
+
+def _frozen_prefix(home: Path, operation_id: str) -> list[str]:
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        ((ids,),) = conn.execute(
+            "SELECT source_provider_turn_ids FROM fork_operations WHERE operation_id = ?",
+            (operation_id,),
+        ).fetchall()
+        return list(json.loads(ids))
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize(
+    ("failure", "host_only"),
+    [(NotDelivered("turn.start not sent: worker not ready"), 1), (DeliveryUnknown("lost"), 0)],
+    ids=["not-sent", "fate-unknown"],
+)
+def test_only_a_start_that_never_left_the_host_makes_the_turn_host_only(
+    running: tuple[Daemon, Client],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    failure: Exception,
+    host_only: int,
+) -> None:
+    _, c = running
+    home = tmp_path / "home"
+    sid = create_session(c)["agentSessionId"]
+    run_turn(c, sid, "first")
+    real_start = SupervisorPort.start_turn
+
+    def failing(self: SupervisorPort, provider: str, request: TurnStart, timeout: float) -> Any:
+        monkeypatch.setattr(SupervisorPort, "start_turn", real_start)  # this Turn's only
+        out: Future[Any] = Future()
+        out.set_exception(failure)
+        return out
+
+    monkeypatch.setattr(SupervisorPort, "start_turn", failing)
+    lost = run_turn(c, sid, "second")
+    assert lost["outcome"] == "failed" and lost["rootProviderTurnId"] is None, lost
+    done = run_turn(c, sid, "third")
+    assert done["outcome"] == "completed", done
+    assert _host_only(home, sid) == [0, host_only, 0]
+    if not host_only:
+        with pytest.raises(ApiError) as refused:
+            fork(c, sid, done["turnId"])
+        assert refused.value.params == {"forkBoundaryReason": "provider_turn_missing"}
+        return
+    _, op = fork(c, sid, done["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    bound = [t["rootProviderTurnId"] for t in timeline(c, sid)]
+    assert _frozen_prefix(home, op["operationId"]) == [bound[0], bound[2]]
+    child = op["targetAgentSessionId"]
+    assert _host_only(home, child) == [0, 1, 0]
+    assert run_turn(c, child, "the child's own")["outcome"] == "completed"
+    broken = [v for v in check_invariants(home).violations if v.law in STORE_LAWS]
+    assert not broken, broken
