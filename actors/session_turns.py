@@ -14,9 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import replace
 from functools import partial
-from typing import Any
 
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
@@ -299,18 +297,13 @@ class TurnRunner:
         self._core.session_store.turns.record_provider_turn(
             self._core.ws, self._core.sid, state.turn_id, provider_turn_id
         )
-        self._imaged(state, root_provider_turn_id=provider_turn_id)
+        if state.image is not None:
+            state.image = turn_bound(state.image, provider_turn_id, None)
 
     def _binding_recorded(self, turn_id: str, binding: str) -> None:
         state = self._turns.get(turn_id)
-        if state is not None:
-            self._imaged(state, provider_turn_binding_json=binding)
-
-    @staticmethod
-    def _imaged(state: TurnState, **written: Any) -> None:
-        """A write of the Turn was applied: its image (`TurnState.image`) with what it wrote."""
-        if state.image is not None:
-            state.image = replace(state.image, **written)
+        if state is not None and state.image is not None:
+            state.image = turn_bound(state.image, None, binding)
 
     def _image(self, state: TurnState) -> Turn | None:
         """The Turn as the store holds it, for its settlement to carry (None: read back)."""
@@ -888,6 +881,21 @@ class TurnRunner:
         for state in list(self._turns.values()):
             if state.provider_turn_id is not None:
                 self.settle(state, "failed", error=f"provider worker lost: {msg.reason}")
+
+
+def turn_bound(turn: Turn, root: str | None, binding: str | None) -> Turn:
+    """`turn` with the provider turn id `root` and/or the binding JSON `binding` a write of it
+    applied (None: kept): `dataclasses.replace` without its walk of the fields (a binding's
+    write may be applied, and this image updated, inside the writer's baton).
+    `tests/storage/test_turn_statements.py` pins it equal to `replace`."""
+    t = turn
+    return Turn(
+        t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
+        t.outcome, t.root_provider_turn_id if root is None else root,
+        t.provider_turn_binding_json if binding is None else binding,
+        t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
+        t.messages, t.interactions, t.checkpoint_json,
+    )  # fmt: skip
 
 
 def turn_with_message(turn: Turn, message: Message) -> Turn:

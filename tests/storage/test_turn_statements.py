@@ -24,7 +24,7 @@ from store_builders import (
     writer_statements,
 )
 
-from actors.session_turns import turn_with_message
+from actors.session_turns import turn_bound, turn_with_message
 from domain.errors import (
     ForkInProgress,
     InvalidArgument,
@@ -239,3 +239,17 @@ def test_turn_with_message_is_replace_with_the_message_appended() -> None:
     turn = Turn(**values)  # type: ignore[arg-type]
     message = Message("new", "t", "assistant", "y", {}, 1, 99)
     assert turn_with_message(turn, message) == replace(turn, messages=(*turn.messages, message))
+
+
+def test_turn_bound_is_replace_with_what_the_binding_wrote() -> None:
+    """Every field of `Turn` set to a value of its own: `turn_bound` keeps them all but the
+    provider turn id and the binding JSON it is given (None keeps each)."""
+    values: dict[str, object] = {f.name: f"v{i}" for i, f in enumerate(fields(Turn))}
+    values["messages"] = ()
+    turn = Turn(**values)  # type: ignore[arg-type]
+    assert turn_bound(turn, "p", None) == replace(turn, root_provider_turn_id="p")
+    assert turn_bound(turn, None, "{}") == replace(turn, provider_turn_binding_json="{}")
+    assert turn_bound(turn, "p", "{}") == replace(
+        turn, root_provider_turn_id="p", provider_turn_binding_json="{}"
+    )
+    assert turn_bound(turn, None, None) == turn
