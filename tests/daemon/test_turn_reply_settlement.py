@@ -10,6 +10,7 @@ checkpoints on); the worker's events are intercepted on the delivery thread and 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import threading
 import time
@@ -309,7 +310,7 @@ def test_a_warm_turns_start_request_is_built_once(
     daemon, c = running
     sid = _warm_session(c)
     copies: list[str] = []
-    real_replace = session_turns.replace
+    real_replace = dataclasses.replace
 
     def counted(obj: Any, /, **changes: Any) -> Any:
         copies.append(type(obj).__name__)
@@ -322,7 +323,8 @@ def test_a_warm_turns_start_request_is_built_once(
         sent.append(request)
         return real_start(self, provider, request, timeout)
 
-    monkeypatch.setattr(session_turns, "replace", counted)
+    # Counted wherever the module would copy by `replace` (it imports none today).
+    monkeypatch.setattr(session_turns, "replace", counted, raising=False)
     monkeypatch.setattr(SupervisorPort, "start_turn", start_turn)
     for i in range(2):
         run_turn(c, sid, f"warm {i}")
