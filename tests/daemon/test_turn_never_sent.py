@@ -28,7 +28,8 @@ _CONFIG = {
 }
 
 
-def _host_only(home: Path, sid: str) -> list[int]:
+def host_only_marks(home: Path, sid: str) -> list[int]:
+    """Each of the Session's Turns' `host_only` mark, in sequence order (the store read alone)."""
     conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
     try:
         rows = conn.execute(
@@ -55,7 +56,7 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(tmp_path: Path, pro
             assert lost["outcome"] == "failed" and lost["rootProviderTurnId"] is None, lost
         finally:
             d.stop()
-    assert _host_only(home, sid) == [1]
+    assert host_only_marks(home, sid) == [1]
     (home / "agenthost.toml").unlink(missing_ok=True)
     with provider_env(provider, home) as cwd:
         d = DaemonProcess(home).start()
@@ -70,11 +71,11 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(tmp_path: Path, pro
             copied = timeline(c, child)
             assert [t["sequence"] for t in copied] == [1, 2]
             assert copied[0]["outcome"] == "failed" and copied[0]["rootProviderTurnId"] is None
-            assert _host_only(home, child) == [1, 0]
+            assert host_only_marks(home, child) == [1, 0]
             # The child runs a Turn of its own on its provider thread.
             own = run_turn(c, child, "the child's own")
             assert own["outcome"] == "completed", own
-            assert _host_only(home, child) == [1, 0, 0]
+            assert host_only_marks(home, child) == [1, 0, 0]
             bound = [t["rootProviderTurnId"] for t in timeline(c, child)[1:]]
         finally:
             d.stop()

@@ -22,6 +22,7 @@ from agenthost.daemon import Daemon
 from agenthost.workers import SupervisorPort
 from domain.worker_messages import TurnStart
 from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.daemon.test_turn_never_sent import host_only_marks
 from tests.support.daemon import create_session, run_turn, timeline
 from tests.support.in_process import in_process_daemon
 from tests.support.invariants import STORE_LAWS, check_invariants
@@ -34,17 +35,6 @@ pytestmark = pytest.mark.timeout(120)
 def running(tmp_path: Path) -> Iterator[tuple[Daemon, Client]]:
     with in_process_daemon(tmp_path / "home", timeout=30.0) as running:
         yield running
-
-
-def _host_only(home: Path, sid: str) -> list[int]:
-    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        rows = conn.execute(
-            "SELECT host_only FROM turns WHERE session_id = ? ORDER BY sequence", (sid,)
-        )
-        return [int(r[0]) for r in rows]
-    finally:
-        conn.close()
 
 
 def _frozen_prefix(home: Path, operation_id: str) -> list[str]:
@@ -64,7 +54,7 @@ def _frozen_prefix(home: Path, operation_id: str) -> list[str]:
     [(NotDelivered("turn.start not sent: worker not ready"), 1), (DeliveryUnknown("lost"), 0)],
     ids=["not-sent", "fate-unknown"],
 )
-def test_only_a_start_that_never_left_the_host_makes_the_turn_host_only(
+def test_only_a_start_that_never_left_the_host_makes_the_turnhost_only_marks(
     running: tuple[Daemon, Client],
     monkeypatch: pytest.MonkeyPatch,
     tmp_path: Path,
@@ -88,7 +78,7 @@ def test_only_a_start_that_never_left_the_host_makes_the_turn_host_only(
     assert lost["outcome"] == "failed" and lost["rootProviderTurnId"] is None, lost
     done = run_turn(c, sid, "third")
     assert done["outcome"] == "completed", done
-    assert _host_only(home, sid) == [0, host_only, 0]
+    assert host_only_marks(home, sid) == [0, host_only, 0]
     if not host_only:
         with pytest.raises(ApiError) as refused:
             fork(c, sid, done["turnId"])
@@ -100,7 +90,7 @@ def test_only_a_start_that_never_left_the_host_makes_the_turn_host_only(
     bound = [t["rootProviderTurnId"] for t in timeline(c, sid)]
     assert _frozen_prefix(home, op["operationId"]) == [bound[0], bound[2]]
     child = op["targetAgentSessionId"]
-    assert _host_only(home, child) == [0, 1, 0]
+    assert host_only_marks(home, child) == [0, 1, 0]
     assert run_turn(c, child, "the child's own")["outcome"] == "completed"
     broken = [v for v in check_invariants(home).violations if v.law in STORE_LAWS]
     assert not broken, broken
