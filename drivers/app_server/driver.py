@@ -290,23 +290,27 @@ class AppServerDriver:
         }
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        with self._opening:
-            session = self._sessions.pop(str(params.get("agentSessionId") or ""))
-            if session is None:
-                return {}
-            # Its next start opens it again first: nothing kept for the worker's life.
-            if not self._sessions.on_home(session.home):
-                self.provider.close_session(session.home)
-        # A start or turn start in progress finishes first: otherwise the app-server it is
-        # spawning is attached to a Session nobody holds any more and lives on, uncounted
-        # (the host's runtime bound was exceeded that way under load).
-        # Closed with its home held (after the `op_lock`, the lock order): a start of the
-        # same home meanwhile spawns once this one exited, never beside it (a second writer).
         with contextlib.ExitStack() as held:
+            with self._opening:
+                session = self._sessions.pop(str(params.get("agentSessionId") or ""))
+                if session is None:
+                    return {}
+                # The home marked closing where the Session leaves the table: a start of the
+                # same home from here on (it opens a new Session) waits until the close below
+                # is done, never spawning beside the app-server being closed.
+                held.enter_context(self.runtimes.closing(session.home, session))
+                # Its next start opens it again first: nothing kept for the worker's life.
+                if not self._sessions.on_home(session.home):
+                    self.provider.close_session(session.home)
+            # A start or turn start in progress finishes first: otherwise the app-server it is
+            # spawning is attached to a Session nobody holds any more and lives on, uncounted
+            # (the host's runtime bound was exceeded that way under load).
+            # Closed with its home held (after the `op_lock`, the lock order): a transient of
+            # the home meanwhile spawns once this one exited, never beside it.
             with session.op_lock:
                 runtime, session.runtime = session.runtime, None
                 if runtime is not None:
-                    held.enter_context(self.runtimes.home(session.home))
+                    held.enter_context(self.runtimes.home(session.home, owner=session))
             if runtime is not None:
                 runtime.proc.close()
         return {}
@@ -568,7 +572,7 @@ class AppServerDriver:
             return runtime
         # Spawned and its thread opened with the home held: a transient app-server of the
         # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
-        with self.runtimes.home(session.home):
+        with self.runtimes.home(session.home, owner=session):
             return self._open_runtime(session)
 
     def _open_runtime(self, session: SessionState) -> Runtime:

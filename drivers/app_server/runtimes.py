@@ -8,6 +8,8 @@ has an active writer"), so a transient app-server (a probe, a fork's source when
 is not live, a resolve's or a proof's read) lives its whole life inside `home(...)`, and a
 Session's runtime is spawned and opens its thread inside it too, and is closed (stopped, reaped
 idle) inside it. A Session's live runtime is read without it (the warm paths take no lock).
+A stop marks the home `closing` where it takes the Session out of the worker's table, so a
+start of the same Session before the stop holds the home waits for the close.
 """
 
 from __future__ import annotations
@@ -63,15 +65,38 @@ class Runtimes:
         self.spawns = 0
         """App-servers started (tests pin that a projection or a fork spawns none)."""
         self._homes: dict[str, _HomeClaim] = {}
+        self._closing: dict[str, list[object]] = {}
+        """Homes whose Session is being stopped, by the stopped Session (`closing`)."""
+        self._closed_one = threading.Condition(self._lock)
 
     @contextlib.contextmanager
-    def home(self, home: Path | str) -> Iterator[None]:
+    def home(self, home: Path | str, owner: object | None = None) -> Iterator[None]:
         """Hold `home`: no other app-server of this driver starts on it meanwhile (see the
         module's docstring). Lock order: a Session's `op_lock` before its home; a fork's
         source home before its target home (a fork's target is a new Session's home, never
-        the source of a fork in flight); nothing else is taken while a home is held."""
-        with self._claim(home, blocking=True):
+        the source of a fork in flight); nothing else is taken while a home is held. A home
+        marked `closing` is waited for first, unless `owner` is the Session being closed (its
+        own operation in flight finishes, then the stop closes what it spawned)."""
+        with self._claim(home, blocking=True, owner=owner):
             yield
+
+    @contextlib.contextmanager
+    def closing(self, home: Path | str, owner: object) -> Iterator[None]:
+        """Mark `home` as closing `owner`'s runtime until the block ends: a stop marks it where
+        it takes the Session out of the table, so a start of the same home in the window before
+        the stop holds the home waits for the close (never a second writer beside it)."""
+        key = str(Path(home))
+        with self._lock:
+            self._closing.setdefault(key, []).append(owner)
+        try:
+            yield
+        finally:
+            with self._lock:
+                owners = self._closing[key]
+                owners.remove(owner)
+                if not owners:
+                    del self._closing[key]
+                self._closed_one.notify_all()
 
     @contextlib.contextmanager
     def home_if_free(self, home: Path | str) -> Iterator[bool]:
@@ -80,13 +105,17 @@ class Runtimes:
             yield held
 
     @contextlib.contextmanager
-    def _claim(self, home: Path | str, *, blocking: bool) -> Iterator[bool]:
+    def _claim(
+        self, home: Path | str, *, blocking: bool, owner: object | None = None
+    ) -> Iterator[bool]:
         key = str(Path(home))
         with self._lock:
             claim = self._homes.get(key)
             if claim is None:
                 claim = self._homes[key] = _HomeClaim()
             claim.users += 1
+            while blocking and any(o is not owner for o in self._closing.get(key, ())):
+                self._closed_one.wait()
         held = claim.lock.acquire(blocking)
         try:
             yield held

@@ -91,3 +91,56 @@ def test_a_stopped_session_runtime_is_closed_with_its_home_held(
     assert not stop.is_alive()
     assert wait_until(lambda: not Path(f"/proc/{pid}").exists())
     assert driver.runtimes.homes_held == 0
+
+
+@pytest.mark.timeout(60)
+def test_a_start_in_the_stop_window_waits_until_the_old_app_server_exited(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """`session.stop` takes the Session out of the worker's table, then waits for an operation
+    in flight on it (its `op_lock`) before it closes the runtime. A start of the same Session
+    in that window opens a new Session of the same home: it waits until the old app-server has
+    exited, and never spawns a second one of the home beside it (for Codex a second writer of
+    the thread: "already has an active writer"). The start runs on the test's own thread: an
+    app-server dies with the thread that spawned it (its parent-death signal)."""
+    driver = make_driver()
+    home, thread_id, _, _ = open_session(driver, EventLog(), tmp_path, texts=("a",))
+    old_pid = driver.runtime_pid("src", str(home))
+    assert old_pid is not None
+    old = driver._sessions.get("src")
+    assert old is not None
+    spawns = driver.spawns
+    seen: dict[str, Any] = {}
+    returned = threading.Event()
+
+    def operation_in_flight() -> None:
+        """Holds the old Session's `op_lock` until the start has waited 1.5 s for the home."""
+        with old.op_lock:
+            held.set()
+            seen["waiting"] = wait_until(lambda: driver.runtimes.holders(home) == 1)
+            seen["returned"] = returned.wait(1.5)  # a start that did not wait is done by now
+            seen["spawns"] = driver.spawns
+            seen["old alive"] = Path(f"/proc/{old_pid}").exists()
+
+    held = threading.Event()
+    operation = threading.Thread(target=operation_in_flight)
+    operation.start()
+    assert held.wait(10)
+    stop = threading.Thread(target=lambda: driver.stop_session({"agentSessionId": "src"}))
+    stop.start()
+    assert wait_until(lambda: driver._sessions.get("src") is None)  # out of the table
+    params = start_params(home, home.parent) | {"agentSessionId": "src"}
+    started = driver.start_session(params | {"providerSessionId": thread_id})
+    returned.set()
+    operation.join(30)
+    stop.join(30)
+    assert not stop.is_alive() and not operation.is_alive()
+    assert seen == {"waiting": True, "returned": False, "spawns": spawns, "old alive": True}, (
+        "the start spawned beside the app-server being stopped"
+    )
+    assert started["providerSessionId"] == thread_id
+    assert driver.spawns == spawns + 1
+    assert not Path(f"/proc/{old_pid}").exists()  # the old one exited before the new spawn
+    new_pid = driver.runtime_pid("src", str(home))
+    assert new_pid is not None and new_pid != old_pid
+    assert driver.runtimes.homes_held == 0
