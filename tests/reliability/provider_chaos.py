@@ -56,6 +56,12 @@ FAULT_BOUND_S = 20.0
 reading 64 MiB or the 0.5 s grace of a closed stdout (`EOF_EXIT_GRACE_S`), then the kill, under
 the soak's load — before the 30 s `turn/start` timeout and the 39 s liveness failure a broken
 pipe used to wait for."""
+LOAD_ALLOWANCE = 2.0
+"""A faulted Turn settled past `FAULT_BOUND_S` is still in its bound when it settled within
+`FAULT_BOUND_S` + this × the time the Session's next, plain Turn took: a machine so loaded that
+a plain Turn takes tens of seconds (a Claude Code CLI's start, ~1 s quiet, took 10–27 s at a
+load of 12 on 2 cores) stretches the fault's handling alike, and the bound is the daemon's, not
+the machine's. A quiet machine's plain Turn adds a few seconds at most."""
 TAKEN_S = 60.0
 """How long a Turn may take to reach its `turn/start` (a runtime started under the soak's load)."""
 SETTLE_S = 120.0
@@ -190,7 +196,14 @@ class ProviderChaos:
             pid = self._taken(c, sid, turn_id, TAKEN_S)
             # The bound runs from the fault (a Turn that never reached its `turn/start` met
             # none: it is given the settle wait of any Turn).
+            taken = time.monotonic()
             turn = self._settled(c, sid, turn_id, FAULT_BOUND_S if pid else SETTLE_S)
+            in_bound = turn is not None
+            if turn is None and pid is not None:
+                # Past the bound: waited for as any Turn, the bound then judged against the
+                # machine's pace (`LOAD_ALLOWANCE`, once the next Turn has run).
+                turn = self._settled(c, sid, turn_id, SETTLE_S - FAULT_BOUND_S)
+            settle_s = time.monotonic() - taken
             # A worker the soak SIGSTOPped (the crash soak's stop rounds) holds the Turn.
             held = _stopped(worker)
             alive = False
@@ -217,14 +230,21 @@ class ProviderChaos:
             ]
             disturbed = bool(by)
             nxt = None
+            next_s: float | None = None
             if turn is not None and not disturbed and not (stop and stop.is_set()):
+                began_next = time.monotonic()
                 nxt = self._turn(c, sid, "after", "pass")
+                next_s = time.monotonic() - began_next
                 if nxt is None:
                     self._count(f"{name} next Turn refused")
                 if generation() != began or _worker_pid(c, provider) != worker:
                     disturbed, by = True, ["a kill after it"]
                 elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
                     disturbed, by = True, ["a SIGSTOP of the next Turn's runtime"]
+            if not in_bound and turn is not None and next_s is not None:
+                in_bound = settle_s <= FAULT_BOUND_S + LOAD_ALLOWANCE * next_s
+                if in_bound:
+                    self._count(f"{name} settled in {settle_s:.0f} s, a plain Turn {next_s:.0f} s")
         except (ClientTimeout, ClientClosed):
             self._count(f"{name} lost")
             if turn_id is None:
@@ -237,7 +257,7 @@ class ProviderChaos:
                 sid,
                 fault,
                 turn_id,
-                in_bound=turn is not None,
+                in_bound=in_bound,
                 disturbed=disturbed,
                 relay_pid=pid,
                 relay_alive=alive,
