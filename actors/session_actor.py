@@ -46,7 +46,7 @@ from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from actors.store_ports import ResolveStore, SagaStore
 from actors.turn_writes import TurnWrites
-from domain.errors import HostError
+from domain.errors import HostError, StoreBusy
 from storage.models import Session
 from storage.sqlite import host_error_of
 from workspace.worktree import ForkTrees
@@ -152,6 +152,10 @@ class SessionActor(PooledActor):
             if isinstance(exc, HostError) and exc.status < 500:
                 # An ordinary refusal (busy, fenced, not found): the caller gets it typed.
                 log.debug("%s: refused: %s", what, exc)
+            elif isinstance(exc, StoreBusy):
+                # Retryable and nothing written (a busy or full store): the caller gets 503;
+                # one line, not a traceback per request while the store stays busy.
+                log.warning("%s: %s", what, exc.message)
             elif isinstance(exc, HostError):
                 log.exception("%s failed", what)
             # Every message that owes a reply gets one, typed; a FollowUp

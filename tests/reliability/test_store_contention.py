@@ -91,6 +91,10 @@ def test_locked_store_answers_503_store_busy_never_500(daemon: DaemonProcess) ->
     assert all(t["phase"] == "settled" for t in timeline(c, sid))
     daemon.stop()
     assert_invariants(daemon.home)
+    # A busy store is retryable and expected: one warning line a refusal, no traceback.
+    log = daemon.log_path.read_text(errors="replace")
+    assert "Traceback" not in log, log[-4000:]
+    assert "on Submit: the store is busy" in log
 
 
 def test_turn_events_written_while_locked_all_land_in_order(daemon: DaemonProcess) -> None:
