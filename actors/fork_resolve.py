@@ -145,6 +145,14 @@ class ForkResolver:
                 params={"operationId": op.operation_id, "action": running.action},
             )
         previous = store.resolution.get_fork_resolution(host.ws, op.operation_id)
+        if previous is not None and previous.state == "started":
+            # No resolve of it runs in this daemon (the table above): its own rollback or
+            # finish met a busy store. Ended now as start-up would end it, or every later
+            # resolve would be refused "being resolved" until a restart.
+            store.resolution.end_stale_resolution(host.ws, op.operation_id)
+            previous = store.resolution.get_fork_resolution(host.ws, op.operation_id)
+            op = store.fork_queries.get_fork_operation(host.ws, msg.operation_id)
+            resolver = ForkResolver(host, op, msg)
         if (
             previous is not None
             and previous.state == "done"
@@ -420,7 +428,11 @@ class ForkResolver:
             self.host.resolve_store.resolution.rollback_resolution(
                 self.host.ws, self.op.operation_id
             )
-        except Exception:  # noqa: BLE001 - start-up recovery rolls it back otherwise
+        except HostError as exc:  # the next resolve (or start-up) ends it otherwise
+            log.warning(
+                "could not roll back resolution of %s: %s", self.op.operation_id, exc.message
+            )
+        except Exception:  # noqa: BLE001 - the next resolve (or start-up) ends it otherwise
             log.exception("could not roll back resolution of %s", self.op.operation_id)
         self._answer(error)
 

@@ -335,6 +335,8 @@ class Resolutions(Protocol):
 
     def rollback_resolution(self, ws: str, op_id: str) -> None: ...
 
+    def end_stale_resolution(self, ws: str, op_id: str) -> None: ...
+
 
 class TurnBatches(Protocol):
     """`store.db`: the queued writes of one drain as one transaction (turn_writes.py)."""

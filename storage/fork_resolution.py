@@ -83,6 +83,15 @@ def _require_started(tx: Tx, ws: str, op: ForkOperation, action: str, doing: str
         )
 
 
+_STARTED_SQL = (
+    "SELECT r.workspace_id, r.operation_id, o.status FROM fork_resolutions r"
+    " JOIN fork_operations o ON o.workspace_id = r.workspace_id"
+    " AND o.operation_id = r.operation_id"
+)
+"""A resolution with its operation's status (`recover_fork_resolutions`,
+`end_stale_resolution`)."""
+
+
 class ResolutionStore:
     """Mixed into `storage.Store`."""
 
@@ -219,20 +228,35 @@ class ResolutionStore:
         operation changed; a quarantined child stays in quarantine). Returns (done, rolled)."""
         done = rolled = 0
         with self._write(None) as tx:
-            rows = tx.conn.execute(
-                "SELECT r.workspace_id, r.operation_id, o.status FROM fork_resolutions r"
-                " JOIN fork_operations o ON o.workspace_id = r.workspace_id"
-                " AND o.operation_id = r.operation_id WHERE r.state = 'started'"
-            ).fetchall()
+            rows = tx.conn.execute(f"{_STARTED_SQL} WHERE r.state = 'started'").fetchall()
             for r in rows:
-                ws, op_id, status = str(r[0]), str(r[1]), str(r[2])
-                if status == ForkStatus.UNKNOWN:
-                    self._set_state(tx, ws, op_id, "rolled_back", None)
+                if self._end_started(tx, str(r[0]), str(r[1]), str(r[2])):
                     rolled += 1
                 else:
-                    self._set_state(tx, ws, op_id, "done", {"status": status})
                     done += 1
         return done, rolled
+
+    def end_stale_resolution(self, ws: str, op_id: str) -> None:
+        """The start-up rule for one `started` resolution no resolve of this daemon runs (its
+        rollback or finish met a busy store): rolled back, or done if the operation moved on.
+        A resolution that is not `started` is left as it is."""
+        with self._write(ws) as tx:
+            row = tx.conn.execute(
+                f"{_STARTED_SQL} WHERE r.workspace_id = ? AND r.operation_id = ?"
+                " AND r.state = 'started'",
+                (ws, op_id),
+            ).fetchone()
+            if row is not None:
+                self._end_started(tx, ws, op_id, str(row[2]))
+                tx.emit(ForkOperationChanged(ws, op_id))
+
+    def _end_started(self, tx: Tx, ws: str, op_id: str, status: str) -> bool:
+        """End a `started` resolution by the operation's `status`: True if rolled back."""
+        if status == ForkStatus.UNKNOWN:
+            self._set_state(tx, ws, op_id, "rolled_back", None)
+            return True
+        self._set_state(tx, ws, op_id, "done", {"status": status})
+        return False
 
     @staticmethod
     def _set_state(tx: Tx, ws: str, op_id: str, state: str, result: Any) -> None:

@@ -7,10 +7,12 @@ the retry limit settles the Turn `failed` with the reason."""
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -256,3 +258,57 @@ def test_full_disk_answers_503_and_turns_settle_once_space_returns(
     assert run_turn(c, sid, "space again")["outcome"] == "completed"
     daemon.stop()
     assert_invariants(daemon.home)
+
+
+def test_a_resolution_whose_rollback_met_a_busy_store_does_not_block_the_next_resolve(
+    daemon: DaemonProcess,
+) -> None:
+    """A `fork.resolve` that fails after its resolution row is durable rolls the row back so a
+    new resolve may start; a busy store refused that rollback, and every later resolve of the
+    operation was refused "being resolved" (409) until the daemon restarted. Now the next
+    resolve finds no resolve of it running in this daemon and rolls the stale row back first."""
+    from tests.daemon.test_fork_resolve import resolve, unknown_fork
+    from tests.daemon.test_fork_saga import three_turn_source
+    from transport.client import ApiError
+
+    c = daemon.client()
+    sid, turns = three_turn_source(c)
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    op_id = op["operationId"]
+    # The resolution row lands, then the actor waits 3 s: the store is locked meanwhile.
+    c.call("debug.failpoints", {"points": {"host.resolve.after_begin": "once:sleep:3000"}})
+    answers: list[BaseException | dict[str, Any]] = []
+
+    def first() -> None:
+        try:
+            answers.append(resolve(daemon.client(), op_id, "abandon"))
+        except ApiError as exc:
+            answers.append(exc)
+
+    runner = threading.Thread(target=first)
+    runner.start()
+    assert wait_for(lambda: resolution_state(daemon, op_id) == "started", 20)
+    with WriteLockHolder(store_path(daemon)):
+        runner.join(30)
+    assert not runner.is_alive()
+    (answer,) = answers
+    assert isinstance(answer, ApiError) and answer.reason == "store_busy", answer
+    assert resolution_state(daemon, op_id) == "started"  # its rollback was refused too
+    done = resolve(c, op_id, "abandon")
+    assert done["operation"]["status"] == "abandoned", done
+    daemon.stop()
+    assert_invariants(daemon.home)
+
+
+def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
+    """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
+    import apsw
+
+    conn = apsw.Connection(str(store_path(d)), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute(
+            "SELECT state FROM fork_resolutions WHERE operation_id = ?", (op_id,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
