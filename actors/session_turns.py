@@ -547,6 +547,8 @@ class TurnRunner:
             return record[0]
 
         def _apply() -> None:
+            # Read when the write lands: no `turn.start` can be sent after it.
+            host_only = not state.start_maybe_sent and state.provider_turn_id is None
             try:
                 self._core.session_store.turns.record_settlement(
                     self._core.ws,
@@ -560,12 +562,11 @@ class TurnRunner:
                     turn=self._image(state),
                     bound=bound,
                     messages=messages,
-                    # Read when the write lands: no `turn.start` can be sent after it.
-                    host_only=not state.start_maybe_sent and state.provider_turn_id is None,
+                    host_only=host_only,
                 )
                 if reply is not None:
                     state.last_assistant_message_id = reply
-                self._runtime.turn_settled(outcome, state.provider_turn_id)
+                self._runtime.turn_settled(outcome, state.provider_turn_id, host_only=host_only)
             except StoreBusy:
                 raise
             except HostError:
