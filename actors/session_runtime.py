@@ -123,7 +123,9 @@ class SessionRuntime:
         self._all_bound = False
         # False until this actor's first re-bind check has also asked for settled Turns that
         # are not `completed` and unbound (a kill mid-Turn leaves one when its bind was still
-        # queued): asked once per actor, on the cold path only (`_rebind_missing`).
+        # queued, or one its provider never got): asked on the cold path only
+        # (`_rebind_missing`), once per actor, and again after this actor settles such a Turn
+        # itself or a history came back not final.
         self._unanswered_asked = False
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
@@ -384,6 +386,10 @@ class SessionRuntime:
                 answer = f.result()
                 history: list[Mapping[str, Any]] = [t.to_wire() for t in answer.turns]
                 self._apply_rebind(set(missing), history, final=answer.final)
+                if not answer.final:
+                    # A process that may hold a start was still alive (one dying a moment
+                    # ago): the next cold start asks about the unanswered Turns again.
+                    self._unanswered_asked = False
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
                 log.warning(
                     "session %s: re-bind from provider history failed: %s", self._core.key, exc
