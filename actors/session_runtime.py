@@ -385,10 +385,10 @@ class SessionRuntime:
             try:
                 answer = f.result()
                 history: list[Mapping[str, Any]] = [t.to_wire() for t in answer.turns]
-                self._apply_rebind(set(missing), history, final=answer.final)
-                if not answer.final:
-                    # A process that may hold a start was still alive (one dying a moment
-                    # ago): the next cold start asks about the unanswered Turns again.
+                if not self._apply_rebind(set(missing), history, final=answer.final):
+                    # Not final (a process that may hold a start was still alive: one dying
+                    # a moment ago), or no Turn bound yet to tie the history to the thread:
+                    # the next cold start asks about the unanswered Turns again.
                     self._unanswered_asked = False
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
                 log.warning(
@@ -400,11 +400,12 @@ class SessionRuntime:
 
     def _apply_rebind(
         self, missing: set[str], provider_turns: list[Mapping[str, Any]], *, final: bool = False
-    ) -> None:
+    ) -> bool:
         """Bind each missing Turn exactly one provider turn can be (`match_missing`); with a
         `final` history (no process that may hold a start the answering worker never got is
         alive), mark host-only each unanswered one it proves the provider never got
-        (`prove_absent`)."""
+        (`prove_absent`). Whether the history could prove anything absent: final, with a
+        Turn bound (False: the unanswered Turns are worth asking about again)."""
         self._session_row = None  # a re-bind writes the Session's Turns (and its row)
         self._all_bound = False  # what it left unbound (fail closed) the store says next time
         turns, _ = self._core.session_store.history.timeline(
@@ -458,6 +459,7 @@ class SessionRuntime:
                 self._core.key,
                 turn_id,
             )
+        return final and any(t.root_provider_turn_id for t in canonical)
 
     def stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use)."""

@@ -6,7 +6,8 @@ for must then be host-only (its Session forkable again); one it may hold stays u
 
 Judged from the provider's own thread (tutti-agent's rollout, read from the Session's home),
 not from the re-bind's code: when every turn of the thread is a bound Turn's and at least one
-Turn is bound, nothing in the thread can be the unbound Turn, so it must be marked.
+Turn is bound (both without the Turn the check ran, which the re-bind came before), nothing in
+the thread can be the unbound Turn, so it must be marked.
 """
 
 from __future__ import annotations
@@ -84,12 +85,17 @@ def prove_by_next_turn(
         status, body = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         if status != 200:
             continue  # deleted meanwhile
-        if run_turn(c, sid, "after the chaos")["outcome"] != "completed":
+        after = run_turn(c, sid, "after the chaos")
+        if after["outcome"] != "completed":
             tally["not_run"] += len(turn_ids)
             continue
+        # What the re-bind read, before the Turn it ran for: the Turns and the thread without
+        # that Turn's own.
+        mine = after["rootProviderTurnId"]
         turns = _turns(home, sid)
-        bound = [pid for pid, _ in turns.values() if pid]
-        ids = _thread_turn_ids(home, sid, str(body["session"]["providerSessionId"]))
+        bound = [pid for pid, _ in turns.values() if pid and pid != mine]
+        thread = _thread_turn_ids(home, sid, str(body["session"]["providerSessionId"]))
+        ids = None if thread is None else [pid for pid in thread if pid != mine]
         nothing_can_be_it = (
             ids is not None
             and bool(bound)
