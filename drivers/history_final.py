@@ -59,6 +59,14 @@ def _descendants(table: dict[int, tuple[int, bytes]], root: int) -> set[int]:
     return found
 
 
+def _threads(pid: int) -> int:
+    """How many threads the process still has (0: gone)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/task"))
+    except OSError:
+        return 0
+
+
 def _read(path: str) -> list[bytes] | None:
     """A `/proc` file's NUL-separated items; [] when the process is gone, None when unreadable."""
     try:
@@ -94,8 +102,8 @@ def history_final(provider: str, home: str, state_dir: str | None = None) -> boo
     want_state = f"{ENV_STATE_DIR}={state}".encode()
     want_provider = provider.encode()
     for other, (_parent, proc_state) in table.items():
-        if other in mine or proc_state in _GONE:
-            continue
+        if other in mine or (proc_state in _GONE and _threads(other) <= 1):
+            continue  # ours, or exited (a zombie leader whose other threads run is not)
         try:
             if os.stat(f"/proc/{other}").st_uid != uid:
                 continue  # another user's process is neither our worker nor our provider's
