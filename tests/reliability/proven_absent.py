@@ -7,7 +7,8 @@ for must then be host-only (its Session forkable again); one it may hold stays u
 Judged from the provider's own thread (tutti-agent's rollout, read from the Session's home),
 not from the re-bind's code: when every turn of the thread is a bound Turn's and at least one
 Turn is bound (both without the Turn the check ran, which the re-bind came before), nothing in
-the thread can be the unbound Turn, so it must be marked.
+the thread can be the unbound Turn, so it must be marked; and a Turn marked host-only must have
+no thread turn beside it that no bound Turn claims.
 """
 
 from __future__ import annotations
@@ -78,7 +79,8 @@ def prove_by_next_turn(
     """Runs one Turn on each candidate Session of a freshly restarted daemon (its cold start
     re-binds first), then sorts each candidate Turn: `re-bound`, `host-only` or `left` (the
     thread holds a turn that could be it), `not_run` when the Session's Turn did not
-    complete. The violations: a Turn left unbound that its thread cannot hold."""
+    complete. The violations: a Turn left unbound that its thread cannot hold, and a Turn
+    marked host-only beside a thread turn no bound Turn claims (which could be it)."""
     tally: Counter[str] = Counter()
     violations: list[str] = []
     for sid, turn_ids in sorted(candidates.items()):
@@ -109,6 +111,11 @@ def prove_by_next_turn(
                 tally["re-bound"] += 1
             elif host_only:
                 tally["host-only"] += 1
+                if ids is None or not set(ids) <= set(bound):
+                    violations.append(
+                        f"session {sid} turn {turn_id}: host-only, yet its thread holds a turn"
+                        f" no bound Turn claims ({ids}; bound {bound}): it may be that Turn"
+                    )
             elif nothing_can_be_it:
                 violations.append(
                     f"session {sid} turn {turn_id}: its thread holds no turn for it ({ids}),"
