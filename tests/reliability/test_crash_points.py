@@ -46,7 +46,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.git_repos import make_repo
-from tests.support.invariants import assert_invariants
+from tests.support.invariants import assert_invariants, check_processes
 from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -91,6 +91,10 @@ class Trial:
             return w is None or before is None or w["pid"] != before["pid"]
 
         wait_for(replaced, 60)
+        # What the dead worker spawned (an app-server, a Claude Code CLI parked for the next
+        # Turn) exits after it, an instant later: gone before the next Turn is asked for.
+        assert self.d.proc is not None
+        assert not check_processes(self.home, self.d.proc.pid)
 
     def worker(self) -> dict[str, Any]:
         w = worker_of(self.d, self.provider)
@@ -347,7 +351,9 @@ CASES: dict[str, Case] = {
     "host.checkpoint.after": Case(checkpoint_after, git=True),
     "host.session.delete.after_commit": Case(delete_after_commit),
     "host.session.delete.discard": Case(delete_discard),
-    "worker.turn.before_start": Case(worker_turn_before_start, never_got=2),
+    "worker.turn.before_start": Case(
+        worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
+    ),
     "worker.interaction.after_answer": Case(worker_interaction_after_answer),
     "worker.binder.available": Case(
         worker_binder_available, ("tutti-agent", "codex", "claude-code")
