@@ -14,6 +14,7 @@ from domain.errors import (
     InvalidRequest,
     NotFound,
     ProviderError,
+    ProviderNotCalled,
     RuntimeChanged,
     SessionBusy,
 )
@@ -47,6 +48,15 @@ def runtime_changed(exc: BaseException) -> bool:
     longer the live one (`RuntimeChanged`): refused before the provider saw anything."""
     return (
         isinstance(exc, WorkerFailed) and exc.error.get("reason") == RuntimeChanged.default_reason
+    )
+
+
+def provider_not_called(exc: BaseException) -> bool:
+    """Whether the worker answered that its provider was never called (`ProviderNotCalled`:
+    Claude Code's CLI could not start, or ended before it was handed the prompt)."""
+    return (
+        isinstance(exc, WorkerFailed)
+        and exc.error.get("reason") == ProviderNotCalled.default_reason
     )
 
 

@@ -6,6 +6,11 @@ The canonical Turns that carry a binding are anchors: a Turn missing its binding
 one of the provider's unclaimed turns between the provider positions of the anchors around
 it, and only one whose user text equals the Turn's. Two candidates, two missing Turns with
 the same text in one window, or anchors out of order: nothing is re-bound.
+
+A history the worker calls *final* (no process that may hold the Turn's start is alive:
+drivers/history_final.py) can also prove a missing Turn absent (`prove_absent`): the provider
+never got it, so it is marked host-only. Only when every provider turn is some canonical Turn's
+and every bound Turn's provider turn is there, in order.
 """
 
 from __future__ import annotations
@@ -21,6 +26,8 @@ class CanonicalTurn:
     root_provider_turn_id: str | None
     user_text: str | None
     needs_binding: bool
+    unanswered: bool = False
+    """Settled, not `completed` (a Turn that ran to its answer had its start delivered)."""
 
 
 def match_missing(
@@ -58,3 +65,43 @@ def match_missing(
             pending.append(turn)
     close_window(len(ids))
     return result
+
+
+def prove_absent(
+    canonical: Sequence[CanonicalTurn],
+    provider: Sequence[Mapping[str, Any]],
+    matches: Mapping[str, str],
+) -> list[str]:
+    """The missing, unanswered Turns a *final* provider history proves the provider never got,
+    given this re-bind's `matches`: every one, when each provider turn is claimed (by a bound
+    canonical Turn or a match) exactly once, every bound Turn's provider turn is in the
+    history in the canonical order, and at least one is (the history is the Session's own
+    thread). Anything else — an unclaimed provider turn (whatever its text: it could be any
+    missing Turn), a duplicate, a bound Turn the history lacks, anchors out of order, no
+    anchor at all — proves nothing: []."""
+    ids = [str(t.get("providerTurnId") or "") for t in provider]
+    position = {pid: i for i, pid in enumerate(ids) if pid}
+    if len(position) != len(ids):
+        return []  # duplicate or empty provider ids: nothing can be trusted
+    claims = [t.root_provider_turn_id for t in canonical if t.root_provider_turn_id]
+    if not claims:
+        return []  # nothing ties the history to the Session's thread
+    claims += [matches[t.turn_id] for t in canonical if t.turn_id in matches]
+    if len(set(claims)) != len(claims) or set(claims) != set(ids):
+        return []  # a provider turn no canonical Turn holds, or a bound one not there
+    last = -1
+    for turn in canonical:
+        pid = turn.root_provider_turn_id or matches.get(turn.turn_id)
+        if pid is None:
+            continue
+        if position[pid] <= last:
+            return []  # the provider's order contradicts ours
+        last = position[pid]
+    return [
+        t.turn_id
+        for t in canonical
+        if t.needs_binding
+        and t.unanswered
+        and not t.root_provider_turn_id
+        and t.turn_id not in matches
+    ]

@@ -51,7 +51,7 @@ from actors.fork_host import PreparedRuntime
 from actors.fork_saga import attestation_key
 from actors.messages import FollowUp
 from actors.provider_errors import provider_error
-from actors.rebind import CanonicalTurn, match_missing
+from actors.rebind import CanonicalTurn, match_missing, prove_absent
 from actors.session_base import SessionCore
 from domain.errors import HostError
 from domain.procfs import alive_in_stat, read_proc_stat
@@ -62,7 +62,7 @@ from domain.worker_messages import (
     SessionStarted,
     SessionStop,
 )
-from storage.models import Session
+from storage.models import Session, TurnPhase
 from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
@@ -123,7 +123,9 @@ class SessionRuntime:
         self._all_bound = False
         # False until this actor's first re-bind check has also asked for settled Turns that
         # are not `completed` and unbound (a kill mid-Turn leaves one when its bind was still
-        # queued): asked once per actor, on the cold path only (`_rebind_missing`).
+        # queued, or one its provider never got): asked on the cold path only
+        # (`_rebind_missing`), once per actor, and again after this actor settles such a Turn
+        # itself or a history came back not final.
         self._unanswered_asked = False
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
@@ -198,11 +200,17 @@ class SessionRuntime:
         self._all_bound = not missing
         return missing
 
-    def turn_settled(self, outcome: str, provider_turn_id: str | None) -> None:
+    def turn_settled(
+        self, outcome: str, provider_turn_id: str | None, *, host_only: bool = False
+    ) -> None:
         """A Turn's settlement is written here: a `completed` one without its provider binding
-        is what the re-bind looks for, so the store is asked again."""
+        is what the re-bind looks for, so the store is asked again; an unanswered one (not
+        marked host-only) is asked about at the next cold start's re-bind, whose final
+        history may prove it never reached the provider."""
         if outcome == "completed" and not provider_turn_id:
             self._all_bound = False
+        elif not provider_turn_id and not host_only:
+            self._unanswered_asked = False
 
     def binding_written(self, error: HostError | None) -> None:
         """A Turn's provider-binding write answered: one that did not land (failed, or
@@ -368,13 +376,20 @@ class SessionRuntime:
             then()
             return
         fut = self._core.ctx.workers.history(
-            runtime.provider, HistoryRequest(self._core.key), self._core.ctx.timeouts.control_s
+            runtime.provider,
+            HistoryRequest(self._core.key, home=runtime.home),
+            self._core.ctx.timeouts.control_s,
         )
 
         def _done(f: Future[SessionHistory]) -> None:
             try:
-                history: list[Mapping[str, Any]] = [t.to_wire() for t in f.result().turns]
-                self._apply_rebind(set(missing), history)
+                answer = f.result()
+                history: list[Mapping[str, Any]] = [t.to_wire() for t in answer.turns]
+                if not self._apply_rebind(set(missing), history, final=answer.final):
+                    # Not final (a process that may hold a start was still alive: one dying
+                    # a moment ago), or no Turn bound yet to tie the history to the thread:
+                    # the next cold start asks about the unanswered Turns again.
+                    self._unanswered_asked = False
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
                 log.warning(
                     "session %s: re-bind from provider history failed: %s", self._core.key, exc
@@ -383,7 +398,14 @@ class SessionRuntime:
 
         self._core.later(fut, _done)
 
-    def _apply_rebind(self, missing: set[str], provider_turns: list[Mapping[str, Any]]) -> None:
+    def _apply_rebind(
+        self, missing: set[str], provider_turns: list[Mapping[str, Any]], *, final: bool = False
+    ) -> bool:
+        """Bind each missing Turn exactly one provider turn can be (`match_missing`); with a
+        `final` history (no process that may hold a start the answering worker never got is
+        alive), mark host-only each unanswered one it proves the provider never got
+        (`prove_absent`). Whether the history could prove anything absent: final, with a
+        Turn bound (False: the unanswered Turns are worth asking about again)."""
         self._session_row = None  # a re-bind writes the Session's Turns (and its row)
         self._all_bound = False  # what it left unbound (fail closed) the store says next time
         turns, _ = self._core.session_store.history.timeline(
@@ -395,10 +417,12 @@ class SessionRuntime:
                 t.root_provider_turn_id,
                 next((m.text for m in t.messages if m.kind == "user"), None),
                 t.turn_id in missing,
+                t.phase == TurnPhase.SETTLED and t.outcome != "completed",
             )
             for t in turns
         ]
         matches = match_missing(canonical, provider_turns)
+        absent = prove_absent(canonical, provider_turns, matches) if final else []
         # A provider whose Turns carry a binding JSON (Claude's checkpoint) gives it with
         # its history; one the Turn already holds (its own write landed) is kept.
         bindings = {str(t.get("providerTurnId")): t.get("bindingJson") for t in provider_turns}
@@ -418,13 +442,24 @@ class SessionRuntime:
                 turn_id,
                 provider_turn_id,
             )
-        for turn_id in sorted(missing - matches.keys()):
+        for turn_id in absent:
+            if self._core.session_store.turns.mark_host_only(
+                self._core.ws, self._core.sid, turn_id
+            ):
+                log.warning(
+                    "session %s: turn %s is not in the provider's final history: its start "
+                    "never reached the provider; marked host-only",
+                    self._core.key,
+                    turn_id,
+                )
+        for turn_id in sorted(missing - matches.keys() - set(absent)):
             log.warning(
                 "session %s: turn %s has no provider binding and none can be proven; left "
                 "unbound (fail closed)",
                 self._core.key,
                 turn_id,
             )
+        return final and any(t.root_provider_turn_id for t in canonical)
 
     def stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use)."""

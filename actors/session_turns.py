@@ -20,7 +20,7 @@ from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
 from actors.ports import NotDelivered
-from actors.provider_errors import runtime_changed
+from actors.provider_errors import provider_not_called, runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.turn_writes import TurnWrites
@@ -257,8 +257,13 @@ class TurnRunner:
         try:
             result = fut.result()
         except Exception as exc:  # noqa: BLE001
-            if isinstance(exc, NotDelivered) or (again is not None and runtime_changed(exc)):
-                # Never left the host, or refused by the worker before the provider saw it.
+            if (
+                isinstance(exc, NotDelivered)
+                or (again is not None and runtime_changed(exc))
+                or provider_not_called(exc)
+            ):
+                # Never left the host, refused by the worker before the provider saw it, or
+                # failed in the worker before the provider could get it.
                 state.start_maybe_sent = False
             if again is not None and runtime_changed(exc):
                 self._runtime.forget_warm_runtime()
@@ -547,6 +552,8 @@ class TurnRunner:
             return record[0]
 
         def _apply() -> None:
+            # Read when the write lands: no `turn.start` can be sent after it.
+            host_only = not state.start_maybe_sent and state.provider_turn_id is None
             try:
                 self._core.session_store.turns.record_settlement(
                     self._core.ws,
@@ -560,12 +567,11 @@ class TurnRunner:
                     turn=self._image(state),
                     bound=bound,
                     messages=messages,
-                    # Read when the write lands: no `turn.start` can be sent after it.
-                    host_only=not state.start_maybe_sent and state.provider_turn_id is None,
+                    host_only=host_only,
                 )
                 if reply is not None:
                     state.last_assistant_message_id = reply
-                self._runtime.turn_settled(outcome, state.provider_turn_id)
+                self._runtime.turn_settled(outcome, state.provider_turn_id, host_only=host_only)
             except StoreBusy:
                 raise
             except HostError:

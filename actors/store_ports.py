@@ -147,6 +147,11 @@ class TurnWrites(Protocol):
         """The re-bind from the provider's history (actors/session_runtime.py)."""
         ...
 
+    def mark_host_only(self, ws: str, sid: str, turn_id: str) -> bool:
+        """The re-bind's proof that the provider never got a settled Turn (a final history
+        without it): whether this write marked it."""
+        ...
+
     # A Turn's own writes answer nothing back (no read-back of the whole Turn
     # inside the writer's baton); the actor has no use for it.
     def record_provider_turn(

@@ -254,6 +254,14 @@ class RuntimeChanged(ProviderError):
     default_reason = "runtime_changed"
 
 
+class ProviderNotCalled(ProviderError):
+    """A worker's provider call failed before the provider could get anything of it (Claude
+    Code's CLI could not be started, or ended before the Turn's prompt was handed to it): the
+    host knows the Turn's start never reached the provider, as for a request never sent."""
+
+    default_reason = "provider_not_called"
+
+
 class Unavailable(HostError):
     code = "unavailable"
     default_reason = "overloaded"

@@ -585,14 +585,19 @@ class SessionStop:
 
 @dataclass(frozen=True, slots=True)
 class HistoryRequest:
-    """`session.history`: the provider's own Turns of the Session, in its order."""
+    """`session.history`: the provider's own Turns of the Session, in its order. `home`: the
+    Session's provider home, for the answer's `final` (None: never final)."""
 
     METHOD: ClassVar[str] = "session.history"
 
     agent_session_id: str
+    home: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
-        return {"agentSessionId": self.agent_session_id}
+        out: dict[str, Any] = {"agentSessionId": self.agent_session_id}
+        if self.home is not None:
+            out["home"] = self.home
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,9 +619,12 @@ class HistoryTurn:
 
 @dataclass(frozen=True, slots=True)
 class SessionHistory:
-    """The answer to `session.history`."""
+    """The answer to `session.history`. `final`: no process that may hold a `turn.start`
+    the answering worker never received is alive, so the history holds every Turn the
+    provider will ever have of one (drivers/history_final.py); absent or not `true`: False."""
 
     turns: tuple[HistoryTurn, ...]
+    final: bool = False
 
     @classmethod
     def from_wire(cls, result: Mapping[str, Any]) -> SessionHistory:
@@ -635,7 +643,7 @@ class SessionHistory:
                     binding_json=binding if isinstance(binding, str) and binding else None,
                 )
             )
-        return cls(tuple(turns))
+        return cls(tuple(turns), final=result.get("final") is True)
 
 
 @dataclass(frozen=True, slots=True)

@@ -31,6 +31,7 @@ from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, Resolv
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
+from drivers.history_final import history_final
 from drivers.worker_gc import preload_then_freeze
 from transport.worker_link import WorkerEnd
 
@@ -175,6 +176,10 @@ class WorkerServer:
         sizes = {**LANE_THREADS, "slow": max_threads}
         self.turn_starts_here = 0
         """Warm `turn.start`s started on the link thread (`_start_turn_here`; `worker.ping`)."""
+        self._started_sessions: set[str] = set()
+        """Every Session this worker has received a `turn.start` of, recorded on the link thread
+        in the link's order, before it is dispatched (`_history`'s finality: a start the host
+        sent before a history request reached this worker before it)."""
         self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
@@ -340,8 +345,12 @@ class WorkerServer:
                 # otherwise race the two.
                 self._handle(msg)
                 return
-            if msg.get("method") == "turn.start" and self._start_turn_here(msg):
-                return
+            if msg.get("method") == "turn.start":
+                params = msg.get("params")
+                if isinstance(params, dict):
+                    self._started_sessions.add(str(params.get("agentSessionId") or ""))
+                if self._start_turn_here(msg):
+                    return
             self._lanes[self.lane_of(msg)].put(msg)
         except Exception:  # noqa: BLE001 - one bad request must not stop the link
             traceback.print_exc(file=sys.stderr)
@@ -440,13 +449,24 @@ class WorkerServer:
             self.link.send_error(req_id, failure.to_wire())
 
     def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
-        """The provider's own turn history, for drivers that can read it (app-servers)."""
+        """The provider's own turn history, for drivers that can read it (app-servers).
+
+        `final`: the history holds every Turn the provider will ever have of a start this
+        worker never received — judged before the read: this worker has received no
+        `turn.start` of the Session (the link is ordered, so every start the host sent before
+        this request is counted), and no process outside this worker that may hold one is
+        alive (`history_final`: an earlier worker of the provider, a provider process of the
+        Session's `home`). Without `home`, or unsure, it is not final."""
         history = getattr(self.driver(), "history", None)
         if history is None:
             raise InvalidRequest(
                 f"{self.provider} cannot list its history", reason="history_unsupported"
             )
-        return dict(history(params))
+        sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
+        final = (
+            bool(home) and sid not in self._started_sessions and history_final(self.provider, home)
+        )
+        return {**history(params), "final": final}
 
     def _respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
         answered = self.driver().respond_interaction(params)

@@ -165,6 +165,24 @@ class TurnStore:
         with self._write(ws, fence=sid) as tx:
             _bind(tx, ws, sid, turn_id, root_provider_turn_id, binding_json)
 
+    def mark_host_only(self, ws: str, sid: str, turn_id: str) -> bool:
+        """Mark a settled Turn host-only after the fact: the re-bind read a *final* provider
+        history that holds no Turn for it (actors/rebind.py `prove_absent`), so its
+        `turn.start` never reached the provider. Its own statement, fenced as the re-bind's
+        binds are; only a settled, not `completed`, unbound Turn not marked yet is marked (a
+        Turn the provider named, or one that answered, never is). Whether this write marked
+        it (False: it was not such a Turn, or was marked already)."""
+        with self._write(ws, fence=sid) as tx:
+            require_live_session(tx.conn, ws, sid)
+            turn_row(tx, ws, sid, turn_id)
+            tx.execute(
+                "UPDATE turns SET host_only = 1 WHERE workspace_id = ? AND session_id = ?"
+                " AND turn_id = ? AND phase = 'settled' AND outcome != 'completed'"
+                " AND root_provider_turn_id IS NULL AND host_only = 0",
+                (ws, sid, turn_id),
+            )
+            return tx.changes() == 1
+
     def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled `completed` Turns with no provider turn id (a binding the host never
         recorded), in sequence order: candidates for a re-bind from the provider's history."""

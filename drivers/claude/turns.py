@@ -14,7 +14,7 @@ from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any
 
 from domain.enums import TurnOutcome
-from domain.errors import NotFound, SessionBusy
+from domain.errors import NotFound, ProviderNotCalled, SessionBusy
 from domain.turn_events import TurnCompleted
 from drivers.base import Emit
 from drivers.claude.checkpoints import reconcile_checkpoint, resumable, watch_root
@@ -247,6 +247,7 @@ class Turns:
         answering = asyncio.Event()
         watcher = asyncio.ensure_future(watch_root(session, turn, answering))
         stop_watch = asyncio.ensure_future(self._watch_stopped(turn))
+        cli: Cli | None = None
         try:
             # The CLI started ahead for this Turn when there is a matching one; an interrupt
             # stops exactly this CLI (`turn.transport`); aclosing stops it on any exit.
@@ -289,7 +290,9 @@ class Turns:
             watcher.cancel()
             stop_watch.cancel()
             self._drop_pending(session, turn)
-        self._finish_turn(session, turn, outcome, error)
+        # A Turn the CLI never named: sealed here, its prompt is never handed after this.
+        never_called = turn.provider_turn_id is None and (cli is None or cli.gate.seal())
+        self._finish_turn(session, turn, outcome, error, never_called=never_called)
         if turn.provider_turn_id is not None and not turn.interrupted:
             self.prestart(session)
 
@@ -357,8 +360,17 @@ class Turns:
             item.answer.cancel()
 
     def _finish_turn(
-        self, session: SessionState, turn: TurnState, outcome: TurnOutcome, error: str | None
+        self,
+        session: SessionState,
+        turn: TurnState,
+        outcome: TurnOutcome,
+        error: str | None,
+        *,
+        never_called: bool = False,
     ) -> None:
+        """`never_called`: the Turn's prompt was never handed to its CLI (it could not be
+        spawned, or ended first): its start fails `ProviderNotCalled`, so the host knows the
+        provider never got the Turn."""
         if turn.provider_failure is not None:
             # Whatever the SDK made of the killed CLI's end, the cause is that it was stopped.
             turn.model_failure = turn.provider_failure
@@ -367,7 +379,8 @@ class Turns:
         if turn.provider_turn_id is None:
             # No observed identity: the host learns it from start_turn's failure.
             if not turn.started.done():
-                turn.started.set_exception(DriverError(error or "turn did not start"))
+                failure = ProviderNotCalled if never_called else DriverError
+                turn.started.set_exception(failure(error or "turn did not start"))
             with session.lock:
                 session.active = None
             return

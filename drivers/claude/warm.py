@@ -45,11 +45,32 @@ def transcript_stamp(transcript: Path) -> tuple[int, int, bytes] | None:
     return (st.st_ino, st.st_size, tail)
 
 
-async def _one_prompt(text: asyncio.Future[str | None]) -> AsyncIterator[dict[str, Any]]:
+class PromptGate:
+    """Whether the Turn's prompt was handed to the SDK (which only then writes it to the CLI's
+    stdin: the prompt reaches the CLI through this stream alone), or sealed first, so it never
+    will be. Both happen on the driver's loop thread, so the one that comes first decides."""
+
+    __slots__ = ("handed", "sealed")
+
+    def __init__(self) -> None:
+        self.handed = False
+        self.sealed = False
+
+    def seal(self) -> bool:
+        """Never hand the prompt from now on; whether it was never handed (so the CLI never got
+        it: the provider was never called with this Turn)."""
+        self.sealed = True
+        return not self.handed
+
+
+async def _one_prompt(
+    text: asyncio.Future[str | None], gate: PromptGate
+) -> AsyncIterator[dict[str, Any]]:
     """The CLI's input: the Turn's one user message, once it is known (None: nothing, and the
-    CLI, its stdin closed, exits)."""
+    CLI, its stdin closed, exits); nothing once the gate is sealed."""
     value = await text
-    if value is not None:
+    if value is not None and not gate.sealed:
+        gate.handed = True
         yield {
             "type": "user",
             "session_id": "",
@@ -69,6 +90,7 @@ class Cli:
     messages: AsyncGenerator[Any, None]
     prompt: asyncio.Future[str | None]
     first: asyncio.Future[Any]
+    gate: PromptGate
     turn: TurnState | None = None
     """The Turn the CLI serves (its permission requests become that Turn's Interactions)."""
     expiry: asyncio.TimerHandle | None = field(default=None)
@@ -84,7 +106,8 @@ class Cli:
 
         loop = asyncio.get_running_loop()
         prompt: asyncio.Future[str | None] = loop.create_future()
-        stream = _one_prompt(prompt)
+        gate = PromptGate()
+        stream = _one_prompt(prompt, gate)
         # Our own transport handle (the SDK's default one, pinned version) so an interrupt can
         # stop exactly this CLI; it gets what `query()` would give its own: permission prompts
         # over stdio (the control protocol); `query()` keeps `can_use_tool` and no prompt tool
@@ -97,7 +120,7 @@ class Cli:
             AsyncGenerator[Any, None], query(prompt=stream, options=options, transport=transport)
         )
         first = asyncio.ensure_future(messages.__anext__())
-        return cls(key, stamp, transport, messages, prompt, first)
+        return cls(key, stamp, transport, messages, prompt, first, gate)
 
     def process_exited(self) -> bool:
         """The CLI has ended or is ending: reaped (its return code), or, before the loop has

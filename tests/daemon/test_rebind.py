@@ -11,7 +11,7 @@ from pathlib import Path
 import apsw
 import pytest
 
-from actors.rebind import CanonicalTurn, match_missing
+from actors.rebind import CanonicalTurn, match_missing, prove_absent
 from tests.support.daemon import WS, DaemonProcess, create_session, fork_params, run_turn
 from tests.support.invariants import assert_invariants
 
@@ -106,3 +106,35 @@ def test_matcher_binds_only_the_unambiguous() -> None:
     assert match_missing([a, b, c], twice) == {}
     # Anchors out of order: fail closed.
     assert match_missing([c, b, a], provider) == {}
+
+
+def test_a_final_history_proves_absent_only_what_no_provider_turn_can_be() -> None:
+    a = CanonicalTurn("a", "p1", "x", False)
+    lost = CanonicalTurn("lost", None, "y", True, unanswered=True)
+    c = CanonicalTurn("c", "p3", "z", False)
+    provider = [_p("p1", "x"), _p("p3", "z")]
+    # Every provider turn is a bound Turn's, in order: the unanswered missing Turn is absent.
+    assert prove_absent([a, lost, c], provider, {}) == ["lost"]
+    # A completed one ran to its answer at the provider: never proven absent.
+    done = CanonicalTurn("lost", None, "y", True)
+    assert prove_absent([a, done, c], provider, {}) == []
+    # A provider turn with the same text, matched or not: no mark.
+    same = [_p("p1", "x"), _p("p2", "y"), _p("p3", "z")]
+    assert prove_absent([a, lost, c], same, match_missing([a, lost, c], same)) == []
+    # ... nor with another text (it could still be the Turn), nor two candidates (ambiguity).
+    other = [_p("p1", "x"), _p("p2", "other"), _p("p3", "z")]
+    assert prove_absent([a, lost, c], other, match_missing([a, lost, c], other)) == []
+    twice = [_p("p1", "x"), _p("p2", "y"), _p("p2b", "y"), _p("p3", "z")]
+    assert prove_absent([a, lost, c], twice, match_missing([a, lost, c], twice)) == []
+    # Anchors out of order, a bound Turn the history lacks (another thread), a duplicate
+    # provider id, or no anchor at all: nothing is proven.
+    assert prove_absent([c, lost, a], provider, {}) == []
+    assert prove_absent([a, lost, c], [_p("p1", "x")], {}) == []
+    assert prove_absent([a, lost, c], [*provider, _p("p1", "x")], {}) == []
+    assert prove_absent([lost], [], {}) == []
+    # A matched Turn claims its provider turn: the other missing one is then proven absent.
+    b = CanonicalTurn("b", None, "w", True, unanswered=True)
+    with_b = [_p("p1", "x"), _p("p2", "w"), _p("p3", "z")]
+    matches = match_missing([a, b, lost, c], with_b)
+    assert matches == {"b": "p2"}
+    assert prove_absent([a, b, lost, c], with_b, matches) == ["lost"]

@@ -1,7 +1,9 @@
 """A Turn its provider never got leaves its Session forkable, through the real daemon and a real
 provider: a first Turn that fails before its `turn.start` is sent (the provider's program is
-broken — here `/bin/false` — so its runtime's `session.start` fails) is settled `failed` and
-marked host-only (schema v24); once the program works, a completed Turn forks, the fork's
+broken — here `/bin/false` — so its runtime's `session.start` fails; Claude Code's CLI, spawned
+by `turn.start`, exits before it is handed the prompt or cannot be executed, and the worker
+answers that the provider was never called) is settled `failed` and marked host-only (schema
+v24); once the program works, a completed Turn forks, the fork's
 provider prefix leaves the host-only Turn out, the child's transcript copies it (still
 host-only) and the child runs a Turn of its own on a provider thread that holds exactly the
 bound Turns."""
@@ -25,6 +27,7 @@ _BROKEN = "/bin/false"
 _CONFIG = {
     "tutti-agent": f'[providers.tutti-agent]\ncommand = "{_BROKEN}"\n',
     "codex": "",  # provider_env's own table, with the broken program (`commands`)
+    "claude-code": "",  # the same, the broken program its `cli_path`
 }
 
 
@@ -41,12 +44,30 @@ def host_only_marks(home: Path, sid: str) -> list[int]:
 
 
 @pytest.mark.parametrize(
-    "provider", ["tutti-agent", pytest.param("codex", marks=pytest.mark.codex)]
+    ("provider", "broken"),
+    [
+        ("tutti-agent", _BROKEN),
+        pytest.param("codex", _BROKEN, marks=pytest.mark.codex),
+        # Claude Code's CLI is spawned by `turn.start` itself: one that exits before it is
+        # handed the prompt, and one that cannot be executed at all, fail the start typed
+        # (`ProviderNotCalled`), so the host knows the provider never got the Turn.
+        pytest.param("claude-code", _BROKEN, marks=pytest.mark.claude, id="claude-code-exits"),
+        pytest.param("claude-code", "", marks=pytest.mark.claude, id="claude-code-no-exec"),
+    ],
 )
-def test_a_first_turn_never_sent_leaves_the_session_forkable(tmp_path: Path, provider: str) -> None:
+def test_a_first_turn_never_sent_leaves_the_session_forkable(
+    tmp_path: Path, provider: str, broken: str
+) -> None:
     assert unwired_reason(provider) is None, unwired_reason(provider)
     home = tmp_path / "home"
-    commands = {"codex": _BROKEN} if provider == "codex" else {}
+    if not broken:
+        # There and executable (`session.create` checks that), but its `exec` fails: its
+        # interpreter does not exist.
+        unrunnable = tmp_path / "claude-unrunnable"
+        unrunnable.write_text(f"#!{tmp_path}/no-such-interpreter\n")
+        unrunnable.chmod(0o755)
+        broken = str(unrunnable)
+    commands = {provider: broken} if provider != "tutti-agent" else {}
     with provider_env(provider, home, config=_CONFIG[provider], commands=commands) as cwd:
         d = DaemonProcess(home).start()
         try:

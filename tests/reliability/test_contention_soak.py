@@ -125,6 +125,7 @@ import zmq
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
     ProviderChaos,
     claude_front,
@@ -1058,6 +1059,22 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + fault_violations
         + reads_wrong
     )
+    # The Turns the chaos left unbound with their start's fate unknown (an app-server stopped
+    # under one): after a restart (nothing of the stopped daemon left), each such tutti-agent
+    # Session's next Turn starts cold and its re-bind's final history marks host-only what
+    # the thread cannot hold (`proven_absent`); the laws hold again once it stops.
+    tutti = [s for s in sids if s not in claude and s not in codex]
+    candidates = unanswered_unmarked(home, tutti)
+    proven: Counter[str] = Counter()
+    unproven: list[str] = []
+    if candidates:
+        again = DaemonProcess(home).start()
+        try:
+            proven, unproven = prove_by_next_turn(home, again.client(timeout=60), candidates)
+        finally:
+            again.stop()
+        final_violations += list(check_invariants(home, repositories=repositories).violations)
+        final_violations += check_processes(home, None)
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
     elapsed = time.monotonic() - began
@@ -1111,6 +1128,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f"  codex: sessions={len(codex)} forks "
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
         + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
+        f"  unanswered Turns after a restart: {dict(proven)}",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
@@ -1135,6 +1153,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         map(str, list(live.violations) + final_violations)
     )
     assert not t.failures, (seed, t.failures[:10])
+    assert not unproven, (seed, unproven)
     lost = [k for k in t.asker.calls if k.endswith(" lost")]
     assert not t.asker.failures and not lost, (seed, t.asker.failures[:10], lost)
     # ... and a provider misbehaved on its stdout in a round no fault of the soak's disturbed.

@@ -124,6 +124,7 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
     ProviderChaos,
     claude_front,
@@ -589,6 +590,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
+    proven: Counter[str] = Counter()  # the kills' unanswered Turns after the last restart
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     threads = [
@@ -818,6 +820,20 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         assert not w.reader.check(), seed
         checks += 1
         spares_seen = max(spares_seen, final.spare_homes)
+        # The Turns the kills left unbound with their start's fate unknown: after a restart,
+        # each Session's next Turn starts cold, and its re-bind's final history marks
+        # host-only what the provider's thread cannot hold (`proven_absent`).
+        tutti = [s for s in w.sessions if w.provider.get(s, TUTTI) == TUTTI]
+        candidates = unanswered_unmarked(w.home, tutti)
+        if candidates:
+            with w.lock:
+                w.daemon.stop()
+                assert not check_processes(w.home, None), "a process outlived the stopped daemon"
+                w.daemon = DaemonProcess(w.home, env=w.env).start()
+                w.generation += 1
+            proven, unproven = prove_by_next_turn(w.home, w.daemon.client(timeout=60), candidates)
+            violations += len(unproven)
+            assert not unproven, (seed, unproven)
     finally:
         w.stop.set()
         w.running.set()
@@ -840,7 +856,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     codex_children = sum(1 for p in w.provider.values() if p == CODEX) - w.made[CODEX]
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
-        f"violations={violations} resumed_children={dict(resumed)}",
+        f"violations={violations} resumed_children={dict(resumed)}"
+        f" unanswered_after_restart={dict(proven)}",
         f"stopped workers: {dict(stops)} gone after "
         + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
         + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",

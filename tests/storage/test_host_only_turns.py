@@ -107,3 +107,30 @@ def test_the_mark_is_not_written_on_a_turn_the_provider_named(store: Store) -> N
         WS, sid, turn.turn_id, outcome="failed", error="late", host_only=True
     )
     assert _host_only(store, sid) == [0]
+
+
+def test_the_re_binds_proof_marks_only_a_settled_unanswered_unbound_turn(store: Store) -> None:
+    """`mark_host_only`, the re-bind's own statement (a final provider history without the
+    Turn): it marks a settled, not `completed`, unbound Turn once, and then the fork's provider
+    prefix leaves it out; never an active, a `completed` or a bound Turn."""
+    sid = new_session(store)
+    lost, _ = store.turns.claim_submit(WS, sid, "r-lost", "fate unknown")
+    # Active: never marked.
+    assert not store.turns.mark_host_only(WS, sid, lost.turn_id)
+    assert store.turns.record_settlement(WS, sid, lost.turn_id, outcome="interrupted")
+    done = settled_turn(store, sid, text="a", provider_turn_id="p-a").turn_id
+    _expect_boundary(store, request(sid, done), "provider_turn_missing")
+    # Bound or completed: never marked.
+    assert not store.turns.mark_host_only(WS, sid, done)
+    answered, _ = store.turns.claim_submit(WS, sid, "r-answered", "answered")
+    store.turns.record_settlement(WS, sid, answered.turn_id, outcome="completed")
+    assert not store.turns.mark_host_only(WS, sid, answered.turn_id)
+    assert _host_only(store, sid) == [0, 0, 0]
+    # The proven one: marked once (a second proof changes nothing), no longer asked about.
+    assert store.turns.mark_host_only(WS, sid, lost.turn_id)
+    assert not store.turns.mark_host_only(WS, sid, lost.turn_id)
+    assert _host_only(store, sid) == [1, 0, 0]
+    assert store.turns.unanswered_turns_missing_binding(WS, sid) == []
+    op, created = store.fork_prepare.prepare_fork(WS, request(sid, done))
+    assert created and op.source_provider_turn_ids == ("p-a",)
+    assert run_to_commit(store, op).status == "committed"
