@@ -40,3 +40,25 @@ def test_the_reading_is_by_kind_with_wake_ups_beside_it() -> None:
     got = fine_by_kind([me, me])
     assert set(got) == {"daemon", "cs:daemon"}
     assert got["daemon"] > 0.0
+
+
+def test_by_comm_splits_a_kinds_run_time_by_the_kernels_thread_names() -> None:
+    """`--by-comm`: the same run time, keyed `<kind>:<comm>` (libzmq's I/O threads apart)."""
+    import zmq
+
+    from bench import turn_cpu
+
+    ctx: zmq.Context[object] = zmq.Context()  # starts a `ZMQbg/IO/0` and a `ZMQbg/Reaper`
+    try:
+        sock = ctx.socket(zmq.PAIR)
+        sock.bind("inproc://by-comm")  # the context's threads exist once a socket does
+        turn_cpu.BY_COMM.clear()
+        ns, _ = task_sums(os.getpid(), "daemon")
+        names = set(turn_cpu.BY_COMM)
+        assert all(k.startswith("daemon:") for k in names)
+        assert any(k.startswith("daemon:ZMQbg/") for k in names), names
+        assert abs(sum(turn_cpu.BY_COMM.values()) - ns / 1e9) < 1e-6  # the same reads, split
+        sock.close(0)
+    finally:
+        ctx.term()
+        turn_cpu.BY_COMM.clear()
