@@ -87,8 +87,9 @@ def spread_parent(base: Path | None = None) -> Path:
     last seconds (minutes while their inode-table block is dirty: `find_inode_bit` →
     `recently_deleted`), and a fork makes five (four in the worker, one in the app-server);
     under `/tmp`, where every test run and benchmark deletes its homes, that scan was
-    0.1-0.7 ms of a fork's tree CPU (docs/performance.md, inodescan). Where the flag cannot
-    be set, the directory is still returned (the placement is then the parent's)."""
+    0.7-1.7 ms of the tree's CPU a fork in two perf runs (docs/performance.md, forkcpu of
+    2026-12-06, "A fork's five new inodes"). Where the flag cannot be set, the directory is
+    still returned (the placement is then the parent's)."""
     parent = Path(base or tempfile.gettempdir()) / "agenthost-bench-spread"
     parent.mkdir(mode=0o700, exist_ok=True)
     flags = dir_flags(parent)
