@@ -24,12 +24,17 @@ shadow the standard library's for the script) measures any tree, old or new:
 
     cp bench/fork_cpu.py /tmp/fork_cpu.py
     cd $TREE && PYTHONPATH=$TREE build/venv/bin/python /tmp/fork_cpu.py \
-        [--clients 1,16] [--forks 200,40] [--by-thread] [--strace]
+        [--clients 1,16] [--forks 200,40] [--by-thread] [--strace] [--spread-home]
+
+`--spread-home` makes the daemon's home in a block group of its own (`spread_parent`): each
+new inode a fork makes otherwise scans what other processes freed under the temp directory.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import fcntl
 import multiprocessing as mp
 import os
 import signal
@@ -53,6 +58,50 @@ from bench.harness import (
     run_turn,
     tree,
 )
+
+FS_IOC_GETFLAGS = 0x80086601
+FS_IOC_SETFLAGS = 0x40086602
+FS_TOPDIR_FL = 0x00020000
+"""ext4's "top of a directory hierarchy" inode flag (`chattr +T`): a directory made in one is
+placed by the Orlov allocator in a block group of its own choosing (free inodes and blocks
+above average, few directories), not in its parent's."""
+
+
+def dir_flags(path: Path) -> int | None:
+    """`path`'s inode flags (`lsattr`), None where the file system has none."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        buf = bytearray(4)
+        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
+        return int.from_bytes(buf, sys.byteorder)
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def spread_parent(base: Path | None = None) -> Path:
+    """A directory under `base` (the temp directory) with `FS_TOPDIR_FL` set, made once: a
+    home made in it is not in the block group the temp directory's other users churn. On
+    this VM's journal-less ext4 each new inode scans every inode of its group freed in the
+    last seconds (minutes while their inode-table block is dirty: `find_inode_bit` →
+    `recently_deleted`), and a fork makes five (four in the worker, one in the app-server);
+    under `/tmp`, where every test run and benchmark deletes its homes, that scan was
+    0.7-1.7 ms of the tree's CPU a fork in two perf runs (docs/performance.md, forkcpu of
+    2026-12-06, "A fork's five new inodes"). Where the flag cannot be set, the directory is
+    still returned (the placement is then the parent's)."""
+    parent = Path(base or tempfile.gettempdir()) / "agenthost-bench-spread"
+    parent.mkdir(mode=0o700, exist_ok=True)
+    flags = dir_flags(parent)
+    if flags is not None and not flags & FS_TOPDIR_FL:
+        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            with contextlib.suppress(OSError):
+                fcntl.ioctl(fd, FS_IOC_SETFLAGS, (flags | FS_TOPDIR_FL).to_bytes(4, sys.byteorder))
+        finally:
+            os.close(fd)
+    return parent
+
 
 SOURCE_TURNS = 3
 WARM_FORKS = 3
@@ -314,6 +363,11 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the daemon's CPU and wake-ups by thread (threads named by bench/stamp_site)",
     )
+    ap.add_argument(
+        "--spread-home",
+        action="store_true",
+        help="the home in a block group of its own (spread_parent), not the temp directory's",
+    )
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.clients.split(",")]
     forks = [int(x) for x in args.forks.split(",")]
@@ -325,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
             p for p in (str(site), os.environ.get("PYTHONPATH", "")) if p
         )
         os.environ["AGENTHOST_NAME_THREADS"] = "1"
-    with tempfile.TemporaryDirectory(prefix="fork-cpu-") as tmp:
+    parent = spread_parent() if args.spread_home else None
+    with tempfile.TemporaryDirectory(prefix="fork-cpu-", dir=parent) as tmp:
         daemon = BenchDaemon(Path(tmp) / "home").start()
         try:
             c = daemon.client()

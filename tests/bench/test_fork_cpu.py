@@ -5,13 +5,26 @@ forks all commit and are all counted."""
 
 from __future__ import annotations
 
+import fcntl
 import os
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
-from bench.fork_cpu import TreeReading, difference, main, read_tree, thread_times
+from bench.fork_cpu import (
+    FS_IOC_SETFLAGS,
+    FS_TOPDIR_FL,
+    TreeReading,
+    difference,
+    dir_flags,
+    main,
+    read_tree,
+    spread_parent,
+    thread_times,
+)
 
 
 def test_a_live_threads_wake_ups_and_run_time_are_counted_in_nanoseconds() -> None:
@@ -56,11 +69,32 @@ def test_the_tree_is_read_by_kind() -> None:
     assert (os.getpid(), threading.get_native_id()) in reading.threads
 
 
+def test_the_spread_parent_is_marked_top_of_a_hierarchy_once(tmp_path: Path) -> None:
+    probe = tmp_path / "probe"
+    probe.mkdir()
+    flags = dir_flags(probe)
+    if flags is None:
+        pytest.skip("this file system keeps no inode flags")
+    fd = os.open(probe, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.ioctl(fd, FS_IOC_SETFLAGS, (flags | FS_TOPDIR_FL).to_bytes(4, sys.byteorder))
+    except OSError:
+        pytest.skip("this file system refuses the flag")
+    finally:
+        os.close(fd)
+    parent = spread_parent(tmp_path)
+    assert parent.parent == tmp_path
+    got = dir_flags(parent)
+    assert got is not None and got & FS_TOPDIR_FL
+    assert spread_parent(tmp_path) == parent  # made once, reused
+    assert dir_flags(parent) == got
+
+
 @pytest.mark.timeout(300)
 def test_a_real_daemons_fixed_forks_all_commit_and_are_counted(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    assert main(["--clients", "1,2", "--forks", "3,2"]) == 0
+    assert main(["--clients", "1,2", "--forks", "3,2", "--spread-home"]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[2] for ln in lines] == ["clients=1", "clients=2"]
     assert "forks=3/3" in lines[0] and "forks=4/4" in lines[1]
