@@ -44,19 +44,20 @@ def task_sums(pid: int, kind: str = "") -> tuple[int, int]:
         return 0, 0
     for tid in tids:
         try:
-            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
-                run = int(fh.read().split()[0])
-                ns += run
+            key = None
             if kind:
                 with open(f"/proc/{pid}/task/{tid}/comm") as fh:
                     key = f"{kind}:{fh.read().strip()}"
-                BY_COMM[key] = BY_COMM.get(key, 0.0) + run / 1e9
+            with open(f"/proc/{pid}/task/{tid}/schedstat") as fh:
+                run = int(fh.read().split()[0])
             with open(f"/proc/{pid}/task/{tid}/status") as fh:
-                for line in fh:
-                    if line.startswith("voluntary_ctxt_switches"):
-                        switches += int(line.split()[1])
+                told = [ln for ln in fh if ln.startswith("voluntary_ctxt_switches")]
         except OSError:
-            continue  # the thread ended between the listing and the read
+            continue  # the thread ended between the listing and the reads: none of it counts
+        ns += run
+        if key is not None:
+            BY_COMM[key] = BY_COMM.get(key, 0.0) + run / 1e9
+        switches += sum(int(ln.split()[1]) for ln in told)
     return ns, switches
 
 
