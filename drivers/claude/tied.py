@@ -10,6 +10,8 @@ The script execs in place (`sh`, then `setpriv`, then the CLI: one pid throughou
 process the SDK waits on and signals is the CLI itself. Without a `setpriv` that knows
 `--pdeathsig`, or for a CLI that cannot be run (the SDK reports it as before), the SDK is
 given what it was given before: the CLI then follows its worker only by its stdin's EOF.
+The one thing the SDK decides by the `cli_path` itself, an app label it derives only for its
+bundled CLI at version 999 and later (`_derive_client_app`), applies to no CLI it pins today.
 """
 
 from __future__ import annotations
