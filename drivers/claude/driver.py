@@ -46,6 +46,7 @@ from drivers.claude.fork import ClaudeFork
 from drivers.claude.interactions import Interactions
 from drivers.claude.resolution import ClaudeResolution
 from drivers.claude.state import SessionState, is_uuid, required
+from drivers.claude.tied import TiedCli
 from drivers.claude.turns import Turns
 from drivers.claude_transcript import history_turns
 from drivers.errors import DriverError, FailpointError
@@ -81,7 +82,8 @@ class ClaudeDriver:
         )
         self._loop_thread.start()
         self.interactions = Interactions(self._loop)
-        self.turns = Turns(config, self._loop, self.interactions)
+        self.tied = TiedCli(self._cli, config.cli_path)
+        self.turns = Turns(config, self._loop, self.interactions, self.tied)
         self.forks = ClaudeFork(failpoints, threading.Lock())
         self.resolution = ClaudeResolution(self.forks)
 
@@ -91,9 +93,13 @@ class ClaudeDriver:
         ~70,000 objects on this machine). Loaded here, the worker's start-up freeze
         (`drivers.worker_gc`) takes them out of every later collection, which otherwise walks
         them on the loop thread relaying a Turn's deltas; and a first `session.start` (whose
-        CLI lookup imports the SDK) or Turn does not import them."""
+        CLI lookup imports the SDK) or Turn does not import them. And the script that ties
+        every CLI to this worker is written (`TiedCli`: `setpriv`'s lookup, one small exec), so
+        the first Turn does not write it."""
         import claude_agent_sdk  # noqa: F401
         from claude_agent_sdk._internal.transport import subprocess_cli  # noqa: F401
+
+        self.tied.cli_path()
 
     def _user_agent(self) -> str:
         return f"claude-agent-sdk/{sdk_version()} (claude-code {cli_version()})"
@@ -290,6 +296,7 @@ class ClaudeDriver:
         self.forks.spares.close()  # the child homes made ahead and never used
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
+        self.tied.close()
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ClaudeDriver:

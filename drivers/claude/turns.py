@@ -22,6 +22,7 @@ from drivers.claude.env import ClaudeDriverConfig
 from drivers.claude.events import TIMED_OUT, ClaudeEvents
 from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
+from drivers.claude.tied import TiedCli
 from drivers.claude.warm import CLOSE_WAIT_S, Cli, WarmClis, transcript_stamp
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
@@ -94,8 +95,10 @@ class Turns:
         config: ClaudeDriverConfig,
         loop: asyncio.AbstractEventLoop,
         interactions: Interactions,
+        tied: TiedCli,
     ) -> None:
         self._config = config
+        self._tied = tied
         self._loop = loop
         self._interactions = interactions
         self.events = ClaudeEvents(config, self.terminate)
@@ -166,7 +169,8 @@ class Turns:
             session_id=None if exists else session.provider_session_id,
             setting_sources=[],
             model=session.model,
-            cli_path=self._config.cli_path,
+            # The CLI through a script that ties it to this worker (drivers/claude/tied.py).
+            cli_path=self._tied.cli_path(),
             settings=session.claude_settings,
             # Echo user messages with the UUIDs the CLI persisted: the observed identity.
             extra_args={"replay-user-messages": None},
