@@ -45,6 +45,10 @@ the COMMIT (an fsync) is paid once for ~15-20 leftovers of 100 Messages, not onc
 about what a big fork's own commit holds it; a client's write queued meanwhile goes first at
 the next transaction (the commits are background writes)."""
 DEFERRED_BATCH_MAX = 256
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+"""The backoff of a `DeferredCommits` batch the store refused: doubling from the first, at most
+the last (the fork saga's and `fork.resolve`'s deferred writes use the same)."""
 
 PREPARED_ERROR = "not dispatched before the host restarted"
 DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
@@ -108,7 +112,9 @@ class DeferredCommits:
     what an operation between its provider's acceptance and its commit always is: its source
     fenced, `fork.get` answering `provider_accepted` — and that `fork.get` commits it at once
     itself (the restart rule, `fork_saga.advance_leftover`), the same idempotent commit as
-    here (law 2)."""
+    here (law 2). A transaction the store refuses (busy, full) is tried again with backoff
+    until it lands or the daemon stops: a leftover is never left fencing its source until a
+    restart (docs/design/fork-saga.md)."""
 
     def __init__(
         self,
@@ -129,6 +135,8 @@ class DeferredCommits:
         self.committed = 0
         self.errors = 0
         self.transactions = 0
+        self.retries = 0
+        """Batches the store refused (busy, full), each tried again after a backoff."""
         self._thread: threading.Thread | None = None
 
     @property
@@ -167,14 +175,28 @@ class DeferredCommits:
         size = self._batch
         try:
             with self._store.db.background():
+                delay = RETRY_FIRST_S
                 while self._ops and not self._stop.is_set():
-                    batch, self._ops = self._ops[:size], self._ops[size:]
+                    batch = self._ops[:size]
                     cpu = time.thread_time()
                     try:
                         committed, errors = self._store.fork_commit.commit_fork_operations(batch)
-                    except Exception:  # noqa: BLE001 - the rest still gets its commit
-                        log.exception("deferred recovery commits failed; the next start retries")
-                        errors, committed = len(batch), 0
+                    except Exception as exc:  # noqa: BLE001 - retried until it lands or a stop
+                        # Each leftover fences its source until committed: a batch the store
+                        # refused (busy, full) is tried again, never dropped until a restart.
+                        log.warning(
+                            "deferred recovery commits of %d leftover(s) failed (%r);"
+                            " retrying in %.2f s",
+                            len(batch),
+                            exc,
+                            delay,
+                        )
+                        self.retries += 1
+                        self._stop.wait(delay)
+                        delay = min(RETRY_MAX_S, delay * 2)
+                        continue
+                    delay = RETRY_FIRST_S
+                    self._ops = self._ops[size:]
                     size = self._next_size(len(batch), time.thread_time() - cpu)
                     self.transactions += 1
                     self.committed += committed

@@ -300,6 +300,44 @@ def test_a_resolution_whose_rollback_met_a_busy_store_does_not_block_the_next_re
     assert_invariants(daemon.home)
 
 
+def test_leftover_commits_after_ready_that_meet_a_busy_store_land_once_it_frees(
+    tmp_path: Path,
+) -> None:
+    """The `provider_accepted` leftovers a start commits after its ready line
+    (`DeferredCommits`) hold their sources fenced until committed. A batch that met a busy
+    store was logged and dropped ("the next start retries"): its sources stayed fenced, every
+    Turn of them refused, until a `fork.get` of each or a restart. Now the batch is retried
+    with backoff until it lands: with the lock held through several busy waits and then let
+    go, every leftover ends committed, with no error counted."""
+    from actors.recovery import DeferredCommits, recover_fork_operations
+    from domain.fork_states import ForkStatus
+    from storage.store import Store
+    from tests.actors.test_recovery import WS as STORE_WS
+    from tests.actors.test_recovery import _accepted
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        accepted = [_accepted(store) for _ in range(5)]
+        report = recover_fork_operations(store, commit_before_ready=0)
+        assert len(report.deferred) == 5
+        deferred = DeferredCommits(store, report.deferred, batch=2)
+        with WriteLockHolder(path):
+            deferred.start()
+            # Several busy waits of the first batch pass while the lock is held.
+            assert not deferred.wait(1.5)
+        assert deferred.wait(30)
+        deferred.close()
+        assert (deferred.committed, deferred.errors, deferred.pending) == (5, 0, 0)
+        assert deferred.retries >= 2, deferred.retries
+        for op_id in accepted:
+            assert store.fork_queries.get_fork_operation(STORE_WS, op_id).status is (
+                ForkStatus.COMMITTED
+            )
+    finally:
+        store.close()
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
