@@ -199,6 +199,7 @@ POINTS = (
     "host.workspace.after_materialize",
     "host.workspace.after_rename",
     "host.workspace.after_record",
+    "host.workspace.after_remove",
     "host.turn.before_claim",
     "host.turn.before_warm_start",
     "host.checkpoint.before",

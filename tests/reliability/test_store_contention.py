@@ -338,6 +338,62 @@ def test_leftover_commits_after_ready_that_meet_a_busy_store_land_once_it_frees(
         store.close()
 
 
+def test_a_failed_forks_tree_whose_removal_met_a_busy_store_is_recorded_removed(
+    tmp_path: Path,
+) -> None:
+    """A `worktree` fork that fails has its tree removed and then recorded `removed`. A busy
+    store that refused the record was logged and dropped ("start-up tries again"): the live
+    daemon kept the failed operation's tree recorded `made` though it was gone (law
+    `worktree`) until a restart. Now the record is retried with backoff until it lands."""
+    from tests.reliability.reliability_harness import host_fired
+    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_repos import make_repo
+
+    repo = make_repo(tmp_path / "project")
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
+        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        # The fork fails once its tree is recorded (nothing dispatched); its tree is removed,
+        # then the actor waits 3 s before recording that: the store is locked meanwhile.
+        c.call(
+            "debug.failpoints",
+            {
+                "points": {
+                    "host.workspace.after_record": "once:error",
+                    "host.workspace.after_remove": "once:sleep:3000",
+                }
+            },
+        )
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+        )
+        answers: list[dict[str, Any]] = []
+        runner = threading.Thread(
+            target=lambda: answers.append(d.client().call_raw("fork.create", params)[1])
+        )
+        runner.start()
+        assert wait_for(lambda: host_fired(d, "host.workspace.after_remove"), 30)
+        with WriteLockHolder(store_path(d)):
+            assert trees_beside(repo) == []
+            time.sleep(3.5)  # past the failpoint's sleep: the record meets the lock
+        runner.join(30)
+        assert not runner.is_alive() and answers
+        op_id = answers[0]["operation"]["operationId"]
+
+        def state() -> str:
+            got = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+            assert got["status"] == "failed", got
+            return str(got["workspace"]["state"])
+
+        assert wait_for(lambda: state() == "removed", 20), state()
+        assert_invariants(d.home)
+    finally:
+        d.stop()
+    assert_invariants(d.home)
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
