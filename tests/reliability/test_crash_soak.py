@@ -206,6 +206,7 @@ POINTS = (
     "host.checkpoint.after",
     "host.session.delete.after_commit",
     "host.session.delete.discard",
+    "host.session.delete.after_tree_removed",
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",

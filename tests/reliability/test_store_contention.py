@@ -394,6 +394,64 @@ def test_a_failed_forks_tree_whose_removal_met_a_busy_store_is_recorded_removed(
     assert_invariants(d.home)
 
 
+def test_a_tree_removing_delete_whose_record_met_a_busy_store_still_ends_the_session(
+    tmp_path: Path,
+) -> None:
+    """`session.delete {worktree: "remove"}` of a worktree fork's child: the Session deleted
+    (the tree marked `removing`), the tree removed, then recorded `removed`. A busy store that
+    refused that last record raised out of the delete: the client was answered 503 for a
+    delete that had happened, the deleted Session's runtime was never stopped nor its runtime
+    dir removed, and the tree stayed `removing` until a restart. Now the record is retried
+    until it lands and the delete ends as any other."""
+    from tests.daemon.test_worktree_delete import fork_child
+    from tests.reliability.reliability_harness import host_fired
+    from tests.support.worktree_repos import make_repo
+
+    repo = make_repo(tmp_path / "project")
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        run_turn(c, child, "in the child")  # its runtime is live, its runtime dir made
+        runtime_dir = d.home / "runtimes" / WS / child
+        assert runtime_dir.is_dir()
+        point = "host.session.delete.after_tree_removed"
+        c.call("debug.failpoints", {"points": {point: "once:sleep:3000"}})
+        params = {"workspaceId": WS, "agentSessionId": child, "worktree": "remove"}
+        answers: list[tuple[int, Any]] = []
+        runner = threading.Thread(
+            target=lambda: answers.append(d.client(timeout=60).call_raw("session.delete", params))
+        )
+        runner.start()
+        assert wait_for(lambda: host_fired(d, point), 30)
+        with WriteLockHolder(store_path(d)):
+            time.sleep(3.5)  # past the failpoint's sleep: the record meets the lock
+        runner.join(30)
+        assert not runner.is_alive()
+        ((status, result),) = answers
+        assert status == 200 and result["worktree"]["state"] == "removed", (status, result)
+        assert not Path(where["path"]).exists()
+        assert wait_for(lambda: not runtime_dir.exists(), 20)
+        assert wait_for(lambda: tree_state(d, child) == "removed", 20), tree_state(d, child)
+    finally:
+        d.stop()
+    assert_invariants(d.home)
+
+
+def tree_state(d: DaemonProcess, child: str) -> str | None:
+    """The `workspace_state` of the fork that made `child`, read beside the daemon (WAL)."""
+    import apsw
+
+    conn = apsw.Connection(str(store_path(d)), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute(
+            "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
