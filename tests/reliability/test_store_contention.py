@@ -452,6 +452,54 @@ def tree_state(d: DaemonProcess, child: str) -> str | None:
     return None if row is None else str(row[0])
 
 
+def test_an_answer_the_provider_took_is_recorded_though_the_store_was_busy(
+    daemon: DaemonProcess,
+) -> None:
+    """`interaction.respond`: the worker hands the answer to the provider, then the store
+    records it. A busy store that refused the record answered 503 (retryable) though the
+    provider had the answer: a retry met the provider's "not pending" (409), the record stayed
+    `pending` (the Turn's watchdog waiting on the person) until the Turn's settlement superseded
+    it, and the answer the provider took was never recorded. Now the record is retried until it
+    lands and the request answered then: 200, `resolved` with the answer."""
+    from tests.reliability.reliability_harness import worker_fired
+
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/approve ls")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+    point = "worker.interaction.after_answer"
+    # The provider takes the answer, then the worker waits 3 s before it replies: the store
+    # is locked meanwhile, so the record meets the lock.
+    c.call("debug.failpoints", {"points": {point: "once:sleep:3000"}})
+    params = {
+        "workspaceId": WS,
+        "agentSessionId": sid,
+        "turnId": turn["turnId"],
+        "requestId": pending[0]["requestId"],
+        "response": {"decision": "approve"},
+    }
+    answers: list[tuple[int, Any]] = []
+    runner = threading.Thread(
+        target=lambda: answers.append(
+            daemon.client(timeout=60).call_raw("interaction.respond", params)
+        )
+    )
+    runner.start()
+    assert wait_for(lambda: worker_fired(daemon, point), 30)
+    with WriteLockHolder(store_path(daemon)):
+        time.sleep(4.0)  # past the failpoint's sleep: the record meets the lock
+    runner.join(30)
+    assert not runner.is_alive()
+    ((status, result),) = answers
+    assert status == 200, result
+    answered = result["interaction"]
+    assert (answered["status"], answered["output"]) == ("resolved", {"decision": "approve"})
+    done = settle(c, sid, turn["turnId"])
+    assert [i["status"] for i in done["interactions"]] == ["resolved"], done
+    daemon.stop()
+    assert_invariants(daemon.home)
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
