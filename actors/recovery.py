@@ -20,6 +20,7 @@ from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
 from storage.models import ForkOperation, LeftoverCommit
+from storage.sqlite import typed_store_error
 
 log = logging.getLogger(__name__)
 
@@ -216,22 +217,49 @@ class DeferredCommits:
 ORPHANED_TURN_ERROR = HOST_RESTART_ERROR
 
 
-def settle_orphaned_turns(store: StartupRecoveryStore) -> int:
+ORPHANED_RETRY_LIMIT_S = 30.0
+"""How long start-up retries an orphaned Turn's settlement the store refuses (busy, full)
+before the start fails, as its other recovery writes do on a store that stays busy."""
+
+
+def settle_orphaned_turns(
+    store: StartupRecoveryStore, *, retry_limit_s: float = ORPHANED_RETRY_LIMIT_S
+) -> int:
     """Turns left active by a previous process can never receive their provider's events
     (its runtimes died with it): settle them `interrupted`, which also finishes their submit
-    claims and supersedes pending Interactions, so the Session takes turns (and forks) again."""
+    claims and supersedes pending Interactions, so the Session takes turns (and forks) again.
+    A settlement the store refuses (busy, full) is retried with backoff, never skipped: a
+    skipped one left its Session refusing every submit in the live daemon until an interrupt
+    or a restart. Past `retry_limit_s` the start fails (`StoreBusy`)."""
     settled = 0
     for ws, sid, turn_id in store.turns.all_active_turns():
-        try:
-            _, changed = store.turns.settle_turn(
-                ws,
-                sid,
-                turn_id,
-                outcome="interrupted",
-                error=ORPHANED_TURN_ERROR,
-                include_deleted=True,
-            )
-            settled += int(changed)
-        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
-            log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+        delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
+        while True:
+            try:
+                _, changed = store.turns.settle_turn(
+                    ws,
+                    sid,
+                    turn_id,
+                    outcome="interrupted",
+                    error=ORPHANED_TURN_ERROR,
+                    include_deleted=True,
+                )
+                settled += int(changed)
+                break
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
+                busy = typed_store_error(exc)
+                if busy is None:
+                    log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+                    break
+                if time.monotonic() + delay > deadline:
+                    raise busy from exc
+                log.warning(
+                    "settling orphaned turn %s/%s deferred %.2f s: %s",
+                    sid,
+                    turn_id,
+                    delay,
+                    busy.message,
+                )
+                time.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
     return settled

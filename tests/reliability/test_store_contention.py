@@ -500,6 +500,39 @@ def test_an_answer_the_provider_took_is_recorded_though_the_store_was_busy(
     assert_invariants(daemon.home)
 
 
+def test_a_turn_orphaned_by_a_kill_is_settled_at_start_though_the_store_was_busy(
+    tmp_path: Path,
+) -> None:
+    """Start-up settles each Turn a previous process left active (`settle_orphaned_turns`). A
+    busy store that refused one was logged and skipped ("one bad row must not stop the rest"):
+    the daemon served with the Turn `active` that nothing ran, its Session refusing every
+    submit (`agent_session_busy`) until an interrupt or the next restart. Now a refused
+    settlement is retried with backoff (the start waits): the lock let go, the Turn is
+    settled `interrupted`."""
+    from actors.recovery import settle_orphaned_turns
+    from storage.store import Store
+    from tests.storage.store_builders import WS as STORE_WS
+    from tests.storage.store_builders import new_session
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        sid = new_session(store)
+        turn, _ = store.turns.claim_submit(STORE_WS, sid, "req-1", "left active by a kill")
+        holder = WriteLockHolder(path).acquire()
+        timer = threading.Timer(1.0, holder.release)
+        timer.start()
+        try:
+            settled = settle_orphaned_turns(store)
+        finally:
+            timer.join()
+        assert settled == 1
+        got = store.turns.get_turn(STORE_WS, sid, turn.turn_id)
+        assert (got.phase, got.outcome) == ("settled", "interrupted"), got
+    finally:
+        store.close()
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
