@@ -74,6 +74,9 @@ class ForkHost(Protocol):
     """Operation id → its saga in this actor (the actor stays busy while any runs)."""
     resolves: dict[str, Any]
     """Operation id → the `fork.resolve` in flight for it (actors/fork_resolve.py)."""
+    tree_records: set[str]
+    """Failed forks whose removed tree's record waits for a retry (`fork_saga.end_failed_tree`):
+    the actor stays busy, so no idle stop drops the retry."""
     attested_runtime: tuple[str, ...] | None
     """The runtime this Session's last passed `runtime.attest` proved — its generation and the
     prepared home, cwd and settings it was asked about (actors/fork_saga.py)."""

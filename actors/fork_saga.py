@@ -16,7 +16,7 @@ from __future__ import annotations
 import json
 import logging
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
@@ -67,6 +67,7 @@ log = logging.getLogger(__name__)
 TERMINAL = fork_states.TERMINAL
 
 
+_RETRY_FIRST_S = 0.05
 _RETRY_MAX_S = 2.0
 _LAZY_RECHECK_S = 0.05
 
@@ -640,10 +641,8 @@ class ForkSaga:
         # Every ending is an fsync'd write (but an abort the store refused to record: the
         # saga ends and its callers are answered all the same).
         self.prepare_lazy = False
-        if op.worktree is not None and remove_failed_tree(
-            self.host.store, self.host.fork_trees, op
-        ):
-            op = self.host.store.fork_queries.get_fork_operation(self.host.ws, op.operation_id)
+        if op.worktree is not None:
+            op = end_failed_tree(self.host, op, self._hit)
         self.operation = op
         # The callers first: the rest is this actor's own bookkeeping, done in this same step
         # (no message of this Session, a replay included, runs before it ends).
@@ -841,6 +840,47 @@ def _prepare(host: ForkHost, msg: ForkCreate, info: DriverInfo, runtime: Prepare
     saga._step(saga._after_prepare)
 
 
+def end_failed_tree(
+    host: ForkHost,
+    op: ForkOperation,
+    hit: Callable[[str], None] | None = None,
+    delay: float = _RETRY_FIRST_S,
+) -> ForkOperation:
+    """A failed fork's tree removed and recorded `removed` (`remove_failed_tree`); the
+    operation as it stands after. A record the store refused (busy, full) is retried on the
+    actor with backoff until it lands: the tree is gone, and a live daemon never keeps it
+    recorded `made` (law `worktree`) until a restart. A tree git cannot remove now is left
+    for start-up recovery, as before."""
+    try:
+        removed = remove_failed_tree(host.store, host.fork_trees, op, hit)
+        host.tree_records.discard(op.operation_id)
+        if removed:
+            return host.store.fork_queries.get_fork_operation(host.ws, op.operation_id)
+    except Exception as exc:  # noqa: BLE001 - a store error is retried; the caller goes on
+        _retry_failed_tree(host, op.operation_id, exc, delay)
+    return op
+
+
+def _retry_failed_tree(host: ForkHost, op_id: str, exc: Exception, delay: float) -> None:
+    if typed_store_error(exc) is None:
+        host.tree_records.discard(op_id)
+        log.error("fork %s: recording its removed tree failed: %r", op_id, exc)
+        return  # not the store's contention: start-up recovery tries again
+    log.warning("fork %s: recording its removed tree deferred %.2f s: %r", op_id, delay, exc)
+    host.tree_records.add(op_id)
+    then = min(_RETRY_MAX_S, delay * 2)
+
+    def again() -> None:
+        try:
+            op = host.store.fork_queries.get_fork_operation(host.ws, op_id)
+        except Exception as read_exc:  # noqa: BLE001 - retried as the record is
+            _retry_failed_tree(host, op_id, read_exc, then)
+            return
+        end_failed_tree(host, op, delay=then)
+
+    host.after(delay, again)
+
+
 def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
     """`fork.get` on a non-terminal operation: advance `provider_accepted → committed`;
     an operation no saga of this process owns is a leftover of a dead process:
@@ -851,8 +891,8 @@ def advance_leftover(host: ForkHost, msg: ForkAdvance) -> None:
         return
     # The restart rule (domain.fork_states.after_restart); never a provider call.
     op = apply_restart_rule(host.store, op)
-    if op.worktree is not None and remove_failed_tree(host.store, host.fork_trees, op):
-        op = host.store.fork_queries.get_fork_operation(host.ws, op.operation_id)
+    if op.worktree is not None:
+        op = end_failed_tree(host, op)
     if op.status in TERMINAL:
         host.apply_late_bindings()
     msg.reply(ForkReply(op, op.status in TERMINAL))

@@ -36,9 +36,17 @@ def in_thread(fn: Callable[[], T], name: str) -> Future[T]:
     return fut
 
 
-def remove_failed_tree(store: WorktreeStore, trees: ForkTrees | None, op: ForkOperation) -> bool:
+def remove_failed_tree(
+    store: WorktreeStore,
+    trees: ForkTrees | None,
+    op: ForkOperation,
+    hit: Callable[[str], None] | None = None,
+) -> bool:
     """Remove the tree (whole or half-made) and branch of a failed fork and mark it removed;
-    False (left for start-up recovery) when that cannot be done now."""
+    False (left for start-up recovery) when git cannot remove it now. The mark's store error
+    is raised: a live caller retries it (`fork_saga.end_failed_tree`), so a tree removed is
+    never left recorded `made` until a restart. `hit`: the failpoint
+    `host.workspace.after_remove` (the tree gone, not yet recorded so)."""
     if op.status is not ForkStatus.FAILED or op.worktree is None:
         return False
     if op.worktree_state not in ("planned", "made"):
@@ -47,10 +55,12 @@ def remove_failed_tree(store: WorktreeStore, trees: ForkTrees | None, op: ForkOp
         return False
     try:
         trees.remove(op.worktree)
-        return store.fork_workspace.mark_fork_worktree_removed(op.workspace_id, op.operation_id)
     except Exception:  # noqa: BLE001 - recovery tries again at the next start
         log.exception("could not remove the worktree of failed fork %s", op.operation_id)
         return False
+    if hit is not None:
+        hit("host.workspace.after_remove")
+    return store.fork_workspace.mark_fork_worktree_removed(op.workspace_id, op.operation_id)
 
 
 def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:

@@ -20,6 +20,7 @@ from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
 from storage.models import ForkOperation, LeftoverCommit
+from storage.sqlite import typed_store_error
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,10 @@ the COMMIT (an fsync) is paid once for ~15-20 leftovers of 100 Messages, not onc
 about what a big fork's own commit holds it; a client's write queued meanwhile goes first at
 the next transaction (the commits are background writes)."""
 DEFERRED_BATCH_MAX = 256
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+"""The backoff of a `DeferredCommits` batch the store refused: doubling from the first, at most
+the last (the fork saga's and `fork.resolve`'s deferred writes use the same)."""
 
 PREPARED_ERROR = "not dispatched before the host restarted"
 DISPATCHING_ERROR = "dispatch outcome lost with the previous host process"
@@ -108,7 +113,9 @@ class DeferredCommits:
     what an operation between its provider's acceptance and its commit always is: its source
     fenced, `fork.get` answering `provider_accepted` — and that `fork.get` commits it at once
     itself (the restart rule, `fork_saga.advance_leftover`), the same idempotent commit as
-    here (law 2)."""
+    here (law 2). A transaction the store refuses (busy, full) is tried again with backoff
+    until it lands or the daemon stops: a leftover is never left fencing its source until a
+    restart (docs/design/fork-saga.md)."""
 
     def __init__(
         self,
@@ -129,6 +136,8 @@ class DeferredCommits:
         self.committed = 0
         self.errors = 0
         self.transactions = 0
+        self.retries = 0
+        """Batches the store refused (busy, full), each tried again after a backoff."""
         self._thread: threading.Thread | None = None
 
     @property
@@ -167,14 +176,28 @@ class DeferredCommits:
         size = self._batch
         try:
             with self._store.db.background():
+                delay = RETRY_FIRST_S
                 while self._ops and not self._stop.is_set():
-                    batch, self._ops = self._ops[:size], self._ops[size:]
+                    batch = self._ops[:size]
                     cpu = time.thread_time()
                     try:
                         committed, errors = self._store.fork_commit.commit_fork_operations(batch)
-                    except Exception:  # noqa: BLE001 - the rest still gets its commit
-                        log.exception("deferred recovery commits failed; the next start retries")
-                        errors, committed = len(batch), 0
+                    except Exception as exc:  # noqa: BLE001 - retried until it lands or a stop
+                        # Each leftover fences its source until committed: a batch the store
+                        # refused (busy, full) is tried again, never dropped until a restart.
+                        log.warning(
+                            "deferred recovery commits of %d leftover(s) failed (%r);"
+                            " retrying in %.2f s",
+                            len(batch),
+                            exc,
+                            delay,
+                        )
+                        self.retries += 1
+                        self._stop.wait(delay)
+                        delay = min(RETRY_MAX_S, delay * 2)
+                        continue
+                    delay = RETRY_FIRST_S
+                    self._ops = self._ops[size:]
                     size = self._next_size(len(batch), time.thread_time() - cpu)
                     self.transactions += 1
                     self.committed += committed
@@ -194,22 +217,49 @@ class DeferredCommits:
 ORPHANED_TURN_ERROR = HOST_RESTART_ERROR
 
 
-def settle_orphaned_turns(store: StartupRecoveryStore) -> int:
+ORPHANED_RETRY_LIMIT_S = 30.0
+"""How long start-up retries an orphaned Turn's settlement the store refuses (busy, full)
+before the start fails, as its other recovery writes do on a store that stays busy."""
+
+
+def settle_orphaned_turns(
+    store: StartupRecoveryStore, *, retry_limit_s: float = ORPHANED_RETRY_LIMIT_S
+) -> int:
     """Turns left active by a previous process can never receive their provider's events
     (its runtimes died with it): settle them `interrupted`, which also finishes their submit
-    claims and supersedes pending Interactions, so the Session takes turns (and forks) again."""
+    claims and supersedes pending Interactions, so the Session takes turns (and forks) again.
+    A settlement the store refuses (busy, full) is retried with backoff, never skipped: a
+    skipped one left its Session refusing every submit in the live daemon until an interrupt
+    or a restart. Past `retry_limit_s` the start fails (`StoreBusy`)."""
     settled = 0
     for ws, sid, turn_id in store.turns.all_active_turns():
-        try:
-            _, changed = store.turns.settle_turn(
-                ws,
-                sid,
-                turn_id,
-                outcome="interrupted",
-                error=ORPHANED_TURN_ERROR,
-                include_deleted=True,
-            )
-            settled += int(changed)
-        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
-            log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+        delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
+        while True:
+            try:
+                _, changed = store.turns.settle_turn(
+                    ws,
+                    sid,
+                    turn_id,
+                    outcome="interrupted",
+                    error=ORPHANED_TURN_ERROR,
+                    include_deleted=True,
+                )
+                settled += int(changed)
+                break
+            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
+                busy = typed_store_error(exc)
+                if busy is None:
+                    log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+                    break
+                if time.monotonic() + delay > deadline:
+                    raise busy from exc
+                log.warning(
+                    "settling orphaned turn %s/%s deferred %.2f s: %s",
+                    sid,
+                    turn_id,
+                    delay,
+                    busy.message,
+                )
+                time.sleep(delay)
+                delay = min(RETRY_MAX_S, delay * 2)
     return settled

@@ -91,6 +91,7 @@ class SessionActor(PooledActor):
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
+        self.tree_records: set[str] = set()
         self._busy = False
         # A previous actor for this Session may still drain its mailbox: start after it, so
         # the Session's writes stay serialised across an idle stop and a restart.
@@ -220,6 +221,8 @@ class SessionActor(PooledActor):
         busy = (
             bool(self.sagas)
             or bool(self.resolves)
+            or bool(self.tree_records)
+            or self.controls.records_pending > 0
             or bool(self.writes)
             or self.writes.late_bindings_pending  # stay alive until they are applied
             or self.turns.unsettled()

@@ -18,24 +18,29 @@ from actors import runtime_dirs
 from actors.messages import Interrupt, Mutate, Respond
 from actors.ports import WorkerFailed
 from actors.provider_errors import control_error
-from actors.session_base import SessionCore
+from actors.session_base import RETRY_FIRST_S, RETRY_MAX_S, SessionCore
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from domain.errors import Conflict, HostError, TurnNotFound
 from domain.worker_messages import InteractionRespond, SessionStop, TurnInterrupt
+from storage.sqlite import host_error_of, typed_store_error
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
 
 
 class SessionControls:
-    """Mutations, interrupts and interaction answers of one Session; no state of its own: it
+    """Mutations, interrupts and interaction answers of one Session; no state of its own but
+    the answers the provider took whose record waits for a busy store (`records_pending`): it
     acts through the Session's Turns and its runtime."""
 
     def __init__(self, core: SessionCore, turns: TurnRunner, runtime: SessionRuntime) -> None:
         self._core = core
         self._turns = turns
         self._runtime = runtime
+        self.records_pending = 0
+        """Interaction answers the provider took whose record a busy store refused, retried
+        (the actor stays busy meanwhile, so no idle stop drops the retry or its reply)."""
 
     # -- plain mutations -------------------------------------------------------------------
 
@@ -176,9 +181,38 @@ class SessionControls:
             # The worker answered the provider: the Turn may already have settled (its end
             # can reach us before this reply), and the answer is still what happened.
             output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
+            self._record_answer(msg, output, RETRY_FIRST_S)
+
+        self._core.later(fut, _done, msg.reply)
+
+    def _record_answer(self, msg: Respond, output: dict[str, object], delay: float) -> None:
+        """The answer the provider took, recorded; a busy (or full) store's refusal is retried
+        with backoff until it lands, and the request answered then. Answered 503 at once, a
+        retry of the answer met the provider's "not pending" (409) while the record stayed
+        `pending` — the Turn's watchdog waiting on the person — until the Turn's settlement
+        superseded it, the answer the provider took never recorded."""
+        try:
             interaction = self._core.session_store.history.resolve_interaction(
                 self._core.ws, self._core.sid, msg.turn_id, msg.request_id, output, delivered=True
             )
-            msg.reply(interaction)
+        except Exception as exc:  # noqa: BLE001 - a busy store is retried; the rest answered
+            busy = typed_store_error(exc)
+            if busy is None:
+                msg.reply(host_error_of(exc, f"session {self._core.key}: answer", logger=log))
+                return
+            log.warning(
+                "session %s: recording the answer to %s deferred %.2f s: %s",
+                self._core.key,
+                msg.request_id,
+                delay,
+                busy.message,
+            )
+            self.records_pending += 1
 
-        self._core.later(fut, _done, msg.reply)
+            def again() -> None:
+                self.records_pending -= 1
+                self._record_answer(msg, output, min(RETRY_MAX_S, delay * 2))
+
+            self._core.after(delay, again)
+            return
+        msg.reply(interaction)

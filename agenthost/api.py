@@ -158,8 +158,11 @@ class Api:
         reply_cache: ReplyCache | None = None,
         checkpoints: ShadowStore | None = None,
         checkpoint_locks: DirectoryLocks | None = None,
+        hit: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
+        # The daemon's failpoints (`hit(name)`), for the steps a request runs outside an actor.
+        self._hit = hit
         self.host = host
         self.catalog = catalog
         # The home's workspace checkpoints (`session.workspaceDiff`, `workspace.restore`).
@@ -385,7 +388,11 @@ class Api:
         worktree = optional_enum(params, "worktree", WORKTREE_CHOICES, default="keep")
         force = optional_bool(params, "force", default=False)
         delete = delete_fn(
-            self.checkpoints, self.checkpoint_locks, worktree=str(worktree), force=bool(force)
+            self.checkpoints,
+            self.checkpoint_locks,
+            worktree=str(worktree),
+            force=bool(force),
+            hit=self._hit,
         )
         self._mutate(
             params,

@@ -326,6 +326,7 @@ class Daemon:
             default_cwd=str(self.default_cwd or Path.cwd()),
             checkpoints=shadow,
             checkpoint_locks=locks,
+            hit=self.failpoints.hit,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),

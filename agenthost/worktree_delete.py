@@ -6,14 +6,21 @@ which needs `force`. Runs on the Session's actor (a `Mutate`), so no Turn of it 
 the check and the delete.
 
 Order, crash-safe: check → delete the Session and mark the tree `removing` (one transaction) →
-remove the tree → mark it `removed`. A stop in between leaves `removing`, which start-up
-finishes (`finish_removals`); the tree is never recorded `made` while gone.
+remove the tree (`host.session.delete.after_tree_removed`) → mark it `removed`. A stop in
+between leaves `removing`, which start-up finishes (`finish_removals`); the tree is never
+recorded `made` while gone. Once the Session is deleted nothing here raises a store error: a
+`removed` record the store refuses (busy, full) is retried with backoff on a thread of its own
+until it lands (`mark_removed`), and the delete is answered as done — a raise there skipped the
+rest of the delete (the deleted Session's runtime kept running, its runtime dir kept) and
+answered 503 for a delete that had happened.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
+import time
 from collections.abc import Callable
 from typing import Any, Literal, Protocol
 
@@ -22,6 +29,7 @@ from domain.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
 from protocol.methods import DeletedTree, DeleteResult
 from storage.fork_workspace import ChildTree
 from storage.models import TreeToRemove
+from storage.sqlite import typed_store_error
 from workspace.git import GitUnavailable
 from workspace.shadow import ShadowStore
 from workspace.worktree import TreePlan, Worktrees
@@ -81,6 +89,7 @@ def delete_fn(
     *,
     worktree: Literal["keep", "remove"] | str,
     force: bool,
+    hit: Callable[[str], None] | None = None,
 ) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
     {path, cwd, branch, state: "kept"|"removed", branchKept}` for a Session with a fork-made
@@ -137,13 +146,50 @@ def delete_fn(
             )
         store.sessions.delete_session(ws, sid, removing_tree=child.operation_id)
         branch_kept = trees.remove_child(plan)
-        store.fork_workspace.mark_child_worktree_removed(ws, child.operation_id)
+        if hit is not None:
+            hit("host.session.delete.after_tree_removed")
+        mark_removed(store.fork_workspace, ws, child.operation_id)
         return {
             "deleted": True,
             "worktree": {**_tree(plan, "removed"), "branchKept": branch_kept},
         }
 
     return _delete
+
+
+RETRY_FIRST_S = 0.05
+RETRY_MAX_S = 2.0
+
+
+def mark_removed(
+    store: ChildTreeRemovals, ws: str, op_id: str, *, first_s: float = RETRY_FIRST_S
+) -> None:
+    """Record a deleted child's tree `removed`; one the store refuses (busy, full) is retried
+    with backoff on a thread of its own until it lands (a stop meanwhile leaves `removing`,
+    which the next start finishes). Any other failure is logged and left to that start."""
+    try:
+        store.mark_child_worktree_removed(ws, op_id)
+        return
+    except Exception as exc:  # noqa: BLE001 - the Session is deleted: the rest of it goes on
+        if typed_store_error(exc) is None:
+            log.exception("could not record the removed worktree of %s", op_id)
+            return
+        log.warning("recording the removed worktree of %s deferred: %r", op_id, exc)
+
+    def again() -> None:
+        delay = first_s
+        while True:
+            time.sleep(delay)
+            delay = min(RETRY_MAX_S, delay * 2)
+            try:
+                store.mark_child_worktree_removed(ws, op_id)
+                return
+            except Exception as exc:  # noqa: BLE001 - retried while the store is busy
+                if typed_store_error(exc) is None:
+                    log.exception("could not record the removed worktree of %s", op_id)
+                    return
+
+    threading.Thread(target=again, name="agenthost-tree-record", daemon=True).start()
 
 
 def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:

@@ -118,6 +118,7 @@ class InlineHost:
     ws: str = WS
     sagas: dict[str, LiveSaga] = field(default_factory=dict)
     resolves: dict[str, Any] = field(default_factory=dict)
+    tree_records: set[str] = field(default_factory=set)
     attested_runtime: tuple[str, ...] | None = None
     timeouts: Timeouts = field(default_factory=Timeouts)
     live_operations: LiveOperations = field(default_factory=LiveOperations)

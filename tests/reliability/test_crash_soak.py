@@ -199,12 +199,14 @@ POINTS = (
     "host.workspace.after_materialize",
     "host.workspace.after_rename",
     "host.workspace.after_record",
+    "host.workspace.after_remove",
     "host.turn.before_claim",
     "host.turn.before_warm_start",
     "host.checkpoint.before",
     "host.checkpoint.after",
     "host.session.delete.after_commit",
     "host.session.delete.discard",
+    "host.session.delete.after_tree_removed",
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",

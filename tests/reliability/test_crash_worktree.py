@@ -112,3 +112,80 @@ def test_the_checker_reports_each_broken_worktree_law(tmp_path: Path) -> None:
     git(repo, "branch", "-D", f"agenthost/another-{tree.name}")
     shutil.rmtree(tree)
     assert any("recorded a tree that is gone" in v for v in broken())
+
+
+def test_a_kill_after_a_failed_forks_tree_is_removed_and_before_its_record(
+    tmp_path: Path,
+) -> None:
+    """`host.workspace.after_remove`: a fork failed before dispatch, its tree removed, the daemon
+    SIGKILLed before the tree is recorded `removed`. The restart records it (the removal is
+    idempotent): no tree, branch or registration is left and every invariant holds."""
+    repo = make_repo(tmp_path / "project")
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
+        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        before = repo_state(repo)
+        point = "host.workspace.after_remove"
+        c.call(
+            "debug.failpoints",
+            {"points": {"host.workspace.after_record": "once:error", point: "once:kill"}},
+        )
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+        )
+        c.submit("fork.create", params)  # the reply never comes: the daemon dies
+        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
+        assert host_fired(d, point)
+        d = DaemonProcess(home).start()
+        c = d.client(timeout=60)
+        op = c.call("fork.create", params)["operation"]  # the replay: the original
+        assert op["status"] == "failed", op
+        assert op["workspace"]["state"] == "removed", op
+        assert trees_beside(repo) == []
+        assert git(repo, "branch", "--list", "agenthost/*") == ""
+        assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 1
+        assert repo_state(repo) == before
+        assert_invariants(home)
+    finally:
+        d.stop()
+
+
+def test_a_kill_after_a_deleted_childs_tree_is_removed_and_before_its_record(
+    tmp_path: Path,
+) -> None:
+    """`host.session.delete.after_tree_removed`: a `worktree: "remove"` delete of a fork's
+    child, SIGKILLed once the Session is deleted and its tree removed, before the tree is
+    recorded `removed`. The restart finishes it (`finish_removals`): recorded `removed`, no tree
+    or branch left, the Session stays deleted, every invariant holds."""
+    from tests.daemon.test_worktree_delete import fork_child
+    from tests.reliability.test_store_contention import tree_state
+    from tests.support.daemon import WS
+
+    repo = make_repo(tmp_path / "project")
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        point = "host.session.delete.after_tree_removed"
+        c.call("debug.failpoints", {"points": {point: "once:kill"}})
+        c.submit(
+            "session.delete",
+            {"workspaceId": WS, "agentSessionId": child, "worktree": "remove"},
+        )
+        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
+        assert host_fired(d, point)
+        d = DaemonProcess(home).start()
+        c = d.client(timeout=60)
+        status, _ = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": child})
+        assert status == 404
+        assert tree_state(d, child) == "removed"
+        assert not Path(where["path"]).exists()
+        assert git(repo, "branch", "--list", "agenthost/*") == ""
+        assert len(git(repo, "worktree", "list", "--porcelain").split("\n\n")) == 1
+        assert_invariants(home)
+    finally:
+        d.stop()

@@ -300,6 +300,239 @@ def test_a_resolution_whose_rollback_met_a_busy_store_does_not_block_the_next_re
     assert_invariants(daemon.home)
 
 
+def test_leftover_commits_after_ready_that_meet_a_busy_store_land_once_it_frees(
+    tmp_path: Path,
+) -> None:
+    """The `provider_accepted` leftovers a start commits after its ready line
+    (`DeferredCommits`) hold their sources fenced until committed. A batch that met a busy
+    store was logged and dropped ("the next start retries"): its sources stayed fenced, every
+    Turn of them refused, until a `fork.get` of each or a restart. Now the batch is retried
+    with backoff until it lands: with the lock held through several busy waits and then let
+    go, every leftover ends committed, with no error counted."""
+    from actors.recovery import DeferredCommits, recover_fork_operations
+    from domain.fork_states import ForkStatus
+    from storage.store import Store
+    from tests.actors.test_recovery import WS as STORE_WS
+    from tests.actors.test_recovery import _accepted
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        accepted = [_accepted(store) for _ in range(5)]
+        report = recover_fork_operations(store, commit_before_ready=0)
+        assert len(report.deferred) == 5
+        deferred = DeferredCommits(store, report.deferred, batch=2)
+        with WriteLockHolder(path):
+            deferred.start()
+            # Several busy waits of the first batch pass while the lock is held.
+            assert not deferred.wait(1.5)
+        assert deferred.wait(30)
+        deferred.close()
+        assert (deferred.committed, deferred.errors, deferred.pending) == (5, 0, 0)
+        assert deferred.retries >= 2, deferred.retries
+        for op_id in accepted:
+            assert store.fork_queries.get_fork_operation(STORE_WS, op_id).status is (
+                ForkStatus.COMMITTED
+            )
+    finally:
+        store.close()
+
+
+def test_a_failed_forks_tree_whose_removal_met_a_busy_store_is_recorded_removed(
+    tmp_path: Path,
+) -> None:
+    """A `worktree` fork that fails has its tree removed and then recorded `removed`. A busy
+    store that refused the record was logged and dropped ("start-up tries again"): the live
+    daemon kept the failed operation's tree recorded `made` though it was gone (law
+    `worktree`) until a restart. Now the record is retried with backoff until it lands."""
+    from tests.reliability.reliability_harness import host_fired
+    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_repos import make_repo
+
+    repo = make_repo(tmp_path / "project")
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
+        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        # The fork fails once its tree is recorded (nothing dispatched); its tree is removed,
+        # then the actor waits 3 s before recording that: the store is locked meanwhile.
+        c.call(
+            "debug.failpoints",
+            {
+                "points": {
+                    "host.workspace.after_record": "once:error",
+                    "host.workspace.after_remove": "once:sleep:3000",
+                }
+            },
+        )
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+        )
+        answers: list[dict[str, Any]] = []
+        runner = threading.Thread(
+            target=lambda: answers.append(d.client().call_raw("fork.create", params)[1])
+        )
+        runner.start()
+        assert wait_for(lambda: host_fired(d, "host.workspace.after_remove"), 30)
+        with WriteLockHolder(store_path(d)):
+            assert trees_beside(repo) == []
+            time.sleep(3.5)  # past the failpoint's sleep: the record meets the lock
+        runner.join(30)
+        assert not runner.is_alive() and answers
+        op_id = answers[0]["operation"]["operationId"]
+
+        def state() -> str:
+            got = c.call("fork.get", {"workspaceId": WS, "operationId": op_id})["operation"]
+            assert got["status"] == "failed", got
+            return str(got["workspace"]["state"])
+
+        assert wait_for(lambda: state() == "removed", 20), state()
+        assert_invariants(d.home)
+    finally:
+        d.stop()
+    assert_invariants(d.home)
+
+
+def test_a_tree_removing_delete_whose_record_met_a_busy_store_still_ends_the_session(
+    tmp_path: Path,
+) -> None:
+    """`session.delete {worktree: "remove"}` of a worktree fork's child: the Session deleted
+    (the tree marked `removing`), the tree removed, then recorded `removed`. A busy store that
+    refused that last record raised out of the delete: the client was answered 503 for a
+    delete that had happened, the deleted Session's runtime was never stopped nor its runtime
+    dir removed, and the tree stayed `removing` until a restart. Now the record is retried
+    until it lands and the delete ends as any other."""
+    from tests.daemon.test_worktree_delete import fork_child
+    from tests.reliability.reliability_harness import host_fired
+    from tests.support.worktree_repos import make_repo
+
+    repo = make_repo(tmp_path / "project")
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        run_turn(c, child, "in the child")  # its runtime is live, its runtime dir made
+        runtime_dir = d.home / "runtimes" / WS / child
+        assert runtime_dir.is_dir()
+        point = "host.session.delete.after_tree_removed"
+        c.call("debug.failpoints", {"points": {point: "once:sleep:3000"}})
+        params = {"workspaceId": WS, "agentSessionId": child, "worktree": "remove"}
+        answers: list[tuple[int, Any]] = []
+        runner = threading.Thread(
+            target=lambda: answers.append(d.client(timeout=60).call_raw("session.delete", params))
+        )
+        runner.start()
+        assert wait_for(lambda: host_fired(d, point), 30)
+        with WriteLockHolder(store_path(d)):
+            time.sleep(3.5)  # past the failpoint's sleep: the record meets the lock
+        runner.join(30)
+        assert not runner.is_alive()
+        ((status, result),) = answers
+        assert status == 200 and result["worktree"]["state"] == "removed", (status, result)
+        assert not Path(where["path"]).exists()
+        assert wait_for(lambda: not runtime_dir.exists(), 20)
+        assert wait_for(lambda: tree_state(d, child) == "removed", 20), tree_state(d, child)
+    finally:
+        d.stop()
+    assert_invariants(d.home)
+
+
+def tree_state(d: DaemonProcess, child: str) -> str | None:
+    """The `workspace_state` of the fork that made `child`, read beside the daemon (WAL)."""
+    import apsw
+
+    conn = apsw.Connection(str(store_path(d)), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute(
+            "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
+        ).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else str(row[0])
+
+
+def test_an_answer_the_provider_took_is_recorded_though_the_store_was_busy(
+    daemon: DaemonProcess,
+) -> None:
+    """`interaction.respond`: the worker hands the answer to the provider, then the store
+    records it. A busy store that refused the record answered 503 (retryable) though the
+    provider had the answer: a retry met the provider's "not pending" (409), the record stayed
+    `pending` (the Turn's watchdog waiting on the person) until the Turn's settlement superseded
+    it, and the answer the provider took was never recorded. Now the record is retried until it
+    lands and the request answered then: 200, `resolved` with the answer."""
+    from tests.reliability.reliability_harness import worker_fired
+
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/approve ls")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+    point = "worker.interaction.after_answer"
+    # The provider takes the answer, then the worker waits 3 s before it replies: the store
+    # is locked meanwhile, so the record meets the lock.
+    c.call("debug.failpoints", {"points": {point: "once:sleep:3000"}})
+    params = {
+        "workspaceId": WS,
+        "agentSessionId": sid,
+        "turnId": turn["turnId"],
+        "requestId": pending[0]["requestId"],
+        "response": {"decision": "approve"},
+    }
+    answers: list[tuple[int, Any]] = []
+    runner = threading.Thread(
+        target=lambda: answers.append(
+            daemon.client(timeout=60).call_raw("interaction.respond", params)
+        )
+    )
+    runner.start()
+    assert wait_for(lambda: worker_fired(daemon, point), 30)
+    with WriteLockHolder(store_path(daemon)):
+        time.sleep(4.0)  # past the failpoint's sleep: the record meets the lock
+    runner.join(30)
+    assert not runner.is_alive()
+    ((status, result),) = answers
+    assert status == 200, result
+    answered = result["interaction"]
+    assert (answered["status"], answered["output"]) == ("resolved", {"decision": "approve"})
+    done = settle(c, sid, turn["turnId"])
+    assert [i["status"] for i in done["interactions"]] == ["resolved"], done
+    daemon.stop()
+    assert_invariants(daemon.home)
+
+
+def test_a_turn_orphaned_by_a_kill_is_settled_at_start_though_the_store_was_busy(
+    tmp_path: Path,
+) -> None:
+    """Start-up settles each Turn a previous process left active (`settle_orphaned_turns`). A
+    busy store that refused one was logged and skipped ("one bad row must not stop the rest"):
+    the daemon served with the Turn `active` that nothing ran, its Session refusing every
+    submit (`agent_session_busy`) until an interrupt or the next restart. Now a refused
+    settlement is retried with backoff (the start waits): the lock let go, the Turn is
+    settled `interrupted`."""
+    from actors.recovery import settle_orphaned_turns
+    from storage.store import Store
+    from tests.storage.store_builders import WS as STORE_WS
+    from tests.storage.store_builders import new_session
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        sid = new_session(store)
+        turn, _ = store.turns.claim_submit(STORE_WS, sid, "req-1", "left active by a kill")
+        holder = WriteLockHolder(path).acquire()
+        timer = threading.Timer(1.0, holder.release)
+        timer.start()
+        try:
+            settled = settle_orphaned_turns(store)
+        finally:
+            timer.join()
+        assert settled == 1
+        got = store.turns.get_turn(STORE_WS, sid, turn.turn_id)
+        assert (got.phase, got.outcome) == ("settled", "interrupted"), got
+    finally:
+        store.close()
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
