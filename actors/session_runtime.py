@@ -36,7 +36,6 @@ Thread-safe; callbacks run outside the lock.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict, deque
@@ -54,7 +53,7 @@ from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing, prove_absent
 from actors.session_base import SessionCore
 from domain.errors import HostError
-from domain.procfs import alive_in_stat, read_proc_stat
+from domain.procfs import alive_in_stat, pid_exists, read_proc_stat
 from domain.worker_messages import (
     HistoryRequest,
     SessionHistory,
@@ -81,13 +80,7 @@ def process_alive(pid: int) -> bool:
     except FileNotFoundError:
         return False
     except OSError:
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        except PermissionError:
-            return True
-        return True
+        return pid_exists(pid)
     return alive_in_stat(stat)
 
 

@@ -14,6 +14,18 @@ PF_EXITING = 0x4
 _SIGKILL_BIT = 1 << (signal.SIGKILL - 1)
 
 
+def pid_exists(pid: int) -> bool:
+    """Whether a process `pid` exists (a zombie too) by signal 0: one of another user's
+    (`EPERM`) exists."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def read_proc_stat(pid: int) -> bytes:
     """`/proc/PID/stat` in three system calls (open, one read, close): the kernel writes the
     whole line at the first read of a buffer this size (it is a few hundred bytes). `open()`

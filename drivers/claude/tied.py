@@ -25,6 +25,7 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
+from domain.procfs import pid_exists
 from drivers.app_server.process import pdeathsig_wrapper
 
 DIR_PREFIX = "agenthost-claude-cli-"
@@ -37,16 +38,6 @@ def wrapper_script(argv_prefix: tuple[str, ...], real_cli: str) -> str:
     """The script's text: `exec <setpriv --pdeathsig KILL --> <real CLI> "$@"`."""
     words = " ".join(shlex.quote(word) for word in (*argv_prefix, real_cli))
     return f'#!/bin/sh\nexec {words} "$@"\n'
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def remove_stale_dirs(parent: Path) -> None:
@@ -62,7 +53,7 @@ def remove_stale_dirs(parent: Path) -> None:
                 st = entry.stat(follow_symlinks=False)
                 if not entry.is_dir(follow_symlinks=False) or st.st_uid != uid:
                     continue
-                if pid_text.isdigit() and not _pid_alive(int(pid_text)):
+                if pid_text.isdigit() and not pid_exists(int(pid_text)):
                     shutil.rmtree(entry.path, ignore_errors=True)
 
 
