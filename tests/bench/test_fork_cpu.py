@@ -14,12 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from agenthost.dir_spread import FS_IOC_SETFLAGS, FS_TOPDIR_FL, dir_flags
 from bench.fork_cpu import (
-    FS_IOC_SETFLAGS,
-    FS_TOPDIR_FL,
     TreeReading,
     difference,
-    dir_flags,
     main,
     read_tree,
     spread_parent,
