@@ -46,7 +46,6 @@ from agenthost import __version__, activity, log_queue, provider_install, provid
 from agenthost.api import Api
 from agenthost.catalog import Catalog
 from agenthost.config import IPC_PATH_MAX, Config, check_home_paths
-from agenthost.dir_spread import spread_subdirs
 from agenthost.home import (
     HomeInUse,
     HomeLock,
@@ -183,9 +182,6 @@ class Daemon:
                 f": pids {[g.pid for g in alive]}, their lock files kept" if alive else "",
             )
         make_private_dir(cfg.runtimes_dir)
-        # Each workspace's directory in a block group of its own (ext4; a no-op elsewhere):
-        # a fork's five new inodes then skip no other program's recent deletes.
-        spread_subdirs(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
 

@@ -61,11 +61,11 @@ from bench.harness import (
 def spread_parent(base: Path | None = None) -> Path:
     """A directory under `base` (the temp directory) with `FS_TOPDIR_FL` set, made once: a
     home made in it is not in the block group the temp directory's other users churn
-    (`agenthost.dir_spread`; docs/performance.md, forkcpu of 2026-12-06, "A fork's five new
+    (`actors.dir_spread`; docs/performance.md, forkcpu of 2026-12-06, "A fork's five new
     inodes"). Where the flag cannot be set, the directory is still returned (the placement is
     then the parent's). Imported here, not at the top: a copy of this script still measures a
     tree without that module when `--spread-home` is not given."""
-    from agenthost.dir_spread import spread_subdirs
+    from actors.dir_spread import spread_subdirs
 
     parent = Path(base or tempfile.gettempdir()) / "agenthost-bench-spread"
     parent.mkdir(mode=0o700, exist_ok=True)

@@ -2,17 +2,16 @@
 
 ext4 (and ext2/3) place a file's inode in its directory's block group, and a new directory
 near its parent's (the Orlov allocator), except below a directory flagged `FS_TOPDIR_FL`
-(`chattr +T`) or the root: a directory made there goes to a group of its own choosing (free
-inodes and blocks above the average, the fewest directories). The flag is not inherited.
+(`chattr +T`) or the root: a directory made there goes to the flex group with the fewest
+directories among those with free inodes and blocks above the average. The flag is not
+inherited. A file system without it (tmpfs, btrfs, xfs) refuses or ignores the ioctl.
 
-Why the daemon sets it on `runtimes/`: on an ext4 without a journal each new inode skips, one
-inode-table read at a time, every inode of its group freed in the last seconds (minutes while
-that block is not yet written back), and a fork makes five (the child's directory, its provider
-home, the home's `sessions`, the binder's temp file, the provider's child file). A home under
-a directory other programs churn (`/tmp`, a desktop's home directory) would put every
-workspace's directory in the churned group; flagged, each `runtimes/<workspace>` is placed
-apart, and its Sessions' and fork children's directories and files follow it there. A file
-system without the flag (tmpfs, btrfs, xfs, NFS) refuses or ignores the ioctl: nothing changes.
+The daemon flags each `runtimes/<workspace>/` (`actors/context.py`): every Session's and fork
+child's directory made in it is then placed on its own, its name's hash choosing where the
+search starts, and a fork's new inodes skip few recently freed ones on a journal-less ext4.
+Flagging `runtimes/` instead was measured worse: the workspace's directory then lands in the
+same emptiest group run after run, where the last deletes were (docs/performance.md, topdir of
+2026-12-06). `bench/fork_cpu.py --spread-home` uses it for the bench's home.
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def spread_subdirs(path: Path) -> bool:
     False, logged at debug only, where the file system refuses it (`ENOTTY` on tmpfs,
     `EOPNOTSUPP`, `EPERM`, …): the placement is then the file system's usual one."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except OSError as exc:
         log.debug("cannot open %s to spread its subdirectories: %s", path, exc)
         return False
