@@ -6,9 +6,11 @@ near its parent's (the Orlov allocator), except below a directory flagged `FS_TO
 directories among those with free inodes and blocks above the average. The flag is not
 inherited. A file system without it (tmpfs, btrfs, xfs) refuses or ignores the ioctl.
 
-The daemon flags each `runtimes/<workspace>/` (`actors/context.py`): every Session's and fork
-child's directory made in it is then placed on its own, its name's hash choosing where the
-search starts, and a fork's new inodes skip few recently freed ones on a journal-less ext4.
+On an ext4 without a journal (`skips_recent_deletes`) the daemon flags each
+`runtimes/<workspace>/` (`actors/context.py`): every Session's and fork child's directory made
+in it is then placed on its own, its name's hash choosing where the search starts, and a fork's
+new inodes skip few recently freed ones. Elsewhere nothing is skipped, and a spread `mkdir`
+only costs more (it touches a group of its own).
 Flagging `runtimes/` instead was measured worse: the workspace's directory then lands in the
 same emptiest group run after run, where the last deletes were (docs/performance.md, topdir of
 2026-12-06). `bench/fork_cpu.py --spread-home` uses it for the bench's home.
@@ -66,3 +68,21 @@ def spread_subdirs(path: Path) -> bool:
         return False
     finally:
         os.close(fd)
+
+
+def skips_recent_deletes(path: Path) -> bool:
+    """Whether `path` is on an ext4 mounted without a journal, whose inode allocator skips
+    every inode of a group freed in the last seconds (`recently_deleted`): the only file system
+    where spreading directories was measured to pay. A mounted ext4 is listed in
+    `/proc/fs/ext4/<device>`, its journal in `/proc/fs/jbd2/<device>-<inode>`. False when
+    any of that cannot be read."""
+    try:
+        st = os.stat(path)
+        block = os.path.realpath(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}")
+        device = os.path.basename(block)
+        if not device or not os.path.isdir(f"/proc/fs/ext4/{device}"):
+            return False
+        journals = os.listdir("/proc/fs/jbd2") if os.path.isdir("/proc/fs/jbd2") else []
+    except OSError:
+        return False
+    return not any(name.startswith(f"{device}-") for name in journals)

@@ -1,8 +1,8 @@
-"""The daemon flags each `$AGENTHOST_HOME/runtimes/<workspace>/` `FS_TOPDIR_FL` before a
-Session's directory is made in it, through the real `agenthost serve`: on ext4 each Session's
-and fork child's directory is then placed in a block group of its own (docs/design/drivers.md,
-"Where a runtime directory's inodes go"). A file system that refuses the flag (tmpfs) still
-serves Sessions and Turns, and nothing is logged above debug about it."""
+"""On an ext4 without a journal the daemon flags each `$AGENTHOST_HOME/runtimes/<workspace>/`
+`FS_TOPDIR_FL` before a Session's directory is made in it, through the real `agenthost serve`:
+each Session's and fork child's directory is then placed in a block group of its own
+(docs/design/drivers.md, "Where a runtime directory's inodes go"). A file system that refuses
+the flag (tmpfs) still serves Sessions and Turns, and nothing is logged above debug about it."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from actors.dir_spread import FS_TOPDIR_FL, dir_flags, spread_subdirs
+from actors.dir_spread import FS_TOPDIR_FL, dir_flags, skips_recent_deletes, spread_subdirs
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 
 pytestmark = pytest.mark.timeout(120)
@@ -36,8 +36,8 @@ def topdir(path: Path) -> bool:
 
 
 def test_each_workspace_directory_is_flagged_before_its_sessions(daemon: DaemonProcess) -> None:
-    if not flags_settable(daemon.home.parent):
-        pytest.skip(f"{daemon.home.parent}'s file system keeps no FS_TOPDIR_FL")
+    if not flags_settable(daemon.home.parent) or not skips_recent_deletes(daemon.home.parent):
+        pytest.skip(f"{daemon.home.parent} is not on an ext4 without a journal")
     c = daemon.client()
     sid = create_session(c)["agentSessionId"]
     run_turn(c, sid, "hello")  # the runtime's start makes the Session's directory
@@ -66,6 +66,7 @@ def shm_home() -> Iterator[Path]:
 
 
 def test_a_file_system_without_the_flag_still_serves_sessions(shm_home: Path) -> None:
+    assert not skips_recent_deletes(shm_home.parent)  # tmpfs: nothing to spread for
     d = DaemonProcess(shm_home).start()
     try:
         c = d.client()
