@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
+import os
 import re
 import threading
 from collections.abc import Callable, Mapping
@@ -156,8 +157,25 @@ def _spread_workspace_dir(runtimes_dir: Path, segment: str) -> None:
     if not skips_recent_deletes(runtimes_dir):
         return  # elsewhere a spread directory only costs (~0.1 ms a `mkdir` measured here)
     path = runtimes_dir / segment
-    with contextlib.suppress(OSError):
+    try:
         path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass  # made before (by a worker, or an earlier daemon): flagged for what it gets next
+    except OSError:
+        return  # left to the worker, as before
+    else:
+        # Its entry durable before any Session directory in it is (the worker fsyncs only the
+        # parents of what it creates itself); if that fails it is removed, for the worker.
+        try:
+            fd = os.open(runtimes_dir, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        except OSError:
+            with contextlib.suppress(OSError):
+                path.rmdir()
+            return
     spread_subdirs(path)
 
 
