@@ -33,8 +33,6 @@ new inode a fork makes otherwise scans what other processes freed under the temp
 from __future__ import annotations
 
 import argparse
-import contextlib
-import fcntl
 import multiprocessing as mp
 import os
 import signal
@@ -59,47 +57,19 @@ from bench.harness import (
     tree,
 )
 
-FS_IOC_GETFLAGS = 0x80086601
-FS_IOC_SETFLAGS = 0x40086602
-FS_TOPDIR_FL = 0x00020000
-"""ext4's "top of a directory hierarchy" inode flag (`chattr +T`): a directory made in one is
-placed by the Orlov allocator in a block group of its own choosing (free inodes and blocks
-above average, few directories), not in its parent's."""
-
-
-def dir_flags(path: Path) -> int | None:
-    """`path`'s inode flags (`lsattr`), None where the file system has none."""
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        buf = bytearray(4)
-        fcntl.ioctl(fd, FS_IOC_GETFLAGS, buf)
-        return int.from_bytes(buf, sys.byteorder)
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
-
 
 def spread_parent(base: Path | None = None) -> Path:
     """A directory under `base` (the temp directory) with `FS_TOPDIR_FL` set, made once: a
-    home made in it is not in the block group the temp directory's other users churn. On
-    this VM's journal-less ext4 each new inode scans every inode of its group freed in the
-    last seconds (minutes while their inode-table block is dirty: `find_inode_bit` →
-    `recently_deleted`), and a fork makes five (four in the worker, one in the app-server);
-    under `/tmp`, where every test run and benchmark deletes its homes, that scan was
-    0.7-1.7 ms of the tree's CPU a fork in two perf runs (docs/performance.md, forkcpu of
-    2026-12-06, "A fork's five new inodes"). Where the flag cannot be set, the directory is
-    still returned (the placement is then the parent's)."""
+    home made in it is not in the block group the temp directory's other users churn
+    (`actors.dir_spread`; docs/performance.md, forkcpu of 2026-12-06, "A fork's five new
+    inodes"). Where the flag cannot be set, the directory is still returned (the placement is
+    then the parent's). Imported here, not at the top: a copy of this script still measures a
+    tree without that module when `--spread-home` is not given."""
+    from actors.dir_spread import spread_subdirs
+
     parent = Path(base or tempfile.gettempdir()) / "agenthost-bench-spread"
     parent.mkdir(mode=0o700, exist_ok=True)
-    flags = dir_flags(parent)
-    if flags is not None and not flags & FS_TOPDIR_FL:
-        fd = os.open(parent, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            with contextlib.suppress(OSError):
-                fcntl.ioctl(fd, FS_IOC_SETFLAGS, (flags | FS_TOPDIR_FL).to_bytes(4, sys.byteorder))
-        finally:
-            os.close(fd)
+    spread_subdirs(parent)
     return parent
 
 

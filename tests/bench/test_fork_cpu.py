@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import shutil
 import sys
 import threading
 import time
@@ -14,12 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from actors.dir_spread import FS_IOC_SETFLAGS, FS_TOPDIR_FL, dir_flags, spread_subdirs
 from bench.fork_cpu import (
-    FS_IOC_SETFLAGS,
-    FS_TOPDIR_FL,
     TreeReading,
     difference,
-    dir_flags,
     main,
     read_tree,
     spread_parent,
@@ -88,6 +87,22 @@ def test_the_spread_parent_is_marked_top_of_a_hierarchy_once(tmp_path: Path) -> 
     assert got is not None and got & FS_TOPDIR_FL
     assert spread_parent(tmp_path) == parent  # made once, reused
     assert dir_flags(parent) == got
+
+
+def test_a_file_system_refusing_the_flag_still_gives_the_spread_parent() -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("no /dev/shm here")
+    base = shm / f"fork-cpu-test-{os.getpid()}"
+    base.mkdir()
+    try:
+        if spread_subdirs(base):
+            pytest.skip("/dev/shm takes FS_TOPDIR_FL here (not tmpfs)")
+        parent = spread_parent(base)  # no error: the placement is then the parent's
+        assert parent.is_dir() and parent.parent == base
+        assert not (dir_flags(parent) or 0) & FS_TOPDIR_FL
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
 
 
 @pytest.mark.timeout(300)
