@@ -900,7 +900,7 @@ def turn_bound(turn: Turn, root: str | None, binding: str | None) -> Turn:
         t.outcome, t.root_provider_turn_id if root is None else root,
         t.provider_turn_binding_json if binding is None else binding,
         t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
-        t.messages, t.interactions, t.checkpoint_json,
+        t.messages, t.interactions, t.checkpoint_json, t.host_only,
     )  # fmt: skip
 
 
@@ -914,7 +914,7 @@ def turn_with_message(turn: Turn, message: Message) -> Turn:
         t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
         t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
         t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
-        (*t.messages, message), t.interactions, t.checkpoint_json,
+        (*t.messages, message), t.interactions, t.checkpoint_json, t.host_only,
     )  # fmt: skip
 
 

@@ -154,6 +154,7 @@ def turn(value: Turn, provider: str, catalog: ProviderCatalog) -> wire.Turn:
         value.created_at_ms,
         value.settled_at_ms,
         value.checkpoint_json,
+        value.host_only,
     )
 
 
@@ -183,6 +184,7 @@ def turn_of_row(
         r[11],
         r[12],
         r[13],
+        bool(r[14]),
     )
 
 
@@ -202,6 +204,7 @@ def _turn(
     created_at_ms: int,
     settled_at_ms: int | None,
     checkpoint_json: str | None,
+    host_only: bool,
 ) -> wire.Turn:
     state = catalog.binding_state(provider, root_provider_turn_id, binding_json)
     # The closed sets by dict lookups and the lists by `map`, not by helper and comprehension
@@ -235,6 +238,8 @@ def _turn(
         "settledAtUnixMs": settled_at_ms,
         # The Turn's workspace checkpoint record (docs/design/workspace.md), null if none.
         "workspace": _workspace(checkpoint_json) if checkpoint_json else None,
+        # The provider never got it (docs/design/store.md, v24): in no fork's provider prefix.
+        "hostOnly": host_only,
     }
 
 

@@ -177,9 +177,14 @@ def format_transcript(
     boundary = divider_after(session, turns)
     for index, turn in enumerate(turns):
         outcome = f"/{turn['outcome']}" if turn.get("outcome") else ""
+        # A Turn the provider never got blocks no fork: not "binding unavailable", which does.
+        binding = (
+            "never sent to the provider"
+            if turn.get("hostOnly")
+            else f"binding {turn['providerForkBindingState']}"
+        )
         lines.append(
-            f"  Turn {turn['sequence']} {turn['turnId']} [{turn['phase']}{outcome}, "
-            f"binding {turn['providerForkBindingState']}]"
+            f"  Turn {turn['sequence']} {turn['turnId']} [{turn['phase']}{outcome}, {binding}]"
         )
         for message in turn.get("messages") or []:
             if not says_nothing(message):

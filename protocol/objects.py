@@ -130,6 +130,9 @@ class Turn(TypedDict):
     settledAtUnixMs: int | None
     workspace: NotRequired[TurnWorkspace | None]
     """The Turn's workspace checkpoint record; null when it has none."""
+    hostOnly: NotRequired[bool]
+    """True: the provider never got this Turn; it is left out of every fork's provider prefix
+    and no fork goes through it (absent from a daemon older than this field: false)."""
 
 
 class ForkPoint(TypedDict):

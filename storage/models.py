@@ -179,6 +179,9 @@ class Turn:
     interactions: tuple[Interaction, ...] = ()
     # The workspace checkpoint record (JSON; docs/design/workspace.md), None before any.
     checkpoint_json: str | None = None
+    # The provider never got this Turn (docs/design/store.md, v24): left out of every fork's
+    # provider prefix.
+    host_only: bool = False
 
 
 @dataclass(frozen=True, slots=True)

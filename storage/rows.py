@@ -109,7 +109,7 @@ def session_from_row(r: Row) -> Session:
 TURN_COLUMNS = (
     "workspace_id, session_id, turn_id, sequence, sequence_provenance, phase, outcome,"
     " root_provider_turn_id, provider_turn_binding_json, final_assistant_message_id, error,"
-    " created_at_ms, settled_at_ms, checkpoint_json"
+    " created_at_ms, settled_at_ms, checkpoint_json, host_only"
 )
 TURN_BY_ID_SQL = (
     f"SELECT {TURN_COLUMNS} FROM turns WHERE workspace_id = ? AND session_id = ? AND turn_id = ?"
@@ -178,6 +178,7 @@ def turn_from_row(
         messages=tuple(messages),
         interactions=tuple(interactions),
         checkpoint_json=r[13],
+        host_only=bool(r[14]),
     )
 
 

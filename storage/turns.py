@@ -107,7 +107,7 @@ class TurnStore:
             position = position_of(next_at)
             tx.execute(
                 f"INSERT INTO turns ({TURN_COLUMNS}) VALUES"
-                " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL)",
+                " (?, ?, ?, ?, ?, 'active', NULL, NULL, NULL, NULL, NULL, ?, NULL, NULL, 0)",
                 (ws, sid, turn_id, sequence, _HOST, tx.now_ms),
             )
             tx.execute(
@@ -181,7 +181,10 @@ class TurnStore:
                 " AND root_provider_turn_id IS NULL AND host_only = 0",
                 (ws, sid, turn_id),
             )
-            return tx.changes() == 1
+            if tx.changes() != 1:
+                return False
+            tx.emit(TurnChanged(ws, sid, turn_id))
+            return True
 
     def turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled `completed` Turns with no provider turn id (a binding the host never
@@ -541,7 +544,8 @@ def _settle(
             raise InvalidArgument(
                 "finalAssistantMessageId", "final assistant message is not in this turn"
             )
-    if root is None and binding is None and host_only and turn.root_provider_turn_id is None:
+    marked = root is None and binding is None and host_only and turn.root_provider_turn_id is None
+    if marked:
         # The provider never got it (`record_settlement`): marked by the settlement itself.
         tx.execute(
             "UPDATE turns SET phase = 'settled', outcome = ?, final_assistant_message_id = ?,"
@@ -588,6 +592,7 @@ def _settle(
             c.provider_turn_binding_json if binding is None else binding,
             final_assistant_message_id, error, c.created_at_ms, tx.now_ms, c.messages,
             c.interactions, c.checkpoint_json if checkpoint_json is None else checkpoint_json,
+            c.host_only or marked,
         )  # fmt: skip
         tx.emit(TurnChanged(ws, sid, turn_id, row=settled, seq=tx.seq))
     touch(tx, ws, sid, settled=turn_id)
@@ -617,7 +622,7 @@ def _with_messages(t: Turn, added: tuple[Message, ...]) -> Turn:
         t.workspace_id, t.session_id, t.turn_id, t.sequence, t.sequence_provenance, t.phase,
         t.outcome, t.root_provider_turn_id, t.provider_turn_binding_json,
         t.final_assistant_message_id, t.error, t.created_at_ms, t.settled_at_ms,
-        (*t.messages, *added), t.interactions, t.checkpoint_json,
+        (*t.messages, *added), t.interactions, t.checkpoint_json, t.host_only,
     )  # fmt: skip
 
 

@@ -47,14 +47,18 @@ def short_path(path: str, parts: int = 2) -> str:
 
 def turn_state_words(turn: Mapping[str, Any], can_fork: bool = False) -> str:
     """A Turn's state for a person: `done`, `running`, `waiting for an answer`, `interrupted`,
-    `failed`; `can fork` when its Fork is usable, and why not when its binding forbids it. The
-    internal names (phase, outcome, binding) are in `show --json` and the details pane."""
+    `failed`; `can fork` when its Fork is usable, and why not when its binding forbids it;
+    `never sent` for a Turn the provider never got (no fork goes through it, but it blocks no
+    later one). The internal names (phase, outcome, binding) are in `show --json` and the
+    details pane."""
     if turn.get("phase") != "settled":
         pending = any(i.get("status") == "pending" for i in turn.get("interactions") or [])
         return "waiting for an answer" if pending else "running"
     words = {"completed": "done"}.get(str(turn.get("outcome")), str(turn.get("outcome")))
     binding = turn.get("providerForkBindingState")
-    if binding == "recovery_required":
+    if turn.get("hostOnly"):
+        words += " · never sent to the provider"
+    elif binding == "recovery_required":
         words += " · fork needs recovery"
     elif binding == "unavailable":
         words += " · cannot be forked"
@@ -111,6 +115,7 @@ def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]])
         lines.append(
             f"Turn {turn['sequence']} {turn['turnId']}: phase {turn['phase']}, outcome "
             f"{turn.get('outcome')}, binding {turn['providerForkBindingState']}"
+            + (", hostOnly" if turn.get("hostOnly") else "")
         )
     return "\n".join(lines)
 

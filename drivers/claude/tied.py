@@ -71,6 +71,11 @@ class TiedCli:
         self._decided = False
         self._dir: str | None = None
 
+    def real_cli(self) -> str:
+        """The CLI itself, as a person configured it (or the SDK's bundled one): what an
+        error names, not the wrapper script."""
+        return self._real_cli()
+
     def cli_path(self) -> str | None:
         """The `cli_path` for the SDK: the wrapper script, or (no `setpriv --pdeathsig`, a CLI
         that cannot be run, no private directory) the configured one as before. Decided once;

@@ -44,6 +44,30 @@ are not UTF-8 or a message of a known type whose fields have the wrong shape (it
 indexes them unchecked)."""
 
 
+_NO_STDERR = "Check stderr output for details"
+"""What the SDK puts in a `ProcessError`'s `stderr` when it did not capture the CLI's."""
+STDERR_TAIL_CHARS = 400
+"""How much of the end of a CLI's captured stderr a start failure's text carries."""
+
+
+def not_started_text(cli_path: str, exc: Exception) -> str:
+    """The error of a Turn whose Claude Code CLI ended, or could not be started, before it was
+    handed the prompt (`exc`: what the SDK raised): the CLI's path, its exit code (or that it
+    could not be started, with the SDK's words) and the tail of its stderr if the SDK captured
+    any."""
+    code = getattr(exc, "exit_code", None)
+    if isinstance(code, int):
+        how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
+        text = f"the Claude Code CLI ({cli_path}) {how} before it read the prompt"
+    else:
+        text = f"the Claude Code CLI ({cli_path}) could not be started: {exc}"
+    stderr = getattr(exc, "stderr", None)
+    if isinstance(stderr, str) and stderr.strip() and stderr.strip() != _NO_STDERR:
+        tail = stderr.strip()[-STDERR_TAIL_CHARS:]
+        text += f"; its stderr ends: {tail}"
+    return text
+
+
 class ProtocolBreak(Exception):
     """The SDK could not read what the CLI wrote (a line past `MAX_MESSAGE_BYTES`, corrupt
     JSON, bytes that are not UTF-8, a wrong-shaped message): raised by `_read` only, so a bug
@@ -252,6 +276,7 @@ class Turns:
         watcher = asyncio.ensure_future(watch_root(session, turn, answering))
         stop_watch = asyncio.ensure_future(self._watch_stopped(turn))
         cli: Cli | None = None
+        failed: Exception | None = None
         try:
             # The CLI started ahead for this Turn when there is a matching one; an interrupt
             # stops exactly this CLI (`turn.transport`); aclosing stops it on any exit.
@@ -281,6 +306,7 @@ class Turns:
         except ProtocolBreak:
             outcome, error = TurnOutcome.FAILED, turn.provider_failure
         except Exception as exc:  # the CLI failed (or was stopped): the worker lives on
+            failed = exc
             text = f"{type(exc).__name__}: {exc}"
             if TIMED_OUT.search(text):
                 error = self.events.timeout_text(turn)
@@ -296,6 +322,10 @@ class Turns:
             self._drop_pending(session, turn)
         # A Turn the CLI never named: sealed here, its prompt is never handed after this.
         never_called = turn.provider_turn_id is None and (cli is None or cli.gate.seal())
+        if never_called and failed is not None and turn.model_failure is None:
+            # The CLI never read the prompt, so no model failure is its cause: what the CLI
+            # did, in words (the SDK's own text names neither the program nor a cause).
+            error = not_started_text(self._tied.real_cli(), failed)
         self._finish_turn(session, turn, outcome, error, never_called=never_called)
         if turn.provider_turn_id is not None and not turn.interrupted:
             self.prestart(session)

@@ -11,7 +11,7 @@ import pytest
 
 from tests.client.test_client_cli import Cli, new_session, say
 from tests.client.test_client_cli_control import session_of
-from tests.support.daemon import DaemonProcess, submit, wait_for
+from tests.support.daemon import DaemonProcess, submit, turn_of, wait_for
 from transport.client import Client
 
 pytestmark = pytest.mark.timeout(60)
@@ -240,3 +240,33 @@ def test_say_in_a_removed_folder_warns_on_stderr(cli: Cli, tmp_path: Path) -> No
     done = cli.run("--json", "say", sid, "again")
     assert "agenthost: warning: cwd_missing" in done.stderr
     assert json.loads(done.stdout.splitlines()[-1])["turn"]["workspace"]["reason"] == "cwd_missing"
+
+
+def test_show_says_a_turn_was_never_sent_to_the_provider_not_binding_unavailable(
+    tmp_path: Path, ws: str
+) -> None:
+    """A Turn the provider never got (its program is broken: the runtime never started) blocks
+    no fork: `show` says it was never sent, not `binding unavailable` (the words of a Turn
+    that does block forks), and `show --json` carries `hostOnly`."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text('[providers.tutti-agent]\ncommand = "/bin/false"\n')
+    d = DaemonProcess(home).start()
+    try:
+        cli = Cli(home, ws)
+        sid = new_session(cli, "Broken")
+        c = d.client()
+        try:
+            turn_id = submit(c, sid, "never sent", ws)["turnId"]
+            wait_for(lambda: turn_of(c, sid, turn_id, ws)["phase"] == "settled")
+        finally:
+            c.close()
+        show = cli.run("show", sid)
+        assert show.returncode == 0, show.stderr
+        (line,) = [s for s in show.stdout.splitlines() if s.strip().startswith("Turn 1 ")]
+        assert line.endswith("[settled/failed, never sent to the provider]"), line
+        assert "binding" not in line, line
+        (turn,) = cli.json("show", sid)["turns"]
+        assert turn["hostOnly"] is True and turn["providerForkBindingState"] == "unavailable"
+    finally:
+        d.stop()

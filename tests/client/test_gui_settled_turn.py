@@ -217,3 +217,27 @@ async def _select() -> None:
         await pilot.pause()
         header = app.screen.get_selected_text() or ""
         assert header.startswith("Turn 1 ") and "Fork" not in header, header
+
+
+def test_a_turn_the_provider_never_got_says_so_not_that_it_blocks_forks() -> None:
+    asyncio.run(_never_sent())
+
+
+async def _never_sent() -> None:
+    lost = {"outcome": "failed", "providerForkBindingState": "unavailable"}
+    app = Pane()
+    async with app.run_test(size=(80, 24)) as pilot:
+        views = [
+            SettledTurnView("s", {**_turn(1), **lost, "hostOnly": True}, ForkAction.HIDDEN),
+            SettledTurnView("s", {**_turn(2), **lost}, ForkAction.HIDDEN),
+        ]
+        await app.query_one("#pane").mount_all(views)
+        for _ in range(2):
+            await pilot.pause()
+        rows = ["".join(ch for ch, _ in row) for row in _cells(app)]
+    headers = [r for r in rows if "Turn 1" in r or "Turn 2" in r]
+    assert len(headers) == 2, rows
+    # A host-only Turn blocks no fork; an unbound one without the mark does.
+    assert "failed · never sent to the provider" in headers[0], headers
+    assert "cannot be forked" not in headers[0], headers
+    assert "failed · cannot be forked" in headers[1], headers

@@ -10,7 +10,9 @@ bound Turns."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
+from typing import Any
 
 import apsw
 import pytest
@@ -19,6 +21,7 @@ from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.reliability.reliability_harness import provider_env, unwired_reason
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, timeline
 from tests.support.invariants import assert_invariants, provider_children
+from transport.client import EventSubscriber
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -41,6 +44,23 @@ def host_only_marks(home: Path, sid: str) -> list[int]:
         return [int(r[0]) for r in rows]
     finally:
         conn.close()
+
+
+def settled_events(sub: EventSubscriber, turn_id: str) -> list[dict[str, Any]]:
+    """The settled Turn of each `turn.updated` of `turn_id` heard, until none came for a while
+    after the first."""
+    heard: list[dict[str, Any]] = []
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        event = sub.next(timeout=1.0 if heard else 5.0)
+        if event is None:
+            if heard:
+                break
+            continue
+        turn = event.get("turn") if event.get("type") == "turn.updated" else None
+        if isinstance(turn, dict) and turn["turnId"] == turn_id and turn["phase"] == "settled":
+            heard.append(turn)
+    return heard
 
 
 @pytest.mark.parametrize(
@@ -70,12 +90,30 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(
     commands = {provider: broken} if provider != "tutti-agent" else {}
     with provider_env(provider, home, config=_CONFIG[provider], commands=commands) as cwd:
         d = DaemonProcess(home).start()
+        sub = EventSubscriber(d.events, [WS])
         try:
+            time.sleep(0.5)  # ZeroMQ slow joiner: let the subscription reach the PUB side
             c = d.client()
             sid = create_session(c, provider=provider, cwd=str(cwd))["agentSessionId"]
             lost = run_turn(c, sid, "before the program works")
             assert lost["outcome"] == "failed" and lost["rootProviderTurnId"] is None, lost
+            # The wire says so (`session.timeline`'s Turn).
+            assert lost["hostOnly"] is True, lost
+            if provider == "claude-code":
+                # The error names the CLI and what it did, not the SDK's bare exit text.
+                assert "ProcessError" not in lost["error"], lost["error"]
+                if broken == _BROKEN:
+                    assert lost["error"] == (
+                        "turn start failed: the Claude Code CLI (/bin/false) exited with code 1"
+                        " before it read the prompt"
+                    ), lost["error"]
+                else:
+                    assert f"the Claude Code CLI ({broken}) " in lost["error"], lost["error"]
+            # So does its settling `turn.updated` event (the Turn its settlement carried).
+            heard = settled_events(sub, lost["turnId"])
+            assert heard and all(t["hostOnly"] is True for t in heard), heard
         finally:
+            sub.close()
             d.stop()
     assert host_only_marks(home, sid) == [1]
     (home / "agenthost.toml").unlink(missing_ok=True)
@@ -85,6 +123,8 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(
             c = d.client()
             done = run_turn(c, sid, "now it is")
             assert done["outcome"] == "completed", done
+            assert done["hostOnly"] is False, done
+            assert [t["hostOnly"] for t in timeline(c, sid)] == [True, False]
             _, op = fork(c, sid, done["turnId"])
             op = until_terminal(c, op)
             assert op["status"] == "committed", op
@@ -93,10 +133,12 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(
             assert [t["sequence"] for t in copied] == [1, 2]
             assert copied[0]["outcome"] == "failed" and copied[0]["rootProviderTurnId"] is None
             assert host_only_marks(home, child) == [1, 0]
+            assert [t["hostOnly"] for t in copied] == [True, False]
             # The child runs a Turn of its own on its provider thread.
             own = run_turn(c, child, "the child's own")
             assert own["outcome"] == "completed", own
             assert host_only_marks(home, child) == [1, 0, 0]
+            assert own["hostOnly"] is False, own
             bound = [t["rootProviderTurnId"] for t in timeline(c, child)[1:]]
         finally:
             d.stop()

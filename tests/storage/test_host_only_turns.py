@@ -134,3 +134,25 @@ def test_the_re_binds_proof_marks_only_a_settled_unanswered_unbound_turn(store: 
     op, created = store.fork_prepare.prepare_fork(WS, request(sid, done))
     assert created and op.source_provider_turn_ids == ("p-a",)
     assert run_to_commit(store, op).status == "committed"
+
+
+def test_the_mark_is_on_the_turn_read_back_and_its_change_is_announced(store: Store) -> None:
+    """The Turn as the store reads it (and the wire projects it) says it is host-only, by its
+    settlement's mark or the re-bind's; the re-bind's mark announces the Turn's change (a
+    client following events sees it flip, never back)."""
+    sid = new_session(store)
+    marked = _failed_before_sent(store, sid)
+    assert store.turns.get_turn(WS, sid, marked).host_only
+    lost, _ = store.turns.claim_submit(WS, sid, "r-lost", "fate unknown")
+    assert not lost.host_only
+    assert store.turns.record_settlement(WS, sid, lost.turn_id, outcome="interrupted")
+    assert not store.turns.get_turn(WS, sid, lost.turn_id).host_only
+    changes: list[object] = []
+    unsubscribe = store.db.subscribe(changes.append)
+    try:
+        assert store.turns.mark_host_only(WS, sid, lost.turn_id)
+        assert not store.turns.mark_host_only(WS, sid, lost.turn_id)
+    finally:
+        unsubscribe()
+    assert store.turns.get_turn(WS, sid, lost.turn_id).host_only
+    assert [getattr(c, "turn_id", None) for c in changes] == [lost.turn_id], changes
