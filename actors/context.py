@@ -131,12 +131,16 @@ class HostContext:
     # Makes and removes `worktree` forks' trees from workspace checkpoints (None: this host
     # keeps no checkpoints, and a `worktree` fork is refused).
     fork_trees: ForkTrees | None = None
+    # The workspaces whose runtime directory this daemon has spread (`_spread_workspace_dir`).
+    _spread: set[str] = field(default_factory=set)
 
     def runtime_home(self, workspace_id: str, session_id: str, provider: str) -> Path:
         """`runtimes/<workspace>/<session>/<provider home>`; workspace ids are free text, so
         anything that is not a plain path segment is hashed."""
         segment = _path_segment(workspace_id)
-        _spread_workspace_dir(self.runtimes_dir, segment)
+        if segment not in self._spread:  # once a workspace (a set's lookup a fork)
+            self._spread.add(segment)
+            _spread_workspace_dir(self.runtimes_dir, segment)
         # One join (each `/` builds and parses a Path of its own: three a fork's dispatch).
         return self.runtimes_dir.joinpath(
             segment,
@@ -145,12 +149,11 @@ class HostContext:
         )
 
 
-@functools.lru_cache(maxsize=1024)
 def _spread_workspace_dir(runtimes_dir: Path, segment: str) -> None:
-    """Make `runtimes/<workspace>/` (0700) and flag it `FS_TOPDIR_FL`, once a workspace in
-    this process, before any Session's directory is made in it: on ext4 each Session's and fork
-    child's directory is then placed in a block group of its own (its name's hash picks where
-    the search starts), so a fork's new inodes skip few recently freed ones
+    """Make `runtimes/<workspace>/` (0700) and flag it `FS_TOPDIR_FL`, once a workspace in a
+    daemon (`HostContext._spread`), before any Session's directory is made in it: on ext4 each
+    Session's and fork child's directory is then placed in a block group of its own (its
+    name's hash picks where the search starts), so a fork's new inodes skip few recently freed ones
     (docs/design/drivers.md, "Where a runtime directory's inodes go"). Only on an ext4 without
     a journal, the one file system where that skipping happens. Best effort: an error leaves
     the directory to the worker, which makes it as before."""
