@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 from collections.abc import Mapping
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -50,12 +51,21 @@ STDERR_TAIL_CHARS = 400
 """How much of the end of a CLI's captured stderr a start failure's text carries."""
 
 
+_EXIT_CODE = re.compile(r"\(exit code:? (-?\d+)\)")
+
+
 def not_started_text(cli_path: str, exc: Exception) -> str:
     """The error of a Turn whose Claude Code CLI ended, or could not be started, before it was
     handed the prompt (`exc`: what the SDK raised): the CLI's path, its exit code (or that it
     could not be started, with the SDK's words) and the tail of its stderr if the SDK captured
     any."""
     code = getattr(exc, "exit_code", None)
+    if not isinstance(code, int):
+        # A CLI that ended before the SDK wrote the prompt is told by the write that failed,
+        # whose text carries the exit code ("Cannot write to terminated process (exit code:
+        # 1)"); which of the two the SDK raises is a race of the CLI's exit and the write.
+        found = _EXIT_CODE.search(str(exc))
+        code = int(found.group(1)) if found else None
     if isinstance(code, int):
         how = f"was killed by signal {-code}" if code < 0 else f"exited with code {code}"
         text = f"the Claude Code CLI ({cli_path}) {how} before it read the prompt"

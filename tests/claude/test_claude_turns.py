@@ -130,3 +130,22 @@ def test_turn_on_a_session_the_worker_never_started_is_not_found(harness: Harnes
         harness.driver.start_turn(
             {"agentSessionId": "agent-nobody", "turnId": "t", "text": "x"}, harness.recorder
         )
+
+
+def test_a_cli_that_ended_before_the_prompt_is_named_with_its_exit_code_either_way() -> None:
+    """Which error the SDK raises for a CLI that exits before it is handed the prompt is a
+    race of the exit and the prompt's write: a `ProcessError` with the exit code, or a failed
+    write whose text carries it. Both read as the CLI's exit, the code named."""
+    from claude_agent_sdk import CLIConnectionError, ProcessError
+
+    from drivers.claude.turns import not_started_text
+
+    want = "the Claude Code CLI (/bin/false) exited with code 1 before it read the prompt"
+    exited = ProcessError("Command failed with exit code 1", exit_code=1)
+    assert not_started_text("/bin/false", exited) == want
+    write = CLIConnectionError("Cannot write to terminated process (exit code: 1)")
+    assert not_started_text("/bin/false", write) == want
+    unrunnable = OSError("[Errno 8] Exec format error")
+    assert not_started_text("/x", unrunnable).startswith(
+        "the Claude Code CLI (/x) could not be started: "
+    )

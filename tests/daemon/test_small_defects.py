@@ -106,6 +106,7 @@ def test_runtime_home_is_one_join_of_a_remembered_segment() -> None:
     ctx = HostContext.__new__(HostContext)
     object.__setattr__(ctx, "runtimes_dir", Path("/h/runtimes"))
     object.__setattr__(ctx, "catalog", Catalog())
+    object.__setattr__(ctx, "_spread", set())
     _path_segment.cache_clear()
     for ws in ("ws-test", "team secret", "../x", "ws-" + "a" * 24):
         for provider in ("tutti-agent", "codex", "claude-code"):
