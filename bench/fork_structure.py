@@ -133,7 +133,8 @@ def _snap() -> Stats:
     return out
 
 
-def _worker_snap(pid: int, out: str) -> Stats:
+def worker_raw(pid: int, out: str) -> Stats:
+    """The worker's profiles (SIGUSR1 makes it write them), with their caller edges."""
     before = set(Path(out).parent.glob(Path(out).name + f".{pid}.*"))
     os.kill(pid, signal.SIGUSR1)
     deadline = time.monotonic() + 10
@@ -143,9 +144,17 @@ def _worker_snap(pid: int, out: str) -> Stats:
         if new:
             with open(new[0], "rb") as f:
                 raw: Stats = pickle.load(f)
-            return {th: {k: v for k, v in d.items() if k[0] != "EDGE"} for th, d in raw.items()}
+            return raw
         time.sleep(0.02)
     raise RuntimeError("the worker wrote no stats")
+
+
+def without_edges(raw: Stats) -> Stats:
+    return {th: {k: v for k, v in d.items() if k[0] != "EDGE"} for th, d in raw.items()}
+
+
+def _worker_snap(pid: int, out: str) -> Stats:
+    return without_edges(worker_raw(pid, out))
 
 
 def _diff(a: Stats, b: Stats) -> Stats:

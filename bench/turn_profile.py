@@ -19,9 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import pickle
 import re
-import signal
 import sys
 import tempfile
 import time
@@ -85,26 +83,6 @@ def callers(side: str, raw: fs.Stats, pattern: str, turns: int) -> None:
         print(f"  {c / turns:7.1f}  {caller.replace(short, '')} -> {callee.replace(short, '')}")
 
 
-def worker_raw(pid: int, out: str) -> fs.Stats:
-    """The worker's profiles with their edges (`fs._worker_snap` drops them)."""
-    before = set(Path(out).parent.glob(Path(out).name + f".{pid}.*"))
-    os.kill(pid, signal.SIGUSR1)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        new = [p for p in Path(out).parent.glob(Path(out).name + f".{pid}.*") if p not in before]
-        new = [p for p in new if not p.name.endswith(".tmp")]
-        if new:
-            with open(new[0], "rb") as f:
-                raw: fs.Stats = pickle.load(f)
-            return raw
-        time.sleep(0.02)
-    raise RuntimeError("the worker wrote no stats")
-
-
-def plain(raw: fs.Stats) -> fs.Stats:
-    return {th: {k: v for k, v in d.items() if k[0] != "EDGE"} for th, d in raw.items()}
-
-
 def edges(_stats: fs.Stats) -> fs.Stats:
     """Each thread's (caller, callee) edges as ("EDGE", caller, callee) keys."""
     out: fs.Stats = {}
@@ -161,15 +139,15 @@ def main(argv: list[str] | None = None) -> int:
                 run_turn(c, sid, f"warm {i}")
             time.sleep(0.3)
             worker = fs._worker_pid()
-            a, wa_raw = fs._snap(), worker_raw(worker, out)
-            wa = plain(wa_raw)
+            a, wa_raw = fs._snap(), fs.worker_raw(worker, out)
+            wa = fs.without_edges(wa_raw)
             ea = edges(a)
             for i in range(args.turns):
                 _ms, arrivals = turns.host_turn(c, sub, sid, f"turn {i}")
                 assert len(arrivals) == args.deltas, len(arrivals)
             time.sleep(0.2)
-            b, wb_raw = fs._snap(), worker_raw(worker, out)
-            wb = plain(wb_raw)
+            b, wb_raw = fs._snap(), fs.worker_raw(worker, out)
+            wb = fs.without_edges(wb_raw)
             eb = edges(b)
             sub.close()
     n = args.turns
