@@ -3,10 +3,12 @@ reported when a copy of that home is tampered with the way a bug would leave it.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import shutil
 import subprocess
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -904,11 +906,26 @@ def _sleeper(env_home: Path | None, *argv: str) -> subprocess.Popen[bytes]:
     env = dict(os.environ)
     if env_home is not None:
         env["AGENTHOST_HOME"] = str(env_home)
-    return subprocess.Popen(
-        [sys.executable, "-c", "import time; time.sleep(120)", *argv],
-        env=env,
-        stdin=subprocess.DEVNULL,
+    return _laid_out(
+        subprocess.Popen(
+            [sys.executable, "-c", "import time; time.sleep(120)", *argv],
+            env=env,
+            stdin=subprocess.DEVNULL,
+        )
     )
+
+
+def _laid_out(proc: subprocess.Popen[bytes]) -> subprocess.Popen[bytes]:
+    """`proc` once its environment can be read: Popen returns at exec's point of no return,
+    an instant before the kernel lays the new environment out (read before it, it is empty,
+    and the check would see no home: a clean-clone CI run met that)."""
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(f"/proc/{proc.pid}/environ", "rb") as fh:
+            if fh.read():
+                return proc
+        time.sleep(0.01)
+    raise AssertionError(f"process {proc.pid} laid out no environment in 10 s")
 
 
 def test_processes_of_a_home_outside_its_daemon_are_orphans(tmp_path: Path) -> None:
@@ -942,7 +959,7 @@ def test_a_git_a_killed_daemon_left_is_an_orphan_to_the_next_daemon(tmp_path: Pa
     home = tmp_path / "home"
     daemon = _sleeper(None)  # the live daemon: the git below is no child of it
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(home / "checkpoints")}
-    git = subprocess.Popen(["sleep", "120"], env=env, start_new_session=True)
+    git = _laid_out(subprocess.Popen(["sleep", "120"], env=env, start_new_session=True))
     try:
         found = check_processes(home, daemon.pid, grace_s=0)
         assert [v.law for v in found] == [Law.PROCESS_OWNED], found
