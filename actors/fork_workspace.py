@@ -10,9 +10,12 @@ import logging
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
+from functools import partial
 from typing import TypeVar
 
+from actors.recovery import start_write
 from actors.store_ports import WorktreeStore
+from domain.errors import StoreBusy
 from domain.fork_states import ForkStatus
 from storage.models import ForkOperation
 from workspace.worktree import ForkTrees
@@ -65,7 +68,10 @@ def remove_failed_tree(
 
 def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
     """Start-up: the trees of every failed fork not yet known removed (a crash before the
-    record leaves no tree; one after a failure leaves none either)."""
+    record leaves no tree; one after a failure leaves none either). A `removed` mark the store
+    refuses (busy, full) is retried with backoff before the ready line and past 30 s fails the
+    start (`recovery.start_write`): a dropped one left the tree recorded `made`, gone on disk,
+    until the next start."""
     if trees is None:
         return 0
     removed = 0
@@ -75,12 +81,23 @@ def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
         for item in batch:
             try:
                 trees.remove(item.plan)
-                if store.fork_workspace.mark_fork_worktree_removed(
-                    item.workspace_id, item.operation_id
-                ):
-                    progress += 1
             except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
                 log.exception("could not remove the worktree of failed fork %s", item.operation_id)
+                continue
+            try:
+                if start_write(
+                    partial(
+                        store.fork_workspace.mark_fork_worktree_removed,
+                        item.workspace_id,
+                        item.operation_id,
+                    ),
+                    f"recording the removed worktree of failed fork {item.operation_id}",
+                ):
+                    progress += 1
+            except StoreBusy:
+                raise  # the store stayed busy past the bound: the start fails
+            except Exception:  # noqa: BLE001 - one bad row must not stop the rest
+                log.exception("could not record the removed worktree of %s", item.operation_id)
         removed += progress
         if len(batch) < 500 or progress == 0:
             return removed

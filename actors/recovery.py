@@ -13,8 +13,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
 from domain.fork_states import ForkStatus, after_restart
@@ -23,6 +24,8 @@ from storage.models import ForkOperation, LeftoverCommit
 from storage.sqlite import typed_store_error
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
@@ -220,6 +223,27 @@ ORPHANED_TURN_ERROR = HOST_RESTART_ERROR
 ORPHANED_RETRY_LIMIT_S = 30.0
 """How long start-up retries an orphaned Turn's settlement the store refuses (busy, full)
 before the start fails, as its other recovery writes do on a store that stays busy."""
+
+
+def start_write(
+    write: Callable[[], T], what: str, *, retry_limit_s: float = ORPHANED_RETRY_LIMIT_S
+) -> T:
+    """A start-up write the store refuses (busy, full) retried with backoff before the ready
+    line; past `retry_limit_s` the start fails (`StoreBusy`, or the store's own typed error).
+    Any other error is raised as it is (the caller logs it and goes on with the rest)."""
+    delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
+    while True:
+        try:
+            return write()
+        except Exception as exc:
+            busy = typed_store_error(exc)
+            if busy is None:
+                raise
+            if time.monotonic() + delay > deadline:
+                raise busy from exc
+            log.warning("%s deferred %.2f s: %s", what, delay, busy.message)
+            time.sleep(delay)
+            delay = min(RETRY_MAX_S, delay * 2)
 
 
 def settle_orphaned_turns(

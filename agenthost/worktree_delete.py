@@ -22,10 +22,12 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from typing import Any, Literal, Protocol
 
 from actors.checkpoints import DirectoryLocks
-from domain.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
+from actors.recovery import start_write
+from domain.errors import StoreBusy, WorkspaceUnavailable, WorkspaceWorktreeDirty
 from protocol.methods import DeletedTree, DeleteResult
 from storage.fork_workspace import ChildTree
 from storage.models import TreeToRemove
@@ -193,19 +195,32 @@ def mark_removed(
 
 
 def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
-    """Start-up: the trees a delete began removing when the daemon stopped."""
+    """Start-up: the trees a delete began removing when the daemon stopped. A `removed` mark
+    the store refuses (busy, full) is retried with backoff before the ready line and past 30 s
+    fails the start (`recovery.start_write`), as start-up's other writes do."""
     if trees is None:
         return 0
     done = 0
     for item in store.fork_workspace.child_worktrees_removing():
         try:
             trees.remove_child(TreePlan.from_json(item.plan))
-            if store.fork_workspace.mark_child_worktree_removed(
-                item.workspace_id, item.operation_id
-            ):
-                done += 1
         except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
             log.exception("could not remove the worktree of %s", item.operation_id)
+            continue
+        try:
+            if start_write(
+                partial(
+                    store.fork_workspace.mark_child_worktree_removed,
+                    item.workspace_id,
+                    item.operation_id,
+                ),
+                f"recording the removed worktree of {item.operation_id}",
+            ):
+                done += 1
+        except StoreBusy:
+            raise  # the store stayed busy past the bound: the start fails
+        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
+            log.exception("could not record the removed worktree of %s", item.operation_id)
     return done
 
 

@@ -533,6 +533,77 @@ def test_a_turn_orphaned_by_a_kill_is_settled_at_start_though_the_store_was_busy
         store.close()
 
 
+def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the_store_was_busy(
+    tmp_path: Path,
+) -> None:
+    """A kill between a failed fork's tree removal and its `removed` record leaves it `made`,
+    gone on disk; start-up removes what is left and records it (`remove_failed_trees`). A busy
+    store that refused that record was logged and dropped: the daemon served with the tree
+    recorded `made` though gone (law `worktree`) until the next start. Now the record is
+    retried with backoff (the start waits): the lock let go, the tree is recorded `removed`."""
+    import signal
+
+    import apsw
+
+    from actors.fork_workspace import remove_failed_trees
+    from storage.store import Store
+    from tests.reliability.reliability_harness import host_fired
+    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_repos import make_repo
+    from workspace.shadow import ShadowStore
+    from workspace.worktree import ForkTrees
+
+    repo = make_repo(tmp_path / "project")
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
+        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        point = "host.workspace.after_remove"
+        c.call(
+            "debug.failpoints",
+            {"points": {"host.workspace.after_record": "once:error", point: "once:kill"}},
+        )
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+        )
+        c.submit("fork.create", params)  # the reply never comes: the daemon dies
+        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
+        assert host_fired(d, point)
+    finally:
+        d.stop()
+    assert trees_beside(repo) == []
+    path = store_path(d)
+
+    def states() -> list[str]:
+        conn = apsw.Connection(str(path), flags=apsw.SQLITE_OPEN_READONLY)
+        try:
+            rows = conn.execute(
+                "SELECT workspace_state FROM fork_operations WHERE status = 'failed'"
+            ).fetchall()
+        finally:
+            conn.close()
+        return [str(r[0]) for r in rows]
+
+    assert states() == ["made"]
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        trees = ForkTrees(ShadowStore(d.home / "checkpoints"), None)
+        holder = WriteLockHolder(path).acquire()
+        timer = threading.Timer(1.0, holder.release)
+        timer.start()
+        try:
+            removed = remove_failed_trees(store, trees)
+        finally:
+            timer.join()
+        assert removed == 1
+    finally:
+        store.close()
+    assert states() == ["removed"]
+    assert trees_beside(repo) == []
+    assert_invariants(d.home)
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
