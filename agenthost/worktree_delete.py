@@ -8,7 +8,9 @@ the check and the delete.
 Order, crash-safe: check → delete the Session and mark the tree `removing` (one transaction) →
 remove the tree (`host.session.delete.after_tree_removed`) → mark it `removed`. A stop in
 between leaves `removing`, which start-up finishes (`finish_removals`); the tree is never
-recorded `made` while gone. Once the Session is deleted nothing here raises a store error: a
+recorded `made` while gone. A removal git cannot do now (a file it cannot unlink) leaves it
+`removing` too and the reply says so (`state: "removing"`, `error`): the rest of the delete
+goes on. Once the Session is deleted nothing here raises a store error: a
 `removed` record the store refuses (busy, full) is retried with backoff on a thread of its own
 until it lands (`mark_removed`), and the delete is answered as done — a raise there skipped the
 rest of the delete (the deleted Session's runtime kept running, its runtime dir kept) and
@@ -80,7 +82,7 @@ def _where(plan: TreePlan) -> dict[str, Any]:
     return {"path": plan.path, "cwd": plan.child_cwd, "branch": plan.branch}
 
 
-def _tree(plan: TreePlan, state: Literal["kept", "removed"]) -> DeletedTree:
+def _tree(plan: TreePlan, state: Literal["kept", "removed", "removing"]) -> DeletedTree:
     """The reply's `worktree`: `_where`'s fields (in its order) and what became of the tree."""
     return {"path": plan.path, "cwd": plan.child_cwd, "branch": plan.branch, "state": state}
 
@@ -94,8 +96,9 @@ def delete_fn(
     hit: Callable[[str], None] | None = None,
 ) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
-    {path, cwd, branch, state: "kept"|"removed", branchKept}` for a Session with a fork-made
-    tree."""
+    {path, cwd, branch, state: "kept"|"removed"|"removing", branchKept?, error?}` for a Session
+    with a fork-made tree (`removing`: deleted, but the tree could not be removed now —
+    `error` says why; the next start tries again)."""
 
     def _delete(store: DeleteStore, ws: str, sid: str) -> DeleteResult:
         child = store.fork_workspace.session_worktree(ws, sid)
@@ -147,7 +150,16 @@ def delete_fn(
                 },
             )
         store.sessions.delete_session(ws, sid, removing_tree=child.operation_id)
-        branch_kept = trees.remove_child(plan)
+        try:
+            branch_kept = trees.remove_child(plan)
+        except Exception as exc:  # noqa: BLE001 - the Session is deleted: the rest of it goes on
+            # git (or the fallback's unlink) could not remove it now: the tree stays recorded
+            # `removing` (what is left of it at `path`), which the next start finishes.
+            log.exception("could not remove the worktree %s of deleted %s", plan.path, sid)
+            return {
+                "deleted": True,
+                "worktree": {**_tree(plan, "removing"), "error": str(exc) or type(exc).__name__},
+            }
         if hit is not None:
             hit("host.session.delete.after_tree_removed")
         mark_removed(store.fork_workspace, ws, child.operation_id)

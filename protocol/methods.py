@@ -169,9 +169,10 @@ class DeletedTree(TypedDict):
     path: str
     cwd: str
     branch: str | None
-    state: Literal["kept", "removed"]
+    state: Literal["kept", "removed", "removing"]
     branchKept: NotRequired[bool]
     inUseBy: NotRequired[list[str]]
+    error: NotRequired[str]
 
 
 class DeleteResult(TypedDict):

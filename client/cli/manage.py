@@ -119,6 +119,11 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
     if done and done.get("state") == "removed":
         kept = f"; branch {done['branch']} kept (it has commits of its own)"
         human += f"\nworktree {done['path']} removed{kept if done.get('branchKept') else ''}"
+    elif done and done.get("state") == "removing":
+        human += (
+            f"\nworktree {done['path']} could not be removed: {done.get('error', '')}"
+            " (the daemon's next start tries again)"
+        )
     elif done:
         on = f" (branch {done['branch']})" if done.get("branch") else ""
         human += f"\nworktree kept: {done['path']}{on}"

@@ -315,6 +315,12 @@ class ControlActions:
                     f"deleted {session['title']} and removed its worktree"
                     f"{kept if done.get('branchKept') else ''}"
                 )
+            elif done.get("state") == "removing":
+                self.app.notify(
+                    f"deleted {session['title']}; its worktree could not be removed: "
+                    f"{done.get('error', '')} (the daemon's next start tries again)",
+                    severity="warning",
+                )
             elif done:
                 users = done.get("inUseBy") or []
                 why = f" ({len(users)} other session(s) work in it)" if users else ""

@@ -120,3 +120,30 @@ def test_delete_with_remove_keeps_a_worktree_another_session_works_in_and_names_
     assert f"other sessions work in it: {grandchild}" in done.stdout
     assert tree.is_dir()
     assert as_json(home, ws, "say", grandchild, "still here")["turn"]["outcome"] == "completed"
+
+
+def test_delete_says_when_git_could_not_remove_the_worktree(
+    daemon: DaemonProcess, ws: str, tmp_path: Path
+) -> None:
+    """A worktree git cannot remove (a file in it nothing can unlink): the session is deleted
+    and the CLI says the worktree could not be removed and why — never "kept"."""
+    from tests.support.worktree_repos import make_unremovable
+
+    home = daemon.home
+    repo = make_repo(tmp_path / "project")
+    sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
+        "agentSessionId"
+    ]
+    as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+    child, tree = fork_child(home, ws, sid)
+    as_json(home, ws, "say", child, "/write child.txt from the child")
+    undo = make_unremovable(tree / "child.txt")
+    try:
+        done = cli(home, ws, "delete", child, "--yes", "--worktree", "remove")
+        assert done.returncode == 0, done.stderr
+        assert f"worktree {tree} could not be removed: " in done.stdout, done.stdout
+        assert "next start tries again" in done.stdout
+        assert "worktree kept" not in done.stdout
+        assert tree.is_dir()
+    finally:
+        undo()

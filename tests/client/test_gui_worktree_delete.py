@@ -94,3 +94,36 @@ def test_delete_offers_keep_or_remove_for_a_fork_worktree_by_keyboard(
 
     run_app(daemon, ws, (120, 36), scenario)
     assert not alive(client, ws, dirty) and not alive(client, ws, clean)
+
+
+def test_delete_says_when_git_could_not_remove_the_worktree(
+    daemon: DaemonProcess, client: Client, ws: str, tmp_path: Path
+) -> None:
+    """Remove, and git cannot (a file in the tree nothing can unlink): the Session goes and
+    the GUI says its worktree could not be removed and why — never that it stays by choice."""
+    from tests.support.worktree_repos import make_unremovable
+
+    repo = make_repo(tmp_path / "project")
+    sid = create_session(client, ws, title="Parser", cwd=str(repo))["agentSessionId"]
+    turn = run_turn(client, sid, "/write src/app.py print('turn one')", ws)
+    child, tree = fork_child(client, ws, sid, turn["turnId"])
+    undo = make_unremovable(tree / "src" / "app.py")
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        def said() -> list[str]:
+            return [str(n.message) for n in app._notifications]  # noqa: SLF001
+
+        await open_and_wait(app, pilot, child, 1)
+        app.query_one(SessionTree).focus()
+        await pilot.press("f8")
+        await until(pilot, lambda: isinstance(app.screen, DeleteTreeScreen))
+        await pilot.press("r")
+        await until(pilot, lambda: app.engine.session(child) is None, timeout=30)
+        await until(pilot, lambda: any("could not be removed" in m for m in said()))
+        assert not any("worktree stays" in m for m in said()), said()
+
+    try:
+        run_app(daemon, ws, (120, 36), scenario)
+    finally:
+        undo()
+    assert not alive(client, ws, child) and tree.is_dir()

@@ -15,10 +15,10 @@ from typing import Any
 import apsw
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
 from tests.support.worktree_forks import trees_beside, worktree_fork_params
-from tests.support.worktree_repos import git, make_repo
+from tests.support.worktree_repos import git, make_repo, make_unremovable
 from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(120)
@@ -235,3 +235,56 @@ def test_remove_keeps_a_tree_another_live_session_works_in(
     assert any(
         v.law is Law.WORKTREE and f"{grandchild} works in it" in v.detail for v in report.violations
     ), report.violations
+
+
+def test_a_tree_git_cannot_remove_still_ends_the_delete_and_says_so(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """`remove` of a tree that git cannot remove (a file in it made immutable: `git worktree
+    remove` and the fallback's unlink both fail). The Session was deleted before the removal
+    began: a raise there skipped the rest of the delete — the deleted Session's provider
+    runtime kept running and its runtime dir stayed — and answered an error for a delete that
+    had happened, since the reply could say only `kept` or `removed`. Now the delete ends as
+    any other and says `state: "removing"` with git's `error`; the tree stays recorded
+    `removing`, and the next start finishes the removal once it can."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    run_turn(c, child, "/write child.txt from the child's agent")  # its runtime is live
+    runtime_dir = daemon.home / "runtimes" / WS / child
+    assert runtime_dir.is_dir()
+    live = c.call("host.status")["runtimes"]["tutti-agent"]["live"]
+    pinned = tree / "child.txt"
+    undo = make_unremovable(pinned)
+    try:
+        done = delete(c, child, worktree="remove")
+        assert done["deleted"] is True
+        worktree = done["worktree"]
+        assert {k: worktree[k] for k in ("path", "cwd", "branch", "state")} == {
+            "path": str(tree),
+            "cwd": where["cwd"],
+            "branch": where["branch"],
+            "state": "removing",
+        }, worktree
+        assert worktree["error"], worktree
+        assert pinned.is_file()
+        # The rest of the delete happened: its runtime stopped, its runtime dir removed.
+        assert wait_for(lambda: not runtime_dir.exists(), 30)
+        assert wait_for(
+            lambda: c.call("host.status")["runtimes"]["tutti-agent"]["live"] == live - 1, 30
+        )
+        with pytest.raises(ApiError) as gone:
+            c.call("session.get", {"workspaceId": WS, "agentSessionId": child})
+        assert gone.value.status == 404
+        assert_invariants(daemon.home)
+    finally:
+        undo()
+    daemon.stop()
+    daemon.start()  # the file removable again: the next start finishes the removal
+    assert not tree.exists() and where["branch"] not in branches(repo)
+    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
+        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
+    )
+    assert [r[0] for r in state] == ["removed"]
+    assert_invariants(daemon.home)

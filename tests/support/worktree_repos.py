@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+from collections.abc import Callable
 from pathlib import Path
 
 BINARY = bytes(range(256)) * 4
@@ -96,3 +97,21 @@ def repo_state(r: Path, *, except_branch_prefix: str | None = None) -> dict[str,
         "status": git(r, "status", "--porcelain", "--ignored"),
         "files": hashlib.sha256(repr(sorted(tree_files(r).items())).encode()).hexdigest(),
     }
+
+
+def make_unremovable(path: Path) -> Callable[[], None]:
+    """Make a file nothing of ours can unlink, so removing its tree fails for real (git and
+    `shutil.rmtree` alike); returns the undo. As root (which ignores permissions) the file is
+    made immutable (`chattr +i`; skipped where the filesystem has no such flag); otherwise its
+    directory is made read-only."""
+    import pytest
+
+    if os.geteuid() != 0:
+        parent = path.parent
+        mode = parent.stat().st_mode & 0o7777
+        parent.chmod(0o555)
+        return lambda: parent.chmod(mode)
+    done = subprocess.run(["chattr", "+i", str(path)], capture_output=True, check=False)
+    if done.returncode != 0:
+        pytest.skip(f"cannot make {path} immutable: {done.stderr.decode().strip()}")
+    return lambda: subprocess.run(["chattr", "-i", str(path)], check=True)
