@@ -19,6 +19,7 @@ ours whose environment cannot be read — is not final.
 from __future__ import annotations
 
 import os
+import time
 
 from drivers.failpoints import ENV_STATE_DIR
 
@@ -78,19 +79,91 @@ def _read(path: str) -> list[bytes] | None:
         return None
 
 
-def history_final(provider: str, home: str, state_dir: str | None = None) -> bool:
+EXITING_WAIT_S = 3.0
+"""How long `history_final` waits for the processes that keep it from being final when every
+one of them is already exiting: a Claude Code CLI parked by a killed worker is SIGKILLed by
+its parent-death signal as the worker dies and is gone a moment later."""
+
+_PF_EXITING = 0x4
+"""The kernel's `PF_EXITING` task flag (`/proc/<pid>/stat` field 9): the process is in exit."""
+_SIGKILL_BIT = 1 << (9 - 1)
+
+
+def _exiting(pid: int) -> bool:
+    """The process is already on its way out: in the kernel's exit (`PF_EXITING`), or with a
+    SIGKILL pending (delivered at its next return to user space; a frozen or stopped one too).
+    Its last writes may still be in their system calls: it counts as alive until it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+        with open(f"/proc/{pid}/status", "rb") as fh:
+            status = fh.read()
+    except OSError:
+        return True  # gone meanwhile
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    if len(fields) > 6 and int(fields[6]) & _PF_EXITING:
+        return True
+    for line in status.splitlines():
+        key, _, value = line.partition(b":")
+        if key in (b"SigPnd", b"ShdPnd") and int(value.strip() or b"0", 16) & _SIGKILL_BIT:
+            return True
+    return False
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process any more, or a zombie whose every thread has ended."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as fh:
+            stat = fh.read()
+    except OSError:
+        return True
+    fields = stat[stat.rfind(b")") + 2 :].split()
+    return not fields or (fields[0] in _GONE and _threads(pid) <= 1)
+
+
+def history_final(
+    provider: str, home: str, state_dir: str | None = None, *, wait_s: float = EXITING_WAIT_S
+) -> bool:
     """True when, at this call, no process outside this worker's own tree can add a Turn to
     the provider history of the Session whose provider home is `home`: no other live worker of
     `provider` with this worker's failpoint state directory (`state_dir`, default this
     worker's own), and no live process whose environment names `home` (or a path under it).
     A history read after a True answer holds every Turn a start this worker never received
-    can ever put there."""
+    can ever put there.
+
+    When every process in the way is already exiting (`_exiting`: a SIGKILL pending, in the
+    kernel's exit — or a child of one that is, whose parent-death signal comes as it dies),
+    it waits up to `wait_s` for them to be gone and looks again; anything else in the way, or
+    one still there at the bound, is not final (as before: the Turn is asked about again)."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        found = _in_the_way(provider, home, state_dir)
+        if found is None:
+            return False
+        table, blockers = found
+        if not blockers:
+            return True
+        for pid in blockers:
+            parent = table.get(pid, (0, b""))[0]
+            if not _exiting(pid) and not (parent in table and _exiting(parent)):
+                return False
+        while not all(_gone(pid) for pid in blockers):
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
+def _in_the_way(
+    provider: str, home: str, state_dir: str | None
+) -> tuple[dict[int, tuple[int, bytes]], list[int]] | None:
+    """The process table and the processes that keep the history from being final
+    (`history_final`), or None when unsure."""
     state = state_dir if state_dir is not None else os.environ.get(ENV_STATE_DIR)
     if not home or not state or not os.path.isabs(home):
-        return False
+        return None
     table = _proc_table()
     if table is None:
-        return False
+        return None
     uid = os.getuid()
     mine = _descendants(table, os.getpid())
     pid: int | None = table.get(os.getpid(), (0, b""))[0]
@@ -101,6 +174,7 @@ def history_final(provider: str, home: str, state_dir: str | None = None) -> boo
     want_home, under = home.encode(), (home.rstrip("/") + "/").encode()
     want_state = f"{ENV_STATE_DIR}={state}".encode()
     want_provider = provider.encode()
+    blockers: list[int] = []
     for other, (_parent, proc_state) in table.items():
         if other in mine or (proc_state in _GONE and _threads(other) <= 1):
             continue  # ours, or exited (a zombie leader whose other threads run is not)
@@ -111,15 +185,17 @@ def history_final(provider: str, home: str, state_dir: str | None = None) -> boo
             continue  # gone meanwhile
         environ = _read(f"/proc/{other}/environ")
         if environ is None:
-            return False  # one of ours we cannot see into: unsure
+            return None  # one of ours we cannot see into: unsure
         for item in environ:
             _, _, value = item.partition(b"=")
             if value == want_home or value.startswith(under):
-                return False  # a provider process of the home (or a child of one)
-        if want_state in environ:
-            argv = _read(f"/proc/{other}/cmdline")
-            if argv is None:
-                return False
-            if b"drivers.worker" in argv and want_provider in argv:
-                return False  # another worker of this provider and daemon
-    return True
+                blockers.append(other)  # a provider process of the home (or a child of one)
+                break
+        else:
+            if want_state in environ:
+                argv = _read(f"/proc/{other}/cmdline")
+                if argv is None:
+                    return None
+                if b"drivers.worker" in argv and want_provider in argv:
+                    blockers.append(other)  # another worker of this provider and daemon
+    return table, blockers

@@ -456,7 +456,8 @@ class WorkerServer:
         `turn.start` of the Session (the link is ordered, so every start the host sent before
         this request is counted), and no process outside this worker that may hold one is
         alive (`history_final`: an earlier worker of the provider, a provider process of the
-        Session's `home`). Without `home`, or unsure, it is not final."""
+        Session's `home`; it waits a moment for those already exiting — a Claude Code CLI a
+        killed worker parked). Without `home`, or unsure, it is not final."""
         history = getattr(self.driver(), "history", None)
         if history is None:
             raise InvalidRequest(
@@ -464,7 +465,11 @@ class WorkerServer:
             )
         sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
         final = (
-            bool(home) and sid not in self._started_sessions and history_final(self.provider, home)
+            bool(home)
+            and sid not in self._started_sessions
+            and history_final(self.provider, home)
+            # Asked again: the judge may have waited for processes already exiting.
+            and sid not in self._started_sessions
         )
         return {**history(params), "final": final}
 

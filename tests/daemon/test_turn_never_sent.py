@@ -10,6 +10,7 @@ bound Turns."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -158,3 +159,61 @@ def test_a_first_turn_never_sent_leaves_the_session_forkable(
         ]
         assert started == bound, (started, bound)
     assert_invariants(home)
+
+
+@pytest.mark.claude
+def test_a_turn_never_sent_is_proven_though_the_killed_workers_parked_cli_was_still_exiting(
+    tmp_path: Path,
+) -> None:
+    """A Claude worker killed before a Turn's start leaves the CLI it parked for the next Turn,
+    SIGKILLed by its parent-death signal but alive a moment more (here: held frozen until a
+    moment after the next Turn was submitted). The next Turn's cold start asks the new worker
+    whether the history is final: it answered not final while that CLI was still there, so the
+    never-sent Turn stayed unbound — the Session unforkable through it — until a later cold
+    start. Now the worker waits a bounded moment for a process already exiting: the Turn is
+    marked host-only at that cold start and the next fork commits."""
+    from tests.claude.test_claude_stopped import cli_pids
+    from tests.reliability.reliability_harness import worker_fired, worker_of
+    from tests.support.daemon import settle, submit, wait_for
+    from tests.support.freezer import freeze, freezer_group, thaw
+    from tests.support.homes import runtime_home
+
+    home = tmp_path / "home"
+    point = "worker.turn.before_start"
+    with provider_env("claude-code", home) as cwd, freezer_group() as group:
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client(timeout=60)
+            sid = create_session(c, provider="claude-code", cwd=str(cwd))["agentSessionId"]
+            assert run_turn(c, sid, "first")["outcome"] == "completed"
+            # The CLI parked for the next Turn, held frozen: its parent-death SIGKILL stays
+            # pending until it is thawed.
+            parked = wait_for(lambda: cli_pids(runtime_home(home, WS, sid, "claude-config")), 30)
+            freeze(group, parked)
+            before = worker_of(d, "claude-code")
+            assert before is not None
+            c.call("debug.failpoints", {"points": {point: "once:kill"}})
+            lost = submit(c, sid, "its worker dies before the start")
+            wait_for(lambda: worker_fired(d, point), 60)
+            wait_for(lambda: (worker_of(d, "claude-code") or before)["pid"] != before["pid"], 60)
+            assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+            assert cli_pids(runtime_home(home, WS, sid, "claude-config"))  # still there
+            # The new worker's driver loaded (another Session's Turn), so the next Turn's cold
+            # start (`session.start`, which spawns no CLI, then the history) asks at once; the
+            # parked CLI exits a moment after.
+            other = create_session(c, provider="claude-code", cwd=str(cwd))["agentSessionId"]
+            assert run_turn(c, other, "the new worker's first")["outcome"] == "completed"
+            thawing = threading.Timer(1.0, thaw, (group,))
+            thawing.start()
+            try:
+                done = run_turn(c, sid, "after the kill")
+            finally:
+                thawing.join()
+            assert done["outcome"] == "completed", done
+            assert host_only_marks(home, sid) == [0, 1, 0]
+            _, op = fork(c, sid, done["turnId"])
+            op = until_terminal(c, op)
+            assert op["status"] == "committed", op
+            assert_invariants(home)
+        finally:
+            d.stop()

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -139,4 +140,34 @@ def test_an_earlier_worker_of_the_provider_and_daemon_keeps_the_history_open(
     # Another provider's worker of the daemon, or this provider's of another daemon: final.
     _worker("codex", state, tmp_path, spawned)
     _worker(PROVIDER, tmp_path / "other-daemon-state", tmp_path, spawned)
+    assert judge(home, state)
+
+
+def test_a_process_of_the_home_already_killed_is_waited_for_a_moment(
+    tmp_path: Path, spawned: list[subprocess.Popen[bytes]]
+) -> None:
+    """A process of the home with a SIGKILL pending (as a Claude Code CLI parked by a killed
+    worker is, by its parent-death signal) is on its way out but alive, and may still be in a
+    write: the judge waits a bounded moment for it to be gone, then answers final (before, it
+    answered not final, and the never-sent Turn was proven only at a later cold start). Held
+    past the bound (frozen), or not exiting at all, it is not final, as before."""
+    from tests.support.freezer import freeze, freezer_group, thaw
+
+    home, state = tmp_path / "tutti-agent-home", tmp_path / "fp-state"
+    with freezer_group() as group:
+        dying = _sleeper(_env(TUTTI_AGENT_HOME=str(home)), spawned)
+        freeze(group, [dying.pid])
+        dying.send_signal(signal.SIGKILL)  # pending: the frozen process cannot take it yet
+        assert not judge(home, state)  # held past the judge's bound: not final
+        # Let go while the judge waits: it dies, and the judge answers final.
+        thawing = threading.Timer(1.0, thaw, (group,))
+        thawing.start()
+        try:
+            assert judge(home, state)
+        finally:
+            thawing.join()
+        assert dying.wait(10) == -signal.SIGKILL
+    live = _sleeper(_env(TUTTI_AGENT_HOME=str(home)), spawned)
+    assert not judge(home, state)  # not exiting: not final at once, as before
+    _gone(live)
     assert judge(home, state)
