@@ -15,6 +15,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
@@ -92,8 +93,13 @@ def recover_fork_operations(
     # The two pure status changes first, for every leftover at once (one transaction, one
     # fsync, no row decoded); what is left active then is only `provider_accepted`, listed by
     # key (the commit reads each row itself).
-    failed, unknown = store.fork_recovery.settle_leftover_fork_statuses(
-        prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
+    # Each transaction the store refuses (busy, full) is tried again (`start_write`): it
+    # rolled back whole, and each is idempotent.
+    failed, unknown = start_write(
+        lambda: store.fork_recovery.settle_leftover_fork_statuses(
+            prepared_error=PREPARED_ERROR, dispatching_error=DISPATCHING_ERROR
+        ),
+        "settling leftover fork operations",
     )
     leftovers = store.fork_recovery.leftover_commits()
     bound = len(leftovers) if commit_before_ready is None else max(0, commit_before_ready)
@@ -101,7 +107,10 @@ def recover_fork_operations(
     committed = errors = 0
     step = max(1, page_size)
     for i in range(0, len(now), step):
-        page_committed, page_errors = store.fork_commit.commit_fork_operations(now[i : i + step])
+        page_committed, page_errors = start_write(
+            partial(store.fork_commit.commit_fork_operations, now[i : i + step]),
+            "committing leftover fork operations",
+        )
         committed += page_committed
         errors += page_errors
     return RecoveryReport(failed, unknown, committed, errors, tuple(deferred))

@@ -40,6 +40,7 @@ from actors.recovery import (
     RecoveryReport,
     recover_fork_operations,
     settle_orphaned_turns,
+    start_write,
 )
 from actors.session_runtime import RuntimeSlots
 from agenthost import __version__, activity, log_queue, provider_install, providers_info
@@ -185,10 +186,15 @@ class Daemon:
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
 
-        self.store = store = Store.open(
-            cfg.store_path,
-            busy_timeout_ms=cfg.store_busy_timeout_ms,
-            max_connections=cfg.store_connections,
+        # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
+        # waits for a store another process keeps busy, as start-up's other writes do.
+        self.store = store = start_write(
+            lambda: Store.open(
+                cfg.store_path,
+                busy_timeout_ms=cfg.store_busy_timeout_ms,
+                max_connections=cfg.store_connections,
+            ),
+            "opening the store",
         )
         # Recovery settles every leftover before any request is served; the commits of
         # `provider_accepted` ones past a bound are made after the ready line
@@ -199,7 +205,9 @@ class Daemon:
         )
         self.deferred_commits = DeferredCommits(store, self.recovery.deferred)
         # Then fork.resolve: finish or roll back a half-done resolution.
-        self.resolutions_recovered = store.resolution.recover_fork_resolutions()
+        self.resolutions_recovered = start_write(
+            store.resolution.recover_fork_resolutions, "recovering fork resolutions"
+        )
         self.orphaned_turns = settle_orphaned_turns(store)
         # One shadow store of workspace checkpoints per home, shared by every Session.
         shadow = ShadowStore(

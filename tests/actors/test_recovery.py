@@ -284,3 +284,30 @@ def test_deferred_commits_grow_their_transactions_from_the_pace_of_the_last(
             assert statuses == {ForkStatus.COMMITTED}
         finally:
             store.close()
+
+
+def test_recovery_waits_for_a_store_another_process_holds(tmp_path: Path) -> None:
+    """Start-up recovery's transactions that meet a store another process holds past the busy
+    budget are tried again with backoff (each rolled back whole; each idempotent): the lock let
+    go, every leftover is settled. Before, the first raised and the start failed."""
+    import threading
+
+    from tests.support.store_lock import WriteLockHolder
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        prepared, _ = _prepare(store)
+        accepted = _accepted(store)
+        holder = WriteLockHolder(path).acquire()
+        timer = threading.Timer(1.0, holder.release)
+        timer.start()
+        try:
+            report = recover_fork_operations(store)
+        finally:
+            timer.join()
+        assert (report.failed, report.unknown, report.committed, report.errors) == (1, 0, 1, 0)
+        assert store.fork_queries.get_fork_operation(WS, prepared).status is ForkStatus.FAILED
+        assert store.fork_queries.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
+    finally:
+        store.close()

@@ -604,6 +604,31 @@ def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the
     assert_invariants(d.home)
 
 
+def test_a_start_on_a_store_another_process_holds_waits_for_it(tmp_path: Path) -> None:
+    """A start whose store another process holds (a backup, a second reader gone wrong) past
+    its busy budget failed at once ("cannot start: database is locked": opening the store
+    migrates in a write transaction, even with nothing to migrate), and start-up recovery's
+    fork writes were not retried either. Now each start-up write the store refuses is retried
+    with backoff (past 30 s the start fails): the lock let go, the daemon starts and serves."""
+    d = _daemon(tmp_path)
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c, title="before the restart")["agentSessionId"]
+        assert run_turn(c, sid, "one")["outcome"] == "completed"
+        d.kill()
+        holder = WriteLockHolder(store_path(d)).acquire()
+        timer = threading.Timer(1.5, holder.release)
+        timer.start()
+        try:
+            d.start()
+        finally:
+            timer.join()
+        assert run_turn(d.client(timeout=60), sid, "two")["outcome"] == "completed"
+        assert_invariants(d.home)
+    finally:
+        d.stop()
+
+
 def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     """The operation's `fork_resolutions` row's state, read beside the daemon (WAL)."""
     import apsw
