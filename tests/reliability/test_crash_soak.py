@@ -157,6 +157,7 @@ from tests.support.invariants import (
     work_in_flight,
     workspace_answer,
 )
+from tests.support.store_lock import WriteLockHolder
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
 from transport.worker_link import SILENCE_LIMIT_S
@@ -593,6 +594,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
     proven: Counter[str] = Counter()  # the kills' unanswered Turns after the last restart
+    restarts = 0  # the rounds' restarts of a killed daemon
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     threads = [
@@ -742,9 +744,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             ):
                 w.met.add(provider)
             if restarted:
-                with w.lock:
+                restarts += 1
+                with w.lock, busy_store(w, restarts % BUSY_START_EVERY == 1) as held:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
+                chaos["busy_store_start"] += held
                 # What the restarted daemon reads back (the clients parked).
                 w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
             if action != "stop_worker" or stopped is None:
@@ -1135,6 +1139,31 @@ def _lock_files(repo: Path) -> list[str]:
     for top, _, names in os.walk(repo):  # errors (a directory gone meanwhile) are skipped
         found += [str(Path(top, n).relative_to(repo)) for n in names if n.endswith(".lock")]
     return sorted(found)
+
+
+BUSY_START_EVERY = 4
+"""The 1st, 5th, 9th, ... restart of a killed daemon meets a store another process holds
+(`WriteLockHolder`) for `BUSY_START_S`, past the daemon's busy budget (10 s) whenever its
+start opens the store: every start-up write waits for it with backoff
+(`recovery.start_write`), none is skipped and the start does not fail; the laws are checked
+after as after any restart. No draw of the seed's: a seed replays as before."""
+BUSY_START_S = 12.0
+
+
+@contextlib.contextmanager
+def busy_store(w: World, held: bool) -> Iterator[int]:
+    """With `held`, another process holds the store's write lock from now until `BUSY_START_S`
+    has passed (the start under it waits for it); yields 1 if held, else 0."""
+    if not held:
+        yield 0
+        return
+    holder = WriteLockHolder(w.home / "store.sqlite3").acquire()
+    release = threading.Timer(BUSY_START_S, holder.release)
+    release.start()
+    try:
+        yield 1
+    finally:
+        release.join()
 
 
 def revive(w: World) -> bool:
