@@ -143,11 +143,19 @@ def history_final(
         table, blockers = found
         if not blockers:
             return True
+        # What to wait for: each one exiting, or the exiting parent of one that is not yet
+        # (looked at again once the parent is gone: by then its parent-death signal is pending,
+        # or it is in the way for good).
+        awaited: set[int] = set()
         for pid in blockers:
             parent = table.get(pid, (0, b""))[0]
-            if not _exiting(pid) and not (parent in table and _exiting(parent)):
+            if _exiting(pid):
+                awaited.add(pid)
+            elif parent in table and _exiting(parent):
+                awaited.add(parent)
+            else:
                 return False
-        while not all(_gone(pid) for pid in blockers):
+        while not all(_gone(pid) for pid in awaited):
             if time.monotonic() >= deadline:
                 return False
             time.sleep(0.01)
