@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import time
 
+from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.failpoints import ENV_STATE_DIR
 
 _GONE = (b"Z", b"X", b"x")
@@ -84,30 +85,16 @@ EXITING_WAIT_S = 3.0
 one of them is already exiting: a Claude Code CLI parked by a killed worker is SIGKILLed by
 its parent-death signal as the worker dies and is gone a moment later."""
 
-_PF_EXITING = 0x4
-"""The kernel's `PF_EXITING` task flag (`/proc/<pid>/stat` field 9): the process is in exit."""
-_SIGKILL_BIT = 1 << (9 - 1)
-
 
 def _exiting(pid: int) -> bool:
     """The process is already on its way out: in the kernel's exit (`PF_EXITING`), or with a
-    SIGKILL pending (delivered at its next return to user space; a frozen or stopped one too).
-    Its last writes may still be in their system calls: it counts as alive until it is gone."""
+    SIGKILL pending (delivered at its next return to user space; a frozen or stopped one too;
+    `domain.procfs.alive_in_stat`). Its last writes may still be in their system calls: it
+    counts as alive until it is gone."""
     try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            stat = fh.read()
-        with open(f"/proc/{pid}/status", "rb") as fh:
-            status = fh.read()
+        return not alive_in_stat(read_proc_stat(pid))
     except OSError:
         return True  # gone meanwhile
-    fields = stat[stat.rfind(b")") + 2 :].split()
-    if len(fields) > 6 and int(fields[6]) & _PF_EXITING:
-        return True
-    for line in status.splitlines():
-        key, _, value = line.partition(b":")
-        if key in (b"SigPnd", b"ShdPnd") and int(value.strip() or b"0", 16) & _SIGKILL_BIT:
-            return True
-    return False
 
 
 def _gone(pid: int) -> bool:
