@@ -1,0 +1,168 @@
+"""The `agenthost` command's parser is what the docs say it is: docs/client.md's command table
+has a row for every subcommand, naming each of its long options, and names no option the
+command lacks; every `agenthost …` command line in README.md, docs/user-guide.md and
+docs/client.md runs a subcommand that exists with options it has."""
+
+from __future__ import annotations
+
+import argparse
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+from agenthost.cli import _parser
+
+ROOT = Path(__file__).resolve().parents[2]
+CLIENT_DOC = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+USER_DOCS = {
+    name: (ROOT / name).read_text(encoding="utf-8")
+    for name in ("README.md", "docs/user-guide.md", "docs/client.md")
+}
+OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
+"""An option as the docs write it (`--turn-timeout`, `-o`); `-vv` is `-v` given twice."""
+
+
+def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    for action in p._actions:  # noqa: SLF001 - argparse keeps its actions there only
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return dict(action.choices)
+    return {}
+
+
+def _commands(
+    p: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> Iterator[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    """Every command that runs something: `("status",)`, `("keys", "add")`, …"""
+    for name, sub in _subparsers(p).items():
+        if _subparsers(sub):
+            yield from _commands(sub, (*path, name))
+        else:
+            yield (*path, name), sub
+
+
+def _options(p: argparse.ArgumentParser) -> set[str]:
+    return {o for a in p._actions for o in a.option_strings}  # noqa: SLF001
+
+
+def _long_options(p: argparse.ArgumentParser) -> set[str]:
+    """The options a user is told about: each long one but `--help` and `--json` (every command
+    has both: the table's `--json` column and the CLI section say so once)."""
+    return {o for o in _options(p) if o.startswith("--")} - {"--help", "--json"}
+
+
+PARSER = _parser()
+COMMANDS = dict(_commands(PARSER))
+GLOBAL = _options(PARSER)
+
+
+def _table_rows() -> dict[tuple[str, ...], str]:
+    """docs/client.md's command table: each command path to its first cell (`pin SESSION` /
+    `unpin SESSION` is two rows' worth)."""
+    section = CLIENT_DOC.split("\n## The CLI", 1)[1].split("\n### Errors", 1)[0]
+    rows: dict[tuple[str, ...], str] = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        cell = line.split(" | ", 1)[0]
+        for span in re.findall(r"`([^`]+)`", cell):
+            parser, path = PARSER, ()
+            for word in span.split():
+                if word not in _subparsers(parser):
+                    break
+                parser, path = _subparsers(parser)[word], (*path, word)
+            rows[path] = span
+    return rows
+
+
+ROWS = _table_rows()
+
+
+def test_the_command_table_has_a_row_for_every_command_and_no_other() -> None:
+    assert set(COMMANDS) == set(ROWS), set(COMMANDS) ^ set(ROWS)
+
+
+def test_every_row_names_each_long_option_of_its_command() -> None:
+    missing = {
+        " ".join(path): sorted(_long_options(sub) - set(OPTION.findall(ROWS.get(path, ""))))
+        for path, sub in COMMANDS.items()
+    }
+    assert {k: v for k, v in missing.items() if v} == {}
+
+
+def test_every_option_a_row_names_is_one_its_command_has() -> None:
+    unknown = {
+        " ".join(path): sorted(set(OPTION.findall(span)) - _options(COMMANDS[path]))
+        for path, span in ROWS.items()
+        if path in COMMANDS
+    }
+    assert {k: v for k, v in unknown.items() if v} == {}
+
+
+def test_the_synopsis_names_every_global_option() -> None:
+    synopsis = CLIENT_DOC.split("\n## The CLI", 1)[1].split("\n|", 1)[0].split("COMMAND", 1)[0]
+    assert _long_options(PARSER) - {"--version"} <= set(OPTION.findall(synopsis))
+
+
+def _command_lines() -> Iterator[tuple[str, str]]:
+    """Every `agenthost …` command line the docs show: in a code block (up to its `#` comment)
+    or in an inline code span; `(doc, text)`."""
+    for name, text in USER_DOCS.items():
+        in_block = False
+        for line in text.splitlines():
+            if line.startswith("```"):
+                in_block = not in_block
+                continue
+            if in_block:
+                code = line.split(" #", 1)[0]
+                for m in re.finditer(r"(?:^|[\s/])agenthost (.*)", code):
+                    yield name, m.group(1)
+            else:
+                for span in re.findall(r"`agenthost ([^`]*)`", line):
+                    yield name, span
+
+
+def _resolve(words: list[str]) -> tuple[tuple[str, ...], argparse.ArgumentParser] | None:
+    """The command the words run (global options and their values skipped), and its parser."""
+    parser, path = PARSER, ()
+    rest = iter(words)
+    for word in rest:
+        if word.startswith("-"):
+            if word in {"--home", "--connect", "--events", "--connection", "--workspace"}:
+                next(rest, None)
+            continue
+        subs = _subparsers(parser)
+        if word not in subs:
+            break
+        parser, path = subs[word], (*path, word)
+        if not _subparsers(parser):
+            break
+    return (path, parser) if path else None
+
+
+def test_every_documented_command_line_runs_a_command_with_options_it_has() -> None:
+    seen: set[tuple[str, ...]] = set()
+    wrong: list[str] = []
+    for doc, line in _command_lines():
+        found = _resolve(re.sub(r"[\[\]()|{}]", " ", line).split())
+        if found is None:
+            if re.match(r"[a-z]", line) and not line.startswith(("is ", "on ", "itself")):
+                wrong.append(f"{doc}: agenthost {line}: no such command")
+            continue
+        path, sub = found
+        if _subparsers(sub):
+            wrong.append(f"{doc}: agenthost {line}: {' '.join(path)} needs a subcommand")
+            continue
+        seen.add(path)
+        have = _options(sub) | GLOBAL
+        for option in OPTION.findall(line.split("…", 1)[0]):
+            if option not in have:
+                wrong.append(f"{doc}: agenthost {line}: {' '.join(path)} has no {option}")
+    assert wrong == []
+    assert len(seen) > 15, seen
+
+
+def test_the_code_layout_table_names_every_module_of_the_cli() -> None:
+    layout = CLIENT_DOC.split("\n### Code layout", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"^\| `client/cli/([a-z_]+\.py)` \|", layout, re.M))
+    modules = {p.name for p in (ROOT / "client" / "cli").glob("*.py")} - {"__init__.py"}
+    assert modules == named
