@@ -4,6 +4,7 @@ Sessions, turns, interactions, workers, restarts and events."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import stat
 import time
@@ -40,6 +41,12 @@ def test_ready_line_names_endpoints_and_pid(daemon: DaemonProcess) -> None:
     assert daemon.ready["api"].startswith("ipc://")
     assert daemon.ready["events"].startswith("ipc://")
     assert daemon.ready["pid"] == daemon.proc.pid
+    # README.md, the user guide and protocol.md show every key of it and no other.
+    root = Path(__file__).resolve().parents[2]
+    for doc in ("README.md", "docs/user-guide.md", "docs/protocol.md"):
+        text = (root / doc).read_text(encoding="utf-8")
+        shown = text.split('{"ready": true', 1)[1].split("\n\n", 1)[0].split("\n- ", 1)[0]
+        assert {"ready", *re.findall(r'"([A-Za-z]+)"', shown)} == set(daemon.ready), doc
 
 
 def test_run_dir_is_private_and_sockets_owner_only(daemon: DaemonProcess) -> None:
