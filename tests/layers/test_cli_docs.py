@@ -166,3 +166,26 @@ def test_the_code_layout_table_names_every_module_of_the_cli() -> None:
     named = set(re.findall(r"^\| `client/cli/([a-z_]+\.py)` \|", layout, re.M))
     modules = {p.name for p in (ROOT / "client" / "cli").glob("*.py")} - {"__init__.py"}
     assert modules == named
+
+
+def test_every_reason_the_cli_gives_of_its_own_is_documented() -> None:
+    """A reason the CLI makes up (not a daemon's error passed on) is in docs/client.md's
+    "Errors and exit codes" or, when it is the daemon's too, in docs/protocol.md's errors."""
+    errors = CLIENT_DOC.split("\n### Errors and exit codes", 1)[1].split("\n### ", 1)[0]
+    protocol = (ROOT / "docs" / "protocol.md").read_text(encoding="utf-8")
+    documented = set(re.findall(r"`([a-z_]+)`", errors + protocol.split("\n## Errors", 1)[1]))
+    pattern = re.compile(r'(?:CliError|ReferenceError_)\(\s*"([a-z_]+)"|reason, code = "([a-z_]+)"')
+    sources = [*(ROOT / "client").rglob("*.py"), ROOT / "agenthost" / "cli.py"]
+    given = {
+        a or b for path in sources for a, b in pattern.findall(path.read_text(encoding="utf-8"))
+    }
+    assert {"daemon_unreachable", "ambiguous_reference", "fork_timeout"} <= given, given
+    assert given <= documented, given - documented
+
+
+def test_the_exit_code_table_is_the_cli_s_exit_codes() -> None:
+    from client.cli import output
+
+    codes = {v for k, v in vars(output).items() if k.startswith("EXIT_") and isinstance(v, int)}
+    errors = CLIENT_DOC.split("\n### Errors and exit codes", 1)[1].split("\n### ", 1)[0]
+    assert set(map(int, re.findall(r"^\| (\d+) \|", errors, re.M))) == codes
