@@ -16,10 +16,18 @@ ROOT = Path(__file__).resolve().parents[2]
 CLIENT_DOC = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
 USER_DOCS = {
     name: (ROOT / name).read_text(encoding="utf-8")
-    for name in ("README.md", "docs/user-guide.md", "docs/client.md")
+    for name in (
+        "README.md",
+        "docs/user-guide.md",
+        "docs/client.md",
+        "docs/providers.md",
+        "docs/protocol.md",
+        "docs/tutti-agent.md",
+        "docs/reliability.md",
+    )
 }
 OPTION = re.compile(r"(?<![\w-])(--?[a-z][a-z-]*)")
-"""An option as the docs write it (`--turn-timeout`, `-o`); `-vv` is `-v` given twice."""
+"""An option as the docs write it (`--turn-timeout`, `-o`, `-vv`)."""
 
 
 def _subparsers(p: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
@@ -155,6 +163,7 @@ def test_every_documented_command_line_runs_a_command_with_options_it_has() -> N
         seen.add(path)
         have = _options(sub) | GLOBAL
         for option in OPTION.findall(line.split("…", 1)[0]):
+            option = re.sub(r"^-([a-z])\1+$", r"-\1", option)  # -vv: -v given twice
             if option not in have:
                 wrong.append(f"{doc}: agenthost {line}: {' '.join(path)} has no {option}")
     assert wrong == []

@@ -54,3 +54,10 @@ def test_the_key_table_is_every_key_the_gui_binds() -> None:
         "not documented": bound - documented,
         "unbound": documented - bound,
     }
+
+
+def test_the_client_doc_names_every_key_of_the_app() -> None:
+    doc = (ROOT / "docs" / "client.md").read_text(encoding="utf-8")
+    keys_line = doc.split("\nKeys (in the footer", 1)[1].split("\n\n", 1)[0]
+    named = set(re.findall(r"`([^`]+)`", keys_line))
+    assert _keys(AgentHostApp.BINDINGS) - {"?"} <= named, _keys(AgentHostApp.BINDINGS) - named
