@@ -198,3 +198,22 @@ def test_the_exit_code_table_is_the_cli_s_exit_codes() -> None:
     codes = {v for k, v in vars(output).items() if k.startswith("EXIT_") and isinstance(v, int)}
     errors = CLIENT_DOC.split("\n### Errors and exit codes", 1)[1].split("\n### ", 1)[0]
     assert set(map(int, re.findall(r"^\| (\d+) \|", errors, re.M))) == codes
+
+
+def test_every_default_of_an_option_is_the_one_the_docs_give() -> None:
+    section = " ".join(CLIENT_DOC.split("\n## The CLI", 1)[1].split("\n|", 1)[0].split())
+    wrong = []
+    for path, sub in [((), PARSER), *COMMANDS.items()]:
+        for action in sub._actions:  # noqa: SLF001
+            default = action.default
+            if not action.option_strings or isinstance(action, argparse._StoreConstAction):  # noqa: SLF001
+                continue
+            if isinstance(default, bool) or not isinstance(default, str | int | float):
+                continue
+            if default == argparse.SUPPRESS or (default == 0 and action.nargs == 0):
+                continue
+            value = f"{default:g}" if isinstance(default, float) else str(default)
+            shown = " ".join((*path, max(action.option_strings, key=len), value))
+            if f"`{shown}`" not in section:
+                wrong.append(shown)
+    assert wrong == []
