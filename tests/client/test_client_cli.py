@@ -129,6 +129,15 @@ def test_status_reports_version_and_workers(cli: Cli) -> None:
     done = cli.run("status")
     assert done.returncode == 0
     assert done.stdout.startswith("agenthost ") and "workers:" in done.stdout
+    # The user guide's example has the same lines, in the same order.
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "user-guide.md").read_text()
+    example = guide.split("\nagenthost 0.1.0 (protocol 1) at ", 1)[1].split("\n```", 1)[0]
+
+    def shape(text: str) -> list[str]:
+        lines = text.strip().splitlines()[1:]
+        return [line.split()[0].rstrip(":") for line in lines]
+
+    assert shape(example) == shape(done.stdout.split(" at ", 1)[1])
     status = cli.json("status")
     assert set(status) >= {"version", "protocol", "home", "workers", "uptimeMs"}
     assert status["protocol"] == 1
