@@ -54,6 +54,14 @@ def test_run_dir_is_private_and_sockets_owner_only(daemon: DaemonProcess) -> Non
     assert stat.S_IMODE(run.stat().st_mode) == 0o700
     for name in ("api.sock", "events.sock", "events-exact.sock"):
         assert stat.S_IMODE((run / name).stat().st_mode) == 0o600
+    # Every run/ entry README.md's "Where data lives" names is there.
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+    listing = readme.split("\n## Where data lives", 1)[1].split("\n```\n", 2)[1]
+    named = re.findall(r"\brun/[\w./<>-]+", listing)
+    assert len(named) >= 6, named
+    for name in named:  # the worker's log once its worker started (after the ready line)
+        path = daemon.home / name.replace("<provider>", "tutti-agent")
+        assert wait_for(path.exists), name
 
 
 def test_host_status_reports_version_protocol_and_workers(daemon: DaemonProcess) -> None:
