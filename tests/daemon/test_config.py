@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -388,3 +389,18 @@ def test_parse_config_lists_every_problem() -> None:
         )
     assert len(err.value.problems) == 3
     assert str(err.value) == "\n".join(err.value.problems)
+
+
+def test_every_configuration_the_docs_show_is_one_serve_accepts(tmp_path: Path) -> None:
+    """Each ```toml block of the user guide and protocol.md parses as it is written (with a
+    port for its `PORT`), its commented-out keys as well."""
+    import tomllib
+
+    blocks = []
+    for doc in ("docs/user-guide.md", "docs/protocol.md"):
+        text = (REPO / doc).read_text()
+        blocks += [b.split("\n```", 1)[0] for b in text.split("```toml\n")[1:]]
+    assert len(blocks) >= 6
+    for block in blocks:
+        text = re.sub(r"^# ([a-z_]+ =)", r"\1", block.replace("PORT", "8080"), flags=re.M)
+        parse_config(tmp_path, tomllib.loads(text))
