@@ -198,6 +198,9 @@ def test_the_exit_code_table_is_the_cli_s_exit_codes() -> None:
     codes = {v for k, v in vars(output).items() if k.startswith("EXIT_") and isinstance(v, int)}
     errors = CLIENT_DOC.split("\n### Errors and exit codes", 1)[1].split("\n### ", 1)[0]
     assert set(map(int, re.findall(r"^\| (\d+) \|", errors, re.M))) == codes
+    # `agenthost --help` says them too.
+    help_codes = ":" + PARSER.description.split("Exit codes:", 1)[1]  # type: ignore[union-attr]
+    assert set(map(int, re.findall(r"(?:^|[;:] )(\d+) ", help_codes, re.M))) == codes
 
 
 def test_every_default_of_an_option_is_the_one_the_docs_give() -> None:
