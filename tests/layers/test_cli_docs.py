@@ -220,3 +220,13 @@ def test_every_default_of_an_option_is_the_one_the_docs_give() -> None:
             if f"`{shown}`" not in section:
                 wrong.append(shown)
     assert wrong == []
+
+
+def test_the_console_scripts_the_docs_name_are_pyproject_s() -> None:
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"][
+        "scripts"
+    ]
+    named = dict(re.findall(r'`([a-z-]+) = "([a-z_.]+:[a-z_]+)"`', "\n".join(USER_DOCS.values())))
+    assert named and named.items() <= scripts.items()
