@@ -1012,6 +1012,10 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         cap = IPC_ENDPOINTS * (1 + OLD_LISTENERS_KEPT)
         wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
         listeners = listeners_in(d.proc.pid, home / "run")
+        # A client's one-shot `worker.fork.after_provider_call=error` that no fork reached in the
+        # chaos stays armed: off, so the burst's forks meet no fault (one made the burst's only
+        # Codex fork `unknown`, and the "a Codex fork committed" check failed, 0 violations).
+        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
         burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex, repo)
         t.claude |= claude
         t.codex |= codex
