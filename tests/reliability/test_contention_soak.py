@@ -52,9 +52,10 @@ per Turn run.
 
 Claude Code among them: one Session in four (seeded, among those in the repository) is a
 `claude-code` Session (the real `claude` program against the fake Messages API); its
-turns, forks, resolves and deletes take the same steps, the burst forks one of them, and the
-soak asserts that a Claude fork committed and that the live check's `spare_home_empty` walked
-a home with spares in it. Codex too: one Session in eight (one in the short profile; seeded,
+turns, forks, resolves and deletes take the same steps, the burst forks one of them (a new
+one, its Turn run then, if the chaos left none forkable: so for Codex), and the soak
+asserts that a Claude fork committed and that the live check's `spare_home_empty` walked a
+home with spares in it. Codex too: one Session in eight (one in the short profile; seeded,
 among those in the repository, none of Claude's) is a `codex` Session (the real pinned
 `codex app-server`, `AGENTHOST_CODEX_BIN`, against the fake Responses API); its turns, forks,
 resolves, deletes, restores and diffs take the same steps, its app-server is among those
@@ -620,6 +621,9 @@ class Burst:
     events: int = 0
     asked: Counter[str] = field(default_factory=Counter)
     violations: list[Violation] = field(default_factory=list)
+    made: dict[str, str] = field(default_factory=dict)
+    """The Sessions the burst made (provider by Session): a Claude or Codex one when none of
+    the chaos's gave the burst a boundary."""
 
 
 def _listen(sub: EventSubscriber, heard: list[dict[str, Any]], stop: threading.Event) -> None:
@@ -663,9 +667,12 @@ def held_events_burst(
     rng: random.Random,
     claude: set[str],
     codex: set[str],
+    repo: Path,
 ) -> Burst:
     """Forks at once on `BURST` fresh boundaries (a Claude Session's and a Codex Session's
-    first, if such are forkable), each asked twice at once (`throughTurn` and `latestSettled`,
+    first, if such are forkable; else, or when its Turn does not complete, a new Session of
+    that provider in `repo` is made, one Turn run, and its boundary is forked too: added to
+    `claude` or `codex`), each asked twice at once (`throughTurn` and `latestSettled`,
     the barrier answers both with one operation), some into a worktree, heard by a subscriber
     connected before the first: the checker's `fork_events_heard` law over what it heard (the
     saga holds its dispatch step's events for the commit's burst). The streamed Sessions are
@@ -709,6 +716,20 @@ def held_events_burst(
                 if sid not in in_repo:
                     out.streamed.add(turn["turnId"])
                     out.settled_turns[turn["turnId"]] = turn
+        for mine, provider in ((claude, CLAUDE), (codex, CODEX)):
+            if mine and not [sid for sid, _ in fresh if sid in mine]:
+                # The chaos left no Session of the provider a boundary (deleted, a Turn its
+                # stopped app-server never ran, or a Turn that did not complete now).
+                sid = c.call(
+                    "session.create",
+                    {"workspaceId": WS, "provider": provider, "cwd": str(repo)},
+                )["session"]["agentSessionId"]
+                mine.add(sid)
+                in_repo.add(sid)
+                out.made[sid] = provider
+                turn = run_turn(c, sid, f"/write burst-{provider}.md burst")
+                if turn["outcome"] == "completed":
+                    fresh.append((sid, turn["turnId"]))
         out.boundaries = len(fresh)
         asks = []
         for sid, turn_id in fresh:
@@ -844,6 +865,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     never_read: NeverRead | None = None
     status_violations: list[Violation] = []
     status_looks = 0
+    after_chaos_faults = 0
     began = time.monotonic()
     try:
         c = d.client(timeout=60)
@@ -990,7 +1012,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         cap = IPC_ENDPOINTS * (1 + OLD_LISTENERS_KEPT)
         wait_for(lambda: len(listeners_in(d.proc.pid, home / "run")) <= cap, 60, interval=0.5)
         listeners = listeners_in(d.proc.pid, home / "run")
-        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex)
+        # A client's one-shot `worker.fork.after_provider_call=error` that no fork reached in the
+        # chaos stays armed: off, so the burst's forks meet no fault (one made the burst's only
+        # Codex fork `unknown`, and the "a Codex fork committed" check failed, 0 violations).
+        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
+        burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex, repo)
+        t.claude |= claude
+        t.codex |= codex
         assert burst.streamed, "no Turn streamed during the burst: the delta law went unchecked"
         # Every stopped app-server was killed by its worker, none left stopped.
         wait_for(lambda: not [p for p in stopped if _stopped_or_alive(p)], 30, interval=0.5)
@@ -1033,6 +1061,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         answers_wrong = check_workspace_answers(home, t.answers)
         reads_wrong = t.reader.check()
         asked_violations = t.asker.check(c)
+        if all(f.disturbed for f in faults.faults):
+            # Every fault of the chaos met a SIGSTOP, a new worker or a lost reply (or none
+            # ran): one more now, no chaos, so the law judges an undisturbed one.
+            faults.guarded(c, lambda: 0)
+            after_chaos_faults = 1
         fault_violations = faults.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
@@ -1121,11 +1154,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + f", {len(burst.streamed)} streamed Turns"
         + f", {burst.events} events heard",
         *(f"    failed: {n} × {why}" for why, n in sorted(failed_why.items())),
-        f"  claude: sessions={len(claude)} forks "
+        f"  claude: sessions={len(claude)} (made by the burst:"
+        f" {sum(p == CLAUDE for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(claude_forks.items()))
         + f"; live check: spare homes walked={live.spare_homes}, readable children="
         f"{live.readable_by_provider.get(CLAUDE, 0)}",
-        f"  codex: sessions={len(codex)} forks "
+        f"  codex: sessions={len(codex)} (made by the burst:"
+        f" {sum(p == CODEX for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
         + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
         f"  unanswered Turns after a restart: {dict(proven)}",
@@ -1134,7 +1169,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
         "  " + final.summary(),
         "  " + t.asker.summary(),
-        "  " + faults.summary(),
+        "  " + faults.summary() + f" (after the chaos: {after_chaos_faults})",
         f"  reads held to the store: {len(t.reader.reads)} "
         + " ".join(f"{k}={v}" for k, v in sorted(t.reader.calls.items())),
     ]
@@ -1179,8 +1214,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # ... and renamed Sessions meanwhile, whose events the Session-event law judged.
     assert burst.sessions, burst
     # ... and Claude Code's laws under it: a Claude fork committed, and the live check's
-    # `spare_home_empty` walked the spare homes its worker made ahead.
-    assert claude_forks["committed"] > 0, (seed, claude_forks)
+    # `spare_home_empty` walked the spare homes its worker made ahead. The burst forks a Claude
+    # Session's boundary whatever the chaos left (a new Session's when none is forkable): no
+    # fault then, so its fork commits unless the Claude fork path is broken.
+    assert claude_forks["committed"] > 0, (seed, claude_forks, burst.made)
     assert live.spare_homes > 0, (seed, "spare_home_empty never walked a spare home")
-    # ... and Codex's: a Codex fork committed (the burst forks a Codex Session's boundary).
-    assert codex_forks["committed"] > 0 or not CODEX_SESSIONS, (seed, codex_forks)
+    # ... and Codex's: a Codex fork committed (the burst forks a Codex Session's boundary,
+    # a new one's when the chaos left none forkable).
+    assert codex_forks["committed"] > 0 or not CODEX_SESSIONS, (seed, codex_forks, burst.made)

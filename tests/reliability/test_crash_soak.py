@@ -26,7 +26,11 @@ same steps. The first round arms a `worker.fork.*` / `worker.bind.*` point on it
 a later Claude round's armed point lands on its fork too, and a worker kill in a Claude round
 kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
 (its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
-Claude fork committed, and that `spare_home_empty` walked a home with spares.
+Claude fork committed, and that `spare_home_empty` walked a home with spares. None of these is
+left to chance: when no round's kill met Claude work (or the rounds killed nothing), one more
+kill follows the rounds (`kill_on_fork`: the daemon dies at `host.fork.after_dispatching` of a
+new Claude Session's fork, then the round's checks), and a Claude fork after the chaos (no
+point armed, no fault: `fork_once_more`) must commit.
 
 Codex among them the same way (the real pinned `codex app-server`, `AGENTHOST_CODEX_BIN`, against
 the fake Responses API): a seeded share of `session.create` (`CODEX_SHARE`: 10 %; 15 % in the
@@ -111,6 +115,7 @@ import os
 import random
 import resource
 import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -219,6 +224,10 @@ WORKER_POINTS = (
 seed fork, the long profile's `CODEX_ROUND` before its Codex one."""
 FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
 """Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
+COVER_POINT = "host.fork.after_dispatching"
+"""The point `kill_on_fork` arms: the fork's `dispatching` row is durable when it kills."""
+STOP_LATE_S = 30.0
+"""A stop round whose worker ran at no look of the round tries on this long after it."""
 ASK_SHARE = 0.15
 READ_SHARE = 0.08
 """The share of client steps that page or read a lineage (`read_chaos.Reader`)."""
@@ -686,6 +695,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                     stopped = stop_worker(w, provider)
                     stop_at = None if stopped else stop_at
                 time.sleep(0.05)
+            if stop_at is not None and w.daemon.proc.poll() is None:
+                # The stop round's worker was not running at any look of the round (restarting
+                # under load): the stop lands once it runs again, the clients still running.
+                with contextlib.suppress(AssertionError):
+                    stopped = wait_for(lambda p=provider: stop_worker(w, p), STOP_LATE_S, 0.05)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
             # A daemon dead by itself was killed by an armed point, never by anything else (a
             # full disk's EFBIG, its SIGXFSZ, an error).
@@ -743,6 +757,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 and worker_died_at(w, provider, early, worker_pid)
             ):
                 w.met.add(provider)
+                chaos["worker_died_at_point"] += 1
             if restarted:
                 restarts += 1
                 with w.lock, busy_store(w, restarts % BUSY_START_EVERY == 1) as held:
@@ -792,6 +807,23 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         w.pause()
         if revive(w):
             chaos["failpoint_fired_late"] += 1
+        # Coverage by construction: a provider whose work no kill of the rounds met (the
+        # timing and the seed's draws decide it), or rounds that killed nothing, get one kill
+        # more, now: the daemon dies at a fork's point with that fork active in its store.
+        covered = (CLAUDE, CODEX) if SOAK else (CLAUDE,)
+        for provider in covered:
+            if not (claude_checks if provider == CLAUDE else codex_checks):
+                chaos[f"cover_kill {provider}"] += kill_on_fork(w, provider)
+                spares_seen = max(spares_seen, check_now(w).spare_homes)
+                checks += 1
+                claude_checks += CLAUDE in w.met
+                codex_checks += CODEX in w.met
+                w.met.clear()
+        if not killed_by(chaos):
+            chaos[f"cover_kill {TUTTI}"] += kill_on_fork(w, TUTTI)
+            spares_seen = max(spares_seen, check_now(w).spare_homes)
+            checks += 1
+            w.met.clear()
         c = w.daemon.client(timeout=60)
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
@@ -810,7 +842,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 assert run_turn(c, target, "resume")["outcome"] == "completed"
                 resumed[provider] += 1
         spares_after_kills = spares_seen
-        last_claude_fork = fork_claude_once_more(w, c)
+        last_fork = {p: fork_once_more(w, c, p) for p in covered}
         # With the clients parked, the live laws too: no Turn stays active and no
         # operation keeps its fence with nothing working on it (`active_turn_worked`,
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
@@ -819,6 +851,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         asked_violations = w.asker.check(c)
         if faulted is not None:
             faulted.join(120)
+        if not w.faults.faults:
+            # Both odd rounds' faults were skipped (their Session busy) or lost: one more now,
+            # no chaos (`provider_fault_settles` judges it with the others).
+            w.faults.guarded(c, lambda: w.generation)
+            chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
@@ -870,11 +907,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"claude: sessions_made={w.made[CLAUDE]} (of {w.made.total()}) fork_targets="
         f"{claude_children} forks_committed={committed_by[CLAUDE]} "
         f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
-        f"(after kills: {spares_after_kills}) last_fork={last_claude_fork} "
+        f"(after kills: {spares_after_kills}) last_fork={last_fork[CLAUDE]} "
         f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
         f"codex: sessions_made={w.made[CODEX]} (of {w.made.total()}) fork_targets="
         f"{codex_children} forks_committed={committed_by[CODEX]} "
-        f"checks_after_kills_of_codex_work={codex_checks} "
+        f"checks_after_kills_of_codex_work={codex_checks} last_fork={last_fork.get(CODEX)} "
         f"readable_children={final.readable_by_provider.get(CODEX, 0)}",
         final.summary(),
         f"workspace answers checked: {len(w.answers)} (restores"
@@ -897,25 +934,23 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         violations=violations,
     )
     # The run really exercised the saga and the chaos: a SIGKILL of the daemon or a worker, or a
-    # failpoint that killed one (in its round or later). The seed is random, so five short
-    # rounds may well draw no daemon kill (seen once: 3 worker kills, 2 late failpoints).
-    killed = (
-        chaos["kill_daemon"]
-        + chaos["kill_worker"]
-        + chaos["failpoint_fired"]
-        + chaos["failpoint_fired_late"]
-        + sum(n for action, n in chaos.items() if action.startswith("stall_kill"))
-    )
-    assert sum(final.operations.values()) > 0 and killed > 0, dict(chaos)
+    # failpoint that killed one (in its round or later), and a check after it. Rounds that drew
+    # none (five short ones may: seen once, 3 worker kills, 2 late failpoints) were followed by
+    # one kill at a fork's point (`kill_on_fork`), so this holds unless that kill, its restart
+    # or its check failed.
+    assert sum(final.operations.values()) > 0 and killed_by(chaos) > 0, dict(chaos)
     # ... and Claude Code's laws under it: a Claude fork committed, a check ran after a kill
-    # that met Claude work, and `spare_home_empty` walked a home with spares in it.
-    assert committed_by[CLAUDE] > 0, ("no Claude fork committed", seed)
+    # that met Claude work, and `spare_home_empty` walked a home with spares in it. The fork
+    # after the chaos (`fork_once_more`, no point armed, the store free) commits
+    # whatever the rounds' forks met; a check after a kill that met Claude work ran in a round
+    # or, when no round's kill met it, after `kill_on_fork`'s.
+    assert last_fork[CLAUDE] == "committed", ("the Claude fork after the chaos", seed, last_fork)
     assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
     # ... and Codex's (the long profile's: its `CODEX_ROUND` arms a worker point on a Codex
     # fork): a Codex fork committed, and a check ran after a kill that met Codex work.
     if SOAK:
-        assert committed_by[CODEX] > 0, ("no Codex fork committed", seed)
+        assert last_fork[CODEX] == "committed", ("the Codex fork after the chaos", seed, last_fork)
         assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
@@ -1179,22 +1214,32 @@ def revive(w: World) -> bool:
         return True
 
 
-def fork_claude_once_more(w: World, c: Client) -> str | None:
-    """With the chaos over, a live Claude Session runs a Turn and forks it (`latestSettled`):
-    the spare homes its answer leaves are what the final live check's `spare_home_empty`
-    walks, whatever the kills swept before. Returns the operation's status (None: no live
-    Claude Session took the Turn)."""
+def fork_once_more(w: World, c: Client, provider: str) -> str:
+    """With the chaos over (no point armed, no fault, the clients parked), a live Session of
+    `provider` runs a Turn and forks it (`latestSettled`), a new one if none of the rounds'
+    takes the Turn (deleted, busy, or a Turn that never reached its provider): Claude's spare
+    homes its answer leaves are what the final live check's `spare_home_empty` walks, whatever
+    the kills swept before. Returns the operation's status at its end."""
     with w.lock:
-        claude = [sid for sid in w.sessions if w.provider.get(sid) == CLAUDE]
-    for sid in claude:
+        mine = [sid for sid in w.sessions if w.provider.get(sid) == provider]
+    for sid in [*mine, None]:
+        if sid is None:
+            sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
+                "session"
+            ]["agentSessionId"]
+            with w.lock:
+                w.sessions[sid] = []
+                w.provider[sid] = provider
+                w.made[provider] += 1
         try:
             if not _idle(c, sid) or run_turn(c, sid, "once more")["outcome"] != "completed":
                 continue
         except ApiError:
-            continue  # deleted meanwhile, or refused: another Claude Session then
+            continue  # deleted meanwhile, or refused: another Session then
         status, body = c.call_raw("fork.create", fork_latest_params(sid))
         if status >= 400:
             continue
+        note_operation(w, body["operation"])
         op_id = body["operation"]["operationId"]
 
         def ended(op_id: str = op_id) -> str | None:
@@ -1202,7 +1247,75 @@ def fork_claude_once_more(w: World, c: Client) -> str | None:
             return None if op["status"] == "accepted" else str(op["status"])
 
         return str(wait_for(ended, 60))
-    return None
+    return f"no {provider} Session forked"
+
+
+def kill_on_fork(w: World, provider: str) -> int:
+    """One kill more after the rounds, the clients parked: a new Session of `provider` runs a
+    Turn and forks it with `host.fork.after_dispatching` armed `once:kill`, so the daemon dies
+    with that fork active in its store (`World.meet` sees it: `provider`'s work met); then it
+    is restarted. Returns 1."""
+    quiet_failpoints(w)  # a point a round armed fires in no step of this one
+    c = w.daemon.client(timeout=60)
+    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
+        "session"
+    ]["agentSessionId"]
+    with w.lock:
+        w.provider[sid] = provider
+        w.made[provider] += 1
+    turn = run_turn(c, sid, "before the kill")
+    with w.lock:
+        w.sessions[sid] = [turn["turnId"]]
+    c.call("debug.failpoints", {"points": {COVER_POINT: "once:kill"}})
+    c.submit("fork.create", fork_params(sid, turn["turnId"]))  # its reply dies with the daemon
+    assert w.daemon.proc is not None
+    try:
+        w.daemon.proc.wait(60)
+    except subprocess.TimeoutExpired:
+        raise AssertionError((w.seed, f"{COVER_POINT} not reached", w.daemon.tail_log())) from None
+    with w.lock:
+        w.daemon.kill()
+        w.meet()
+        w.daemon = DaemonProcess(w.home, env=w.env).start()
+        w.generation += 1
+    w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
+    return 1
+
+
+def check_now(w: World) -> Any:
+    """A round's checks, the clients parked: every law, the workspace answers and reads so far,
+    and no process of a killed daemon left. Returns the invariant report."""
+    report = check_invariants(w.home, repositories=w.repositories)
+    assert report.ok, (w.seed, report.violations)
+    answers_wrong = check_answers(w)
+    assert not answers_wrong, (w.seed, answers_wrong)
+    reads_wrong = w.reader.check()
+    assert not reads_wrong, (w.seed, reads_wrong)
+    assert w.daemon.proc is not None
+    orphans = check_processes(w.home, w.daemon.proc.pid)
+    assert not orphans, (w.seed, orphans)
+    return report
+
+
+def killed_by(chaos: Counter[str]) -> int:
+    """The kills of the run so far: SIGKILLs of the daemon (a full disk's too) or of a worker,
+    points that killed one (in their round, later, or a worker's at the round's armed point),
+    and `kill_on_fork`'s."""
+    return sum(
+        n
+        for action, n in chaos.items()
+        if action.startswith(
+            (
+                "kill_daemon",
+                "kill_worker ",  # `kill_worker <provider>`: a worker that ran, killed
+                "failpoint_fired",
+                "stall_kill",
+                "full_disk_kill",
+                "worker_died_at_point",
+                "cover_kill",
+            )
+        )
+    )
 
 
 def worker_died_at(w: World, provider: str, point: str, pid: int | None) -> bool:
