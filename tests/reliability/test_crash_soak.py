@@ -646,7 +646,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 # The stop rounds' workers are Claude's, Codex's, Tutti Agent's in turn (the
                 # seed fork of the same provider).
                 provider = (CLAUDE, CODEX, TUTTI)[stops.total() % 3]
-                quiet_failpoints(w)
+                if quiet_failpoints(w):
+                    chaos["failpoint_fired_late"] += 1
             if stall:
                 plan = "stall_git" if rounds % STALL_EVERY == 3 else "stall_kill"
                 if quiet_failpoints(w):
@@ -990,11 +991,13 @@ def quiet_failpoints(w: World) -> bool:
     turned off, so no kill of the daemon cuts the round's stall (a daemon killed then would
     leave the stalled git running until the restart, and answer no call of the round's
     checks). A daemon such a point killed meanwhile is restarted (`revive`): none is armed
-    in a new daemon."""
+    in a new daemon. True when it was (a point fired late)."""
     try:
         w.daemon.client(timeout=10).call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
     except (ClientTimeout, ClientClosed):
         assert revive(w), ("a live daemon did not answer debug.failpoints", w.seed)
+        return True
+    return False
 
 
 def stall_met(w: World, command: str, *, kill: bool = False) -> str:
