@@ -13,9 +13,8 @@ from concurrent.futures import Future
 from functools import partial
 from typing import TypeVar
 
-from actors.recovery import start_write
+from actors.recovery import remove_then_record
 from actors.store_ports import WorktreeStore
-from domain.errors import StoreBusy
 from domain.fork_states import ForkStatus
 from storage.models import ForkOperation
 from workspace.worktree import ForkTrees
@@ -79,25 +78,16 @@ def remove_failed_trees(store: WorktreeStore, trees: ForkTrees | None) -> int:
         batch = store.fork_workspace.fork_worktrees_to_remove(limit=500)
         progress = 0
         for item in batch:
-            try:
-                trees.remove(item.plan)
-            except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
-                log.exception("could not remove the worktree of failed fork %s", item.operation_id)
-                continue
-            try:
-                if start_write(
-                    partial(
-                        store.fork_workspace.mark_fork_worktree_removed,
-                        item.workspace_id,
-                        item.operation_id,
-                    ),
-                    f"recording the removed worktree of failed fork {item.operation_id}",
-                ):
-                    progress += 1
-            except StoreBusy:
-                raise  # the store stayed busy past the bound: the start fails
-            except Exception:  # noqa: BLE001 - one bad row must not stop the rest
-                log.exception("could not record the removed worktree of %s", item.operation_id)
+            if remove_then_record(
+                partial(trees.remove, item.plan),
+                partial(
+                    store.fork_workspace.mark_fork_worktree_removed,
+                    item.workspace_id,
+                    item.operation_id,
+                ),
+                f"the worktree of failed fork {item.operation_id}",
+            ):
+                progress += 1
         removed += progress
         if len(batch) < 500 or progress == 0:
             return removed

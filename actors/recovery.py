@@ -19,6 +19,7 @@ from functools import partial
 from typing import TypeVar
 
 from actors.store_ports import RestartRuleStore, StartupRecoveryStore
+from domain.errors import StoreBusy
 from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
 from storage.models import ForkOperation, LeftoverCommit
@@ -253,6 +254,28 @@ def start_write(
             log.warning("%s deferred %.2f s: %s", what, delay, busy.message)
             time.sleep(delay)
             delay = min(RETRY_MAX_S, delay * 2)
+
+
+def remove_then_record(
+    remove: Callable[[], object], record: Callable[[], object], what: str
+) -> bool:
+    """A tree removed at start-up, then its record written by `start_write`: True when both
+    happened (`record` answered true). A removal or a record that fails for another reason is
+    logged and False (one bad tree or row must not stop the rest); a store busy past the bound
+    fails the start (`StoreBusy` raised)."""
+    try:
+        remove()
+    except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
+        log.exception("could not remove %s", what)
+        return False
+    try:
+        recorded = start_write(record, f"recording the removed {what}")
+    except StoreBusy:
+        raise  # the store stayed busy past the bound: the start fails
+    except Exception:  # noqa: BLE001 - one bad row must not stop the rest
+        log.exception("could not record the removed %s", what)
+        return False
+    return bool(recorded)
 
 
 def settle_orphaned_turns(

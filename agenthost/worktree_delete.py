@@ -23,13 +23,13 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from typing import Any, Literal, Protocol
 
 from actors.checkpoints import DirectoryLocks
-from actors.recovery import start_write
-from domain.errors import StoreBusy, WorkspaceUnavailable, WorkspaceWorktreeDirty
+from actors.recovery import remove_then_record
+from domain.errors import WorkspaceUnavailable, WorkspaceWorktreeDirty
 from protocol.methods import DeletedTree, DeleteResult
 from storage.fork_workspace import ChildTree
 from storage.models import TreeToRemove
@@ -214,26 +214,21 @@ def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
         return 0
     done = 0
     for item in store.fork_workspace.child_worktrees_removing():
-        try:
-            trees.remove_child(TreePlan.from_json(item.plan))
-        except Exception:  # noqa: BLE001 - one bad tree must not stop the rest
-            log.exception("could not remove the worktree of %s", item.operation_id)
-            continue
-        try:
-            if start_write(
-                partial(
-                    store.fork_workspace.mark_child_worktree_removed,
-                    item.workspace_id,
-                    item.operation_id,
-                ),
-                f"recording the removed worktree of {item.operation_id}",
-            ):
-                done += 1
-        except StoreBusy:
-            raise  # the store stayed busy past the bound: the start fails
-        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
-            log.exception("could not record the removed worktree of %s", item.operation_id)
+        if remove_then_record(
+            partial(_remove_child, trees, item.plan),
+            partial(
+                store.fork_workspace.mark_child_worktree_removed,
+                item.workspace_id,
+                item.operation_id,
+            ),
+            f"the worktree of {item.operation_id}",
+        ):
+            done += 1
     return done
+
+
+def _remove_child(trees: Worktrees, plan: Mapping[str, Any]) -> None:
+    trees.remove_child(TreePlan.from_json(plan))
 
 
 __all__ = ["WORKTREE_CHOICES", "delete_fn", "finish_removals"]
