@@ -113,7 +113,10 @@ def build_parser(
         "--events",
         type=endpoint,
         default=None,
-        help="events endpoint (default: the home's ipc events socket)",
+        help=(
+            "events endpoint (default: the home's events-exact.sock when the daemon bound it,"
+            " else its events.sock; a connection file's eventsExact, else its events)"
+        ),
     )
     p.add_argument(
         "--connection",

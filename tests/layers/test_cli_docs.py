@@ -230,3 +230,15 @@ def test_the_console_scripts_the_docs_name_are_pyproject_s() -> None:
     ]
     named = dict(re.findall(r'`([a-z-]+) = "([a-z_.]+:[a-z_]+)"`', "\n".join(USER_DOCS.values())))
     assert named and named.items() <= scripts.items()
+
+
+def test_the_events_option_s_help_names_the_sockets_the_client_prefers() -> None:
+    """`--events`'s default is the home's exact-topic socket when the daemon bound it, else its
+    plain one (client.cli.endpoints.events_source; docs/client.md's CLI section): its help
+    says both, in that order."""
+    from domain.home_layout import EVENTS_EXACT_SOCKET, EVENTS_SOCKET
+
+    (action,) = [a for a in _parser()._actions if "--events" in a.option_strings]
+    text = action.help or ""
+    assert EVENTS_EXACT_SOCKET in text and EVENTS_SOCKET in text, text
+    assert text.index(EVENTS_EXACT_SOCKET) < text.index(f" {EVENTS_SOCKET}"), text
