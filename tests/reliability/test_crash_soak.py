@@ -1121,15 +1121,21 @@ def stopped_worker_replaced(w: World, provider: str, pid: int, at: float) -> Non
             )
         ) from None
     c = w.daemon.client(timeout=60)
-    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
+    sid = new_session(w, c, provider)
+    turn = run_turn(c, sid, "after the stop")
+    now = (worker_of(w.daemon, provider) or {}).get("pid")
+    assert turn["outcome"] == "completed" and now and now != pid, (w.seed, provider, pid, turn)
+
+
+def new_session(w: World, c: Client, provider: str) -> str:
+    """A new Session of `provider` in the soak's folder, counted as the soak's."""
+    sid: str = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
         "session"
     ]["agentSessionId"]
     with w.lock:
         w.provider[sid] = provider
         w.made[provider] += 1
-    turn = run_turn(c, sid, "after the stop")
-    now = (worker_of(w.daemon, provider) or {}).get("pid")
-    assert turn["outcome"] == "completed" and now and now != pid, (w.seed, provider, pid, turn)
+    return sid
 
 
 def fill_disk(w: World) -> None:
@@ -1227,13 +1233,9 @@ def fork_once_more(w: World, c: Client, provider: str) -> str:
         mine = [sid for sid in w.sessions if w.provider.get(sid) == provider]
     for sid in [*mine, None]:
         if sid is None:
-            sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
-                "session"
-            ]["agentSessionId"]
+            sid = new_session(w, c, provider)
             with w.lock:
                 w.sessions[sid] = []
-                w.provider[sid] = provider
-                w.made[provider] += 1
         try:
             if not _idle(c, sid) or run_turn(c, sid, "once more")["outcome"] != "completed":
                 continue
@@ -1260,12 +1262,7 @@ def kill_on_fork(w: World, provider: str) -> int:
     is restarted. Returns 1."""
     quiet_failpoints(w)  # a point a round armed fires in no step of this one
     c = w.daemon.client(timeout=60)
-    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
-        "session"
-    ]["agentSessionId"]
-    with w.lock:
-        w.provider[sid] = provider
-        w.made[provider] += 1
+    sid = new_session(w, c, provider)
     turn = run_turn(c, sid, "before the kill")
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]
@@ -1345,12 +1342,7 @@ def seed_fork(w: World, rng: random.Random, provider: str, arm: str | None) -> i
     pid then (None if there is none)."""
     c = w.daemon.client(timeout=30)
     worktree = rng.random() < 0.5
-    sid = c.call("session.create", {"workspaceId": WS, "provider": provider, "cwd": w.cwd})[
-        "session"
-    ]["agentSessionId"]
-    with w.lock:
-        w.provider[sid] = provider
-        w.made[provider] += 1
+    sid = new_session(w, c, provider)
     text = (
         f"/write seed.md seed {rng.randrange(1000)}" if worktree and provider == TUTTI else "seed"
     )
