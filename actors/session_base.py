@@ -155,15 +155,16 @@ class SessionCore:
         reply: Callable[[Any], None] | None = None,
         *,
         turn_event: bool = False,
+        niced: bool = False,
     ) -> None:
         """Continue on this actor's thread when `future` completes; `reply` is the reply the
         continuation owes, answered with a typed error if the continuation raises;
-        `turn_event`: see `FollowUp.turn_event`."""
+        `turn_event`, `niced`: see `FollowUp`."""
         ref = self.actor_ref
 
         def _done(f: Future[T]) -> None:
             try:
-                ref.tell(FollowUp(lambda: on_done(f), reply, turn_event))
+                ref.tell(FollowUp(lambda: on_done(f), reply, turn_event, niced))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
                 if reply is not None:  # still owed: typed and retryable, never silence
@@ -171,13 +172,15 @@ class SessionCore:
 
         future.add_done_callback(_done)
 
-    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
-        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all)."""
+    def after(self, seconds: float, fn: Callable[[], None], *, niced: bool = False) -> TimerHandle:
+        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all);
+        `niced`: see `FollowUp`."""
         ref = self.actor_ref
+        message = FollowUp(fn, niced=niced)
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(FollowUp(fn))
+                ref.tell(message)
 
         return self.ctx.actor_pool.call_later(seconds, _fire)
 
