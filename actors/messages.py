@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from domain.turn_events import TurnEvent
 
@@ -26,9 +26,6 @@ class FollowUp:
     """The provider's answer to a Turn's `turn.start`: it only queues that Turn's writes (its
     binding, the events that came before it), so the Turn's held writes may wait for it as
     for a driver event (`SessionActor.on_receive`)."""
-    niced: bool = False
-    """A continuation of a fork saga or a `fork.resolve` (the `ForkHost` port's `later` and
-    `after`): handled on the actor pool's niced threads (`actors.pool`, `niced`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,10 +74,6 @@ class DriverEvent:
 
 @dataclass(frozen=True, slots=True)
 class ForkCreate:
-    niced: ClassVar[bool] = True
-    """A fork's start runs on the actor pool's niced threads (`actors.pool`), as do its
-    saga's steps (`FollowUp.niced`)."""
-
     request_id: str
     target_session_id: str
     turn_id: str
@@ -95,7 +88,6 @@ class ForkCreate:
 class ForkAdvance:
     """From `fork.get`: advance a non-terminal operation that no live saga owns."""
 
-    niced: ClassVar[bool] = True
     operation_id: str
     reply: Reply
 

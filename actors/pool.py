@@ -44,15 +44,6 @@ log = logging.getLogger(__name__)
 DEFAULT_ACTOR_THREADS = 32
 """Threads that run every Session actor of one daemon (`[daemon] actor_threads`)."""
 
-NICED_THREADS = 16
-"""The pool's niced threads (`ActorPool.submit(niced=True)`): the fork path's messages (those
-whose `niced` attribute is True) run there, so a fork's Python yields the cores to a client's
-mutation and Turn (docs/design/internals.md, "The fork path runs niced")."""
-
-NICE = 10
-"""How much the niced threads raise their niceness (for ever: a thread cannot lower it back
-without privilege)."""
-
 _BATCH = 16
 """Messages one actor handles before it yields its thread to the next scheduled actor."""
 
@@ -209,34 +200,16 @@ class ActorPool:
     (`tests/actors/test_pool_threads.py`). A slice submitted while no thread is idle starts one
     under the bound, or waits for the next thread done (FIFO)."""
 
-    def __init__(
-        self,
-        max_threads: int = DEFAULT_ACTOR_THREADS,
-        *,
-        name: str = "actor",
-        niced_threads: int = NICED_THREADS,
-        nice: int = NICE,
-    ) -> None:
+    def __init__(self, max_threads: int = DEFAULT_ACTOR_THREADS, *, name: str = "actor") -> None:
         self.max_threads = max(1, int(max_threads))
         self._threads = WakeOneThreads(self.max_threads, name)
-        self._niced = (
-            WakeOneThreads(niced_threads, f"{name}-niced", nice=nice)
-            if niced_threads > 0 and nice > 0
-            else self._threads
-        )
         self.timers = Timers(f"{name}-timer")
 
-    def submit(self, fn: Callable[[], None], *, niced: bool = False) -> None:
-        """Run `fn` on one of the pool's threads; `niced`: on one of its niced ones."""
+    def submit(self, fn: Callable[[], None]) -> None:
         try:
-            (self._niced if niced else self._threads).submit(fn)
+            self._threads.submit(fn)
         except RuntimeError:  # shut down: the daemon is closing, nothing runs any more
             log.debug("actor pool closed; dropped a scheduled slice")
-
-    @property
-    def niced_threads(self) -> list[threading.Thread]:
-        """The niced threads started so far (none when the pool has no niced ones)."""
-        return [] if self._niced is self._threads else self._niced.threads
 
     def call_later(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
         """Run `fn` on the pool's timer thread after `seconds` (it must not block)."""
@@ -246,20 +219,11 @@ class ActorPool:
         """No more slices; each thread ends after the slices already queued."""
         self.timers.close()
         self._threads.shutdown(wait=False)
-        if self._niced is not self._threads:
-            self._niced.shutdown(wait=False)
 
 
 MAX_AHEAD = 8
 """How many messages may go ahead of an actor's background messages before one of those is
 handled: a stream of requests cannot hold a Turn's driver events back for longer."""
-
-
-class _Elsewhere:
-    """`take_here`'s answer when the next message runs on the pool's other threads."""
-
-
-ELSEWHERE = _Elsewhere()
 
 
 def _is_background(owner: PooledActor, envelope: Envelope[Any]) -> bool:
@@ -318,26 +282,13 @@ class _PooledInbox:
         with self._lock:
             return not self._items
 
-    def take_any(self) -> Envelope[Any] | None:
-        """The next envelope, or None after marking the actor unscheduled (the teardown's)."""
-        with self._lock:
-            if self._items:
-                return self._taken(self._items.popleft())
-            self._scheduled = False
-            return None
-
-    def take_or_idle(self, niced: bool = False) -> Envelope[Any] | _Elsewhere | None:
-        """The next envelope, or None after marking the actor unscheduled (atomically), for a
-        slice on the pool's niced threads (`niced`) or on the others: `ELSEWHERE` instead
-        (nothing taken, still scheduled) when the next message runs on the other ones — the
-        niced ones for a message whose `niced` attribute is True, the others for every other.
+    def take_or_idle(self) -> Envelope[Any] | None:
+        """The next envelope, or None after marking the actor unscheduled (atomically).
 
         A slice's every take (~15 a Turn): while nothing went ahead (`_ahead` 0, nearly
         always) there is no count to reset, and the actor is not asked `is_background`."""
         with self._lock:
             if self._items:
-                if getattr(self._items[0].message, "niced", False) is not niced:
-                    return ELSEWHERE
                 envelope = self._items.popleft()
                 if self._ahead:
                     return self._taken(envelope)
@@ -410,10 +361,7 @@ class PooledActor(pykka.Actor, abc.ABC):
         return items[0].message if items else None
 
     def _schedule(self) -> None:
-        if getattr(self.next_message(), "niced", False):
-            self.actor_pool.submit(self._run_niced_slice, niced=True)
-        else:
-            self.actor_pool.submit(self._run_slice)
+        self.actor_pool.submit(self._run_slice)
 
     def _gate_open(self) -> bool:
         gate = self._gate
@@ -429,10 +377,7 @@ class PooledActor(pykka.Actor, abc.ABC):
         self._gate = None
         return True
 
-    def _run_niced_slice(self) -> None:
-        self._run_slice(niced=True)
-
-    def _run_slice(self, niced: bool = False) -> None:
+    def _run_slice(self) -> None:
         inbox = self.actor_inbox
         assert isinstance(inbox, _PooledInbox)
         if self._gate is not None and not self._gate_open():  # no call once it is open
@@ -446,11 +391,8 @@ class PooledActor(pykka.Actor, abc.ABC):
             if self.actor_stopped.is_set():
                 self._teardown(inbox)
                 return
-            envelope = inbox.take_or_idle(niced)
+            envelope = inbox.take_or_idle()
             if envelope is None:
-                return
-            if isinstance(envelope, _Elsewhere):
-                self._schedule()  # still scheduled: its next slice on the other threads
                 return
             self._handle_envelope(envelope)
         if self.actor_stopped.is_set():
@@ -461,7 +403,7 @@ class PooledActor(pykka.Actor, abc.ABC):
     def _teardown(self, inbox: _PooledInbox) -> None:
         """pykka's `_actor_loop_teardown`: answer what is left (a stop with None, an ask with
         ActorDeadError). A later put schedules another slice, which answers it too."""
-        while (envelope := inbox.take_any()) is not None:
+        while (envelope := inbox.take_or_idle()) is not None:
             if envelope.reply_to is None:
                 continue
             if isinstance(envelope.message, messages._ActorStop):

@@ -308,10 +308,10 @@ class SessionActor(PooledActor):
         on_done: Callable[[Future[T]], None],
         reply: Callable[[Any], None] | None = None,
     ) -> None:
-        self.core.later(future, on_done, reply, niced=True)
+        self.core.later(future, on_done, reply)
 
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
-        return self.core.after(seconds, fn, niced=True)
+        return self.core.after(seconds, fn)
 
     def apply_late_bindings(self) -> None:
         self.writes.apply_late_bindings()

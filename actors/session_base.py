@@ -155,16 +155,15 @@ class SessionCore:
         reply: Callable[[Any], None] | None = None,
         *,
         turn_event: bool = False,
-        niced: bool = False,
     ) -> None:
         """Continue on this actor's thread when `future` completes; `reply` is the reply the
         continuation owes, answered with a typed error if the continuation raises;
-        `turn_event`, `niced`: see `FollowUp`."""
+        `turn_event`: see `FollowUp.turn_event`."""
         ref = self.actor_ref
 
         def _done(f: Future[T]) -> None:
             try:
-                ref.tell(FollowUp(lambda: on_done(f), reply, turn_event, niced))
+                ref.tell(FollowUp(lambda: on_done(f), reply, turn_event))
             except pykka.ActorDeadError:
                 log.warning("session actor %s gone before a driver answer", self.key)
                 if reply is not None:  # still owed: typed and retryable, never silence
@@ -172,15 +171,13 @@ class SessionCore:
 
         future.add_done_callback(_done)
 
-    def after(self, seconds: float, fn: Callable[[], None], *, niced: bool = False) -> TimerHandle:
-        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all);
-        `niced`: see `FollowUp`."""
+    def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
+        """Run `fn` on this actor's thread in `seconds` (one shared timer thread for all)."""
         ref = self.actor_ref
-        message = FollowUp(fn, niced=niced)
 
         def _fire() -> None:
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(message)
+                ref.tell(FollowUp(fn))
 
         return self.ctx.actor_pool.call_later(seconds, _fire)
 

@@ -14,7 +14,6 @@ Items put while nobody waits are taken in the order they were put (FIFO).
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import weakref
@@ -126,55 +125,16 @@ class WakeOneQueue(Generic[T]):
             return dropped
 
 
-_own = threading.local()
-
-
-def own_niceness() -> int:
-    """The calling thread's niceness (Linux keeps one per thread; 0 where there is none)."""
-    try:
-        return os.getpriority(os.PRIO_PROCESS, threading.get_native_id())
-    except (AttributeError, OSError):
-        return 0
-
-
-def lower_own_priority(to: int) -> bool:
-    """Raise the calling thread's niceness to `to` (Linux: a thread's niceness is its own,
-    `setpriority(PRIO_PROCESS, tid)`, and a thread it starts inherits it). Any thread may raise
-    its own, only a privileged one may lower it again: a thread that calls this stays niced for
-    its life, and marks itself (`is_niced`) so that it starts no thread of a pool that is not
-    niced (`WakeOneThreads.submit`). False where already there, where the platform has no
-    per-thread niceness or where it was refused (the thread runs on as it was)."""
-    try:
-        tid = threading.get_native_id()
-        if os.getpriority(os.PRIO_PROCESS, tid) >= to:
-            return False
-        os.setpriority(os.PRIO_PROCESS, tid, to)
-    except (AttributeError, OSError):
-        return False
-    _own.niced = True
-    return True
-
-
-def is_niced() -> bool:
-    """Whether the calling thread niced itself (`lower_own_priority`)."""
-    return bool(getattr(_own, "niced", False))
-
-
 class WakeOneThreads:
     """Up to `max_threads` threads running submitted callables, each job handed through a
     `WakeOneQueue` (one idle thread woken per job, the one idle last). A thread starts only when
     a job finds none idle, under the bound; nothing waits on a job's result (a job that raises
     is logged). `shutdown` ends every thread after the jobs queued (or drops them, `drop`);
-    at the interpreter's exit it is shut down before the threads are joined. With `nice` each
-    thread raises its niceness to that much above its creator's (the thread that built the
-    pool) before its first job (`lower_own_priority`); a pool without starts no thread from a
-    niced one while it has one already (the thread would inherit the niceness for good): the
-    job waits for one of them."""
+    at the interpreter's exit it is shut down before the threads are joined."""
 
-    def __init__(self, max_threads: int, name: str, *, nice: int = 0) -> None:
+    def __init__(self, max_threads: int, name: str) -> None:
         self.max_threads = max(1, int(max_threads))
         self._name = name
-        self._nice = own_niceness() + nice if nice > 0 else 0
         self._queue: WakeOneQueue[Callable[[], object]] = WakeOneQueue()
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
@@ -194,7 +154,7 @@ class WakeOneThreads:
             return
         with self._lock:
             count = len(self._threads)
-            if count >= self.max_threads or (count and not self._nice and is_niced()):
+            if count >= self.max_threads:
                 return
             if not count:
                 _shut_at_exit(self)
@@ -203,8 +163,6 @@ class WakeOneThreads:
             thread.start()
 
     def _work(self) -> None:
-        if self._nice:
-            lower_own_priority(self._nice)
         get = self._queue.get
         while True:
             try:
@@ -243,11 +201,4 @@ def _shut_at_exit(threads: WakeOneThreads) -> None:
     threading._register_atexit(shut)  # type: ignore[attr-defined]
 
 
-__all__ = [
-    "QueueClosed",
-    "WakeOneQueue",
-    "WakeOneThreads",
-    "is_niced",
-    "lower_own_priority",
-    "own_niceness",
-]
+__all__ = ["QueueClosed", "WakeOneQueue", "WakeOneThreads"]

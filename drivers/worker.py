@@ -26,7 +26,7 @@ from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.turn_events import TurnEvent
-from domain.wake_one import WakeOneQueue, lower_own_priority, own_niceness
+from domain.wake_one import WakeOneQueue
 from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
@@ -57,10 +57,7 @@ _PR_SET_PDEATHSIG = 1
 # Lanes: a call that may block for long (spawning an app-server, a fork, an
 # attestation) runs on the `slow` lane, so 64 of them cannot delay a warm Session's turn or
 # an interrupt, which run on the `fast` lane; stopping runtimes has a lane of its own, so
-# evictions under the runtime bound never wait behind either. A fork has a lane of its own
-# whose threads run niced (`LANE_NICE`): its bind, proof and fsyncs yield the cores to a warm
-# Turn's start on the link thread and to the fast lane (docs/design/drivers.md, "The fork lane
-# runs niced").
+# evictions under the runtime bound never wait behind either.
 FAST_METHODS = frozenset(
     {
         "worker.ping",
@@ -74,11 +71,7 @@ FAST_METHODS = frozenset(
 WARM_METHODS = frozenset({"session.start", "turn.start"})
 """Fast when the driver says the Session's runtime is live and idle (`is_warm`), else slow."""
 LIFECYCLE_METHODS = frozenset({"session.stop"})
-FORK_METHODS = frozenset({"fork"})
-LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64, "fork": 64}
-LANE_NICE = {"fork": 10}
-"""How much a lane's threads raise their niceness as they start (for ever: lowering it back
-needs privilege, so a niced thread serves that lane only)."""
+LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
 
 
 # The request lanes: a lane is a queue and up to N threads that take requests from it, handed
@@ -105,14 +98,9 @@ needs privilege, so a niced thread serves that lane only)."""
 class RequestLane:
     """Runs `handle(msg)` for each `put(msg)` on one of at most `size` threads."""
 
-    def __init__(
-        self, name: str, size: int, handle: Callable[[Any], None], *, nice: int = 0
-    ) -> None:
+    def __init__(self, name: str, size: int, handle: Callable[[Any], None]) -> None:
         self.name = name
         self.size = max(1, size)
-        # The niceness its threads take: `nice` above the worker's own (lane threads start
-        # lane threads, which inherit it: set, not added to).
-        self.nice = own_niceness() + nice if nice > 0 else 0
         self._handle = handle
         self._queue: WakeOneQueue[Any] = WakeOneQueue()
         self._lock = threading.Lock()  # the thread count
@@ -143,8 +131,6 @@ class RequestLane:
         threading.Thread(target=self._run, name=f"req-{self.name}-{number}", daemon=True).start()
 
     def _run(self) -> None:
-        if self.nice:
-            lower_own_priority(self.nice)
         get = self._queue.get
         while True:
             msg = get()
@@ -194,10 +180,7 @@ class WorkerServer:
         """Every Session this worker has received a `turn.start` of, recorded on the link thread
         in the link's order, before it is dispatched (`_history`'s finality: a start the host
         sent before a history request reached this worker before it)."""
-        self._lanes = {
-            lane: RequestLane(lane, n, self._handle, nice=LANE_NICE.get(lane, 0))
-            for lane, n in sizes.items()
-        }
+        self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": lambda p: self._stamped(p, self.driver().start_session),
@@ -412,8 +395,6 @@ class WorkerServer:
             return "fast"
         if method in LIFECYCLE_METHODS:
             return "lifecycle"
-        if method in FORK_METHODS:
-            return "fork"
         if method in WARM_METHODS:
             driver = self._driver  # never import a driver on the link thread
             is_warm = getattr(driver, "is_warm", None)
