@@ -85,12 +85,18 @@ def apply_restart_rule(
 
 
 def recover_fork_operations(
-    store: StartupRecoveryStore, *, page_size: int = 500, commit_before_ready: int | None = None
+    store: StartupRecoveryStore,
+    *,
+    page_size: int = 500,
+    commit_before_ready: int | None = None,
+    hit: Callable[[str], None] | None = None,
 ) -> RecoveryReport:
     """Every leftover settled; with `commit_before_ready`, only that many `provider_accepted`
     commits are made here and the rest are returned in `deferred` (each a whole child: the
     part of a start that grows with the store, see `DeferredCommits`). The commits made here
-    go `page_size` to a transaction, each in its own savepoint (a bad one is rolled back alone)."""
+    go `page_size` to a transaction, each in its own savepoint (a bad one is rolled back alone).
+    `hit`: the failpoint `host.recovery.before_commits` (the statuses settled, the
+    `provider_accepted` leftovers listed, none committed yet)."""
     # The two pure status changes first, for every leftover at once (one transaction, one
     # fsync, no row decoded); what is left active then is only `provider_accepted`, listed by
     # key (the commit reads each row itself).
@@ -105,6 +111,8 @@ def recover_fork_operations(
     leftovers = store.fork_recovery.leftover_commits()
     bound = len(leftovers) if commit_before_ready is None else max(0, commit_before_ready)
     now, deferred = leftovers[:bound], leftovers[bound:]
+    if hit is not None and now:
+        hit("host.recovery.before_commits")
     committed = errors = 0
     step = max(1, page_size)
     for i in range(0, len(now), step):
@@ -115,6 +123,13 @@ def recover_fork_operations(
         committed += page_committed
         errors += page_errors
     return RecoveryReport(failed, unknown, committed, errors, tuple(deferred))
+
+
+def recover_resolutions(store: StartupRecoveryStore) -> tuple[int, int]:
+    """Start-up, after `recover_fork_operations`: each half-done `fork.resolve` finished (its
+    operation moved on) or rolled back; (done, rolled). One transaction, which the store may
+    refuse (busy, full): tried again by `start_write`, as start-up's other writes are."""
+    return start_write(store.resolution.recover_fork_resolutions, "recovering fork resolutions")
 
 
 class DeferredCommits:

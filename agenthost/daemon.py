@@ -39,6 +39,7 @@ from actors.recovery import (
     DeferredCommits,
     RecoveryReport,
     recover_fork_operations,
+    recover_resolutions,
     settle_orphaned_turns,
     start_write,
 )
@@ -186,6 +187,20 @@ class Daemon:
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
 
+        fp_state = cfg.run_dir / "failpoints-host"
+        fp_state.mkdir(mode=0o700, exist_ok=True)
+        # Armed before recovery, which has a point of its own (`host.recovery.before_commits`).
+        # The state dir makes a fired `once:` point survive the SIGKILL it causes, so the
+        # restarted daemon is not killed again by the same armed point.
+        # PROTOCOL.md: AGENTHOST_FAILPOINTS arms points at start (setting it is the opt-in);
+        # only the run-time `debug.failpoints` method needs AGENTHOST_ENABLE_FAILPOINTS=1.
+        env_points = os.environ.get(ENV_POINTS, "")
+        if env_points:
+            log.warning("failpoints armed from %s: %s", ENV_POINTS, env_points)
+        self.failpoints = Failpoints(
+            {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
+            state_dir=fp_state,
+        )
         # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
         # waits for a store another process keeps busy, as start-up's other writes do.
         self.store = store = start_write(
@@ -201,13 +216,11 @@ class Daemon:
         # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
         # `fork.get` of it makes at once).
         self.recovery = recover_fork_operations(
-            store, commit_before_ready=self.commits_before_ready
+            store, commit_before_ready=self.commits_before_ready, hit=self.failpoints.hit
         )
         self.deferred_commits = DeferredCommits(store, self.recovery.deferred)
         # Then fork.resolve: finish or roll back a half-done resolution.
-        self.resolutions_recovered = start_write(
-            store.resolution.recover_fork_resolutions, "recovering fork resolutions"
-        )
+        self.resolutions_recovered = recover_resolutions(store)
         self.orphaned_turns = settle_orphaned_turns(store)
         # One shadow store of workspace checkpoints per home, shared by every Session.
         shadow = ShadowStore(
@@ -226,19 +239,6 @@ class Daemon:
         # Deletes a killed daemon did not finish: their runtime dirs go now.
         runtime_dirs.sweep(store, cfg.runtimes_dir)
 
-        fp_state = cfg.run_dir / "failpoints-host"
-        fp_state.mkdir(mode=0o700, exist_ok=True)
-        # The state dir makes a fired `once:` point survive the SIGKILL it causes, so the
-        # restarted daemon is not killed again by the same armed point.
-        # PROTOCOL.md: AGENTHOST_FAILPOINTS arms points at start (setting it is the opt-in);
-        # only the run-time `debug.failpoints` method needs AGENTHOST_ENABLE_FAILPOINTS=1.
-        env_points = os.environ.get(ENV_POINTS, "")
-        if env_points:
-            log.warning("failpoints armed from %s: %s", ENV_POINTS, env_points)
-        self.failpoints = Failpoints(
-            {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
-            state_dir=fp_state,
-        )
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
             provider_config=_provider_config(cfg, self.providers),

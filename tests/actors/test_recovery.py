@@ -13,6 +13,7 @@ from actors.recovery import (
     PREPARED_ERROR,
     DeferredCommits,
     recover_fork_operations,
+    recover_resolutions,
 )
 from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
@@ -309,5 +310,71 @@ def test_recovery_waits_for_a_store_another_process_holds(tmp_path: Path) -> Non
         assert (report.failed, report.unknown, report.committed, report.errors) == (1, 0, 1, 0)
         assert store.fork_queries.get_fork_operation(WS, prepared).status is ForkStatus.FAILED
         assert store.fork_queries.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
+    finally:
+        store.close()
+
+
+def test_leftover_commits_wait_for_a_store_taken_after_the_statuses_settled(
+    tmp_path: Path,
+) -> None:
+    """The store taken by another process exactly between the status changes and the
+    `provider_accepted` commits (at `host.recovery.before_commits`): the commit page meets the
+    lock, backs off (`start_write`), and lands once the lock is let go. Without its retry the
+    page raised StoreBusy and the start failed."""
+    from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        prepared, _ = _prepare(store)
+        accepted = [_accepted(store) for _ in range(3)]
+        holder = WriteLockHolder(path)
+        taken: list[str] = []
+
+        def hit(point: str) -> None:
+            taken.append(point)
+            holder.acquire()
+
+        with ReleaseWhenLogged(holder, "committing leftover fork operations deferred") as seen:
+            report = recover_fork_operations(store, page_size=2, hit=hit)
+        assert taken == ["host.recovery.before_commits"]
+        assert seen.seen >= 1  # the commit page met the lock (not vacuous)
+        assert (report.failed, report.unknown, report.committed, report.errors) == (1, 0, 3, 0)
+        assert store.fork_queries.get_fork_operation(WS, prepared).status is ForkStatus.FAILED
+        statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+        assert statuses == {ForkStatus.COMMITTED}
+    finally:
+        store.close()
+
+
+def test_a_half_done_resolution_waits_for_a_store_another_process_holds(
+    tmp_path: Path,
+) -> None:
+    """A `fork.resolve` a stop interrupted (`started`, its operation still `unknown`) is
+    rolled back at start-up; the store held by another process as that runs, the rollback
+    backs off and lands once the lock is let go. Without its retry it raised StoreBusy."""
+    from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        op_id, _ = _prepare(store)
+        store.fork_transitions.mark_fork_dispatching(WS, op_id)
+        store.fork_transitions.mark_fork_unknown(WS, op_id, "lost")
+        store.resolution.begin_resolution(
+            WS,
+            op_id,
+            request_id=str(uuid.uuid4()),
+            action="abandon",
+            child_id=None,
+            evidence={"verdict": "absent"},
+        )
+        holder = WriteLockHolder(path).acquire()
+        with ReleaseWhenLogged(holder, "recovering fork resolutions deferred") as seen:
+            assert recover_resolutions(store) == (0, 1)
+        assert seen.seen >= 1
+        resolution = store.resolution.get_fork_resolution(WS, op_id)
+        assert resolution is not None and resolution.state == "rolled_back"
+        assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
     finally:
         store.close()

@@ -15,11 +15,16 @@ from typing import Any
 import apsw
 import pytest
 
+from agenthost.worktree_delete import finish_removals
+from storage.store import Store
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
+from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
 from tests.support.worktree_forks import trees_beside, worktree_fork_params
 from tests.support.worktree_repos import git, make_repo, make_unremovable
 from transport.client import ApiError, Client
+from workspace.shadow import ShadowStore
+from workspace.worktree import Worktrees
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,10 +166,20 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
 ) -> None:
     """The state a kill between the delete's commit and the tree's removal leaves (the Session
     deleted, its tree marked `removing` and still on disk): the next start removes it."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    daemon.start()
+    assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+    assert tree_state(daemon.home, child) == ["removed"]
+    assert_invariants(daemon.home)
+
+
+def left_removing(daemon: DaemonProcess, tmp_path: Path) -> tuple[Path, str, dict[str, Any]]:
+    """A worktree fork's child deleted, its tree marked `removing` and still on disk (what a
+    kill between the delete's commit and the removal leaves), the daemon killed: the repo,
+    the child and the fork's `workspace`."""
     repo = make_repo(tmp_path / "project")
     c = daemon.client(timeout=60)
     child, where = fork_child(c, repo)
-    tree = Path(where["path"])
     delete(c, child)  # kept: the tree stays, recorded `made`
     daemon.kill()
     conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
@@ -173,14 +188,36 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
         (child,),
     )
     conn.close()
-    assert tree.is_dir()
+    assert Path(where["path"]).is_dir()
+    return repo, child, where
 
-    daemon.start()
-    assert not tree.exists() and where["branch"] not in branches(repo)
-    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
+
+def tree_state(home: Path, child: str) -> list[str]:
+    state = apsw.Connection(str(home / "store.sqlite3")).execute(
         "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
     )
-    assert [r[0] for r in state] == ["removed"]
+    return [str(r[0]) for r in state]
+
+
+def test_a_removal_finished_at_start_waits_for_a_store_another_process_holds(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Start-up's `finish_removals` with the store held by another process as it runs: the
+    tree is removed, its `removed` record meets the lock, backs off (`start_write`) and lands
+    once the lock is let go. Without its retry the record raised StoreBusy and the start
+    failed."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    store = Store.open(daemon.home / "store.sqlite3", busy_timeout_ms=100)
+    try:
+        holder = WriteLockHolder(daemon.home / "store.sqlite3").acquire()
+        with ReleaseWhenLogged(holder, "deferred") as seen:
+            done = finish_removals(store, Worktrees(ShadowStore(daemon.home / "checkpoints")))
+        assert seen.seen >= 1  # the record met the lock (not vacuous)
+        assert done == 1
+    finally:
+        store.close()
+    assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+    assert tree_state(daemon.home, child) == ["removed"]
     assert_invariants(daemon.home)
 
 
@@ -283,8 +320,5 @@ def test_a_tree_git_cannot_remove_still_ends_the_delete_and_says_so(
     daemon.stop()
     daemon.start()  # the file removable again: the next start finishes the removal
     assert not tree.exists() and where["branch"] not in branches(repo)
-    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
-        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-    )
-    assert [r[0] for r in state] == ["removed"]
+    assert tree_state(daemon.home, child) == ["removed"]
     assert_invariants(daemon.home)
