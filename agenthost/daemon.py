@@ -38,6 +38,7 @@ from actors.recovery import (
     COMMITS_BEFORE_READY,
     DeferredCommits,
     RecoveryReport,
+    StoreDiskFull,
     recover_fork_operations,
     recover_resolutions,
     settle_orphaned_turns,
@@ -201,43 +202,11 @@ class Daemon:
             {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
             state_dir=fp_state,
         )
-        # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
-        # waits for a store another process keeps busy, as start-up's other writes do.
-        self.store = store = start_write(
-            lambda: Store.open(
-                cfg.store_path,
-                busy_timeout_ms=cfg.store_busy_timeout_ms,
-                max_connections=cfg.store_connections,
-            ),
-            "opening the store",
-        )
-        # Recovery settles every leftover before any request is served; the commits of
-        # `provider_accepted` ones past a bound are made after the ready line
-        # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
-        # `fork.get` of it makes at once).
-        self.recovery = recover_fork_operations(
-            store, commit_before_ready=self.commits_before_ready, hit=self.failpoints.hit
-        )
-        self.deferred_commits = DeferredCommits(store, self.recovery.deferred)
-        # Then fork.resolve: finish or roll back a half-done resolution.
-        self.resolutions_recovered = recover_resolutions(store)
-        self.orphaned_turns = settle_orphaned_turns(store)
-        # One shadow store of workspace checkpoints per home, shared by every Session.
-        shadow = ShadowStore(
-            cfg.checkpoints_dir,
-            excludes=cfg.checkpoint_excludes,
-            size_limit=cfg.checkpoint_max_file_bytes,
-            timeout_s=cfg.checkpoint_timeout_s,
-            long_timeout_s=cfg.checkpoint_long_timeout_s,
-            left_gits=self.left_gits,
-        )
-        # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
-        fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
-        self.worktrees_removed = remove_failed_trees(store, fork_trees)
-        # And the tree a delete was removing when it stopped.
-        self.worktrees_removed += finish_removals(store, fork_trees.trees)
-        # Deletes a killed daemon did not finish: their runtime dirs go now.
-        runtime_dirs.sweep(store, cfg.runtimes_dir)
+        try:
+            store, shadow, fork_trees, deferred = self._open_and_recover(cfg)
+        except StoreDiskFull as exc:
+            # Not another process's lock: the start fails at once, naming the store's path.
+            raise exc.at(cfg.store_path) from exc.__cause__
 
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
@@ -370,7 +339,52 @@ class Daemon:
         self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
         self._keeper.start()
         # Last: the commits' thread must not slow the start it was deferred out of.
-        self.deferred_commits.start()
+        deferred.start()
+
+    def _open_and_recover(
+        self, cfg: Config
+    ) -> tuple[Store, ShadowStore, ForkTrees, DeferredCommits]:
+        """The store opened and every leftover of a previous process settled, before any
+        request is served. A write the store refuses is retried while it is busy (another
+        process's lock, `start_write`); one its disk refuses fails the start at once."""
+        # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
+        # waits for a store another process keeps busy, as start-up's other writes do.
+        store = self.store = start_write(
+            lambda: Store.open(
+                cfg.store_path,
+                busy_timeout_ms=cfg.store_busy_timeout_ms,
+                max_connections=cfg.store_connections,
+            ),
+            "opening the store",
+        )
+        # Recovery settles every leftover before any request is served; the commits of
+        # `provider_accepted` ones past a bound are made after the ready line
+        # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
+        # `fork.get` of it makes at once).
+        self.recovery = recover_fork_operations(
+            store, commit_before_ready=self.commits_before_ready, hit=self.failpoints.hit
+        )
+        self.deferred_commits = deferred = DeferredCommits(store, self.recovery.deferred)
+        # Then fork.resolve: finish or roll back a half-done resolution.
+        self.resolutions_recovered = recover_resolutions(store)
+        self.orphaned_turns = settle_orphaned_turns(store)
+        # One shadow store of workspace checkpoints per home, shared by every Session.
+        shadow = ShadowStore(
+            cfg.checkpoints_dir,
+            excludes=cfg.checkpoint_excludes,
+            size_limit=cfg.checkpoint_max_file_bytes,
+            timeout_s=cfg.checkpoint_timeout_s,
+            long_timeout_s=cfg.checkpoint_long_timeout_s,
+            left_gits=self.left_gits,
+        )
+        # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
+        fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
+        self.worktrees_removed = remove_failed_trees(store, fork_trees)
+        # And the tree a delete was removing when it stopped.
+        self.worktrees_removed += finish_removals(store, fork_trees.trees)
+        # Deletes a killed daemon did not finish: their runtime dirs go now.
+        runtime_dirs.sweep(store, cfg.runtimes_dir)
+        return store, shadow, fork_trees, deferred
 
     def start_workers_ahead(self) -> threading.Thread | None:
         """Called once the ready line is out (`agenthost serve`): the configured, installed

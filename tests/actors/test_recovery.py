@@ -378,3 +378,63 @@ def test_a_half_done_resolution_waits_for_a_store_another_process_holds(
         assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
     finally:
         store.close()
+
+
+def test_a_start_write_on_a_full_disk_fails_at_once_saying_so(tmp_path: Path) -> None:
+    """A real full disk (a 1 MiB tmpfs filled up; ENOSPC, SQLite's SQLITE_FULL) under the
+    store as start-up settles an orphaned Turn: the write fails at once with `StoreDiskFull`
+    ("the disk holding the store ... is full"), no "deferred" retry (before, it was retried as
+    a busy store for 30 s, then "the store is busy or full, try again"). Space again, the
+    same settlement lands."""
+    import logging
+    import subprocess
+
+    import pytest
+
+    from actors.recovery import StoreDiskFull, settle_orphaned_turns
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {mounted.stderr.decode().strip()}")
+    deferred: list[str] = []
+
+    class Deferred(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "deferred" in record.getMessage():
+                deferred.append(record.getMessage())
+
+    handler = Deferred(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        store = Store.open(disk / "store.sqlite3", busy_timeout_ms=100)
+        try:
+            sid = new_session(store)
+            turn, _ = store.turns.claim_submit(WS, sid, "req-1", "left active by a kill")
+            filler = disk / "filler"
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass  # ENOSPC: the disk is full
+            with pytest.raises(StoreDiskFull) as full:
+                settle_orphaned_turns(store)
+            assert full.value.full, full.value
+            assert "is full" in str(full.value) and "settling orphaned turn" in str(full.value)
+            assert deferred == []
+            filler.unlink()
+            assert settle_orphaned_turns(store) == 1
+            got = store.turns.get_turn(WS, sid, turn.turn_id)
+            assert (got.phase, got.outcome) == ("settled", "interrupted"), got
+        finally:
+            store.close()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        subprocess.run(["umount", "-l", str(disk)], check=False)

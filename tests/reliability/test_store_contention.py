@@ -641,3 +641,46 @@ def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     finally:
         conn.close()
     return None if row is None else str(row[0])
+
+
+def test_a_start_on_a_full_disk_fails_at_once_naming_the_store(tmp_path: Path) -> None:
+    """A start whose store's disk is full (made real with RLIMIT_FSIZE on the new daemon: a
+    write past 4 KiB of any file fails, EFBIG, as on a full file system) took the full disk
+    for a busy store: it retried its writes (the store's opening first) for 30 s ("deferred",
+    a line each backoff) and failed "the store is busy or full, try again". A full disk is no
+    other process's lock: the start fails at once, its message naming the store and the full
+    disk; the next start with space settles the Turn the kill left and serves."""
+    import resource
+    import signal
+
+    d = _daemon(tmp_path)
+    c = d.client(timeout=60)
+    sid = create_session(c, title="before the kill")["agentSessionId"]
+    submit(c, sid, "/slow 60000 left active by the kill")
+    d.kill()  # the Turn left active: the next start must settle it (a write)
+    d.log_path = tmp_path / "full-start.log"  # a new log, under the limit
+
+    def fsize() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    full = DaemonProcess(d.home, preexec_fn=fsize)
+    full.log_path = d.log_path
+    with pytest.raises(RuntimeError):  # it exited before its ready line
+        full.start(timeout=60)
+    assert full.wait_exit(10) not in (0, -signal.SIGKILL)
+    log = full.log_path.read_text()
+    assert log.count("deferred") == 0, log  # the busy store's retry, not once
+    said = [line for line in log.splitlines() if "cannot start" in line]
+    assert len(said) == 1, log
+    assert str(store_path(d)) in said[0] and "full" in said[0], said[0]
+
+    # Space again: the next start settles the Turn and serves.
+    d.log_path = d.home / "daemon.log"
+    d.start()
+    try:
+        c = d.client(timeout=60)
+        # The Turn the kill left is settled `interrupted` (else the Session refused the next).
+        assert run_turn(c, sid, "after the full disk")["outcome"] == "completed"
+        assert_invariants(d.home)
+    finally:
+        d.stop()
