@@ -63,7 +63,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort, providers_ahead
-from agenthost.worktree_delete import finish_removals
+from agenthost.worktree_delete import RemovalRetries, finish_removals
 from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
@@ -128,6 +128,7 @@ class Daemon:
         self.recovery: RecoveryReport | None = None
         self.commits_before_ready = commits_before_ready
         self.deferred_commits: DeferredCommits | None = None
+        self.tree_retries: RemovalRetries | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
@@ -293,6 +294,11 @@ class Daemon:
             # nothing, so no store change runs anything of `agenthost.activity`.
             store.db.subscribe(activity.Transitions(store))
 
+        # The trees git could not remove, at start-up or in a delete, tried again while the
+        # daemon runs (from the ready line: `retry_left` below).
+        self.tree_retries = tree_retries = RemovalRetries(
+            store, fork_trees.trees, shadow, locks, first_s=cfg.tree_retry_s
+        )
         self.api = Api(
             store=store,
             host=self.host,
@@ -304,6 +310,7 @@ class Daemon:
             checkpoints=shadow,
             checkpoint_locks=locks,
             hit=self.failpoints.hit,
+            retry_tree=tree_retries.retry,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),
@@ -338,6 +345,7 @@ class Daemon:
         self._run_id = _dir_id(cfg.run_dir)
         self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
         self._keeper.start()
+        tree_retries.retry_left()
         # Last: the commits' thread must not slow the start it was deferred out of.
         deferred.start()
 
@@ -584,6 +592,8 @@ class Daemon:
             self.server.close()
         if self.deferred_commits is not None:
             self.deferred_commits.close()
+        if self.tree_retries is not None:
+            self.tree_retries.close()
         # A git still running (a stalled capture, a `gc`, a restore's checkout) would hold the
         # stop for its whole bound — a thread of the checkpoint pool waits on it and the
         # process exits only once that thread does: killed now, as a killed daemon's are at

@@ -322,3 +322,43 @@ def test_a_tree_git_cannot_remove_still_ends_the_delete_and_says_so(
     assert not tree.exists() and where["branch"] not in branches(repo)
     assert tree_state(daemon.home, child) == ["removed"]
     assert_invariants(daemon.home)
+
+
+def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
+    tmp_path: Path,
+) -> None:
+    """A tree left `removing` (git could not remove it: a file in it made immutable) is tried
+    again by the live daemon (`RemovalRetries`, `[workspace] tree_retry_s`), never under a
+    Session that works in it: one started there meanwhile keeps it, `removing`, until that
+    Session is deleted; the failure lifted, the tree goes and is recorded `removed` with no
+    restart. Before, it stayed `removing`, on disk, until the next start."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 0.2\n")
+    d = DaemonProcess(home).start()
+    try:
+        repo = make_repo(tmp_path / "project")
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        tree = Path(where["path"])
+        pinned = tree / "src" / "app.py"
+        undo = make_unremovable(pinned)
+        try:
+            done = delete(c, child, worktree="remove")
+            assert done["worktree"]["state"] == "removing", done
+            # Retried while git still cannot remove it: still there, still `removing`.
+            assert wait_for(lambda: "is still not removable" in d.tail_log(100_000), 30)
+            assert pinned.is_file() and tree_state(home, child) == ["removing"]
+            # A Session a person starts in the tree meanwhile: the retry keeps the tree.
+            user = create_session(c, title="in the tree", cwd=where["cwd"])["agentSessionId"]
+        finally:
+            undo()
+        assert wait_for(lambda: f"is in use by ['{user}']: kept" in d.tail_log(100_000), 30)
+        assert tree.is_dir() and tree_state(home, child) == ["removing"]
+        delete(c, user)
+        # No restart: the next retry removes it and records it.
+        assert wait_for(lambda: tree_state(home, child) == ["removed"], 60)
+        assert not tree.exists() and where["branch"] not in branches(repo)
+        assert_invariants(home)
+    finally:
+        d.stop()
