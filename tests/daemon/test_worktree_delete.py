@@ -20,7 +20,7 @@ from storage.store import Store
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
 from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
-from tests.support.worktree_forks import trees_beside, worktree_fork_params
+from tests.support.worktree_forks import tree_state, trees_beside, worktree_fork_params
 from tests.support.worktree_repos import git, make_repo, make_unremovable
 from transport.client import ApiError, Client
 from workspace.shadow import ShadowStore
@@ -169,7 +169,7 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
     repo, child, where = left_removing(daemon, tmp_path)
     daemon.start()
     assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
-    assert tree_state(daemon.home, child) == ["removed"]
+    assert tree_state(daemon, child) == "removed"
     assert_invariants(daemon.home)
 
 
@@ -192,13 +192,6 @@ def left_removing(daemon: DaemonProcess, tmp_path: Path) -> tuple[Path, str, dic
     return repo, child, where
 
 
-def tree_state(home: Path, child: str) -> list[str]:
-    state = apsw.Connection(str(home / "store.sqlite3")).execute(
-        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-    )
-    return [str(r[0]) for r in state]
-
-
 def test_a_removal_finished_at_start_waits_for_a_store_another_process_holds(
     daemon: DaemonProcess, tmp_path: Path
 ) -> None:
@@ -217,7 +210,7 @@ def test_a_removal_finished_at_start_waits_for_a_store_another_process_holds(
     finally:
         store.close()
     assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
-    assert tree_state(daemon.home, child) == ["removed"]
+    assert tree_state(daemon, child) == "removed"
     assert_invariants(daemon.home)
 
 
@@ -320,7 +313,7 @@ def test_a_tree_git_cannot_remove_still_ends_the_delete_and_says_so(
     daemon.stop()
     daemon.start()  # the file removable again: the next start finishes the removal
     assert not tree.exists() and where["branch"] not in branches(repo)
-    assert tree_state(daemon.home, child) == ["removed"]
+    assert tree_state(daemon, child) == "removed"
     assert_invariants(daemon.home)
 
 
@@ -348,16 +341,16 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
             assert done["worktree"]["state"] == "removing", done
             # Retried while git still cannot remove it: still there, still `removing`.
             assert wait_for(lambda: "is still not removable" in d.tail_log(100_000), 30)
-            assert pinned.is_file() and tree_state(home, child) == ["removing"]
+            assert pinned.is_file() and tree_state(d, child) == "removing"
             # A Session a person starts in the tree meanwhile: the retry keeps the tree.
             user = create_session(c, title="in the tree", cwd=where["cwd"])["agentSessionId"]
         finally:
             undo()
         assert wait_for(lambda: f"is in use by ['{user}']: kept" in d.tail_log(100_000), 30)
-        assert tree.is_dir() and tree_state(home, child) == ["removing"]
+        assert tree.is_dir() and tree_state(d, child) == "removing"
         delete(c, user)
         # No restart: the next retry removes it and records it.
-        assert wait_for(lambda: tree_state(home, child) == ["removed"], 60)
+        assert wait_for(lambda: tree_state(d, child) == "removed", 60)
         assert not tree.exists() and where["branch"] not in branches(repo)
         assert_invariants(home)
     finally:

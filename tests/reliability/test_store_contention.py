@@ -30,6 +30,7 @@ from tests.support.daemon import (
 )
 from tests.support.invariants import assert_invariants
 from tests.support.store_lock import WriteLockHolder
+from tests.support.worktree_forks import tree_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -346,15 +347,14 @@ def test_a_failed_forks_tree_whose_removal_met_a_busy_store_is_recorded_removed(
     daemon kept the failed operation's tree recorded `made` though it was gone (law
     `worktree`) until a restart. Now the record is retried with backoff until it lands."""
     from tests.reliability.reliability_harness import host_fired
-    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_forks import source_in, trees_beside, worktree_fork_params
     from tests.support.worktree_repos import make_repo
 
     repo = make_repo(tmp_path / "project")
     d = _daemon(tmp_path)
     try:
         c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        sid, turn = source_in(c, repo)
         # The fork fails once its tree is recorded (nothing dispatched); its tree is removed,
         # then the actor waits 3 s before recording that: the store is locked meanwhile.
         c.call(
@@ -436,20 +436,6 @@ def test_a_tree_removing_delete_whose_record_met_a_busy_store_still_ends_the_ses
     finally:
         d.stop()
     assert_invariants(d.home)
-
-
-def tree_state(d: DaemonProcess, child: str) -> str | None:
-    """The `workspace_state` of the fork that made `child`, read beside the daemon (WAL)."""
-    import apsw
-
-    conn = apsw.Connection(str(store_path(d)), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        row = conn.execute(
-            "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else str(row[0])
 
 
 def test_an_answer_the_provider_took_is_recorded_though_the_store_was_busy(
@@ -541,14 +527,15 @@ def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the
     store that refused that record was logged and dropped: the daemon served with the tree
     recorded `made` though gone (law `worktree`) until the next start. Now the record is
     retried with backoff (the start waits): the lock let go, the tree is recorded `removed`."""
-    import signal
-
     import apsw
 
     from actors.fork_workspace import remove_failed_trees
     from storage.store import Store
-    from tests.reliability.reliability_harness import host_fired
-    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_forks import (
+        kill_after_a_failed_forks_tree_removed,
+        source_in,
+        trees_beside,
+    )
     from tests.support.worktree_repos import make_repo
     from workspace.shadow import ShadowStore
     from workspace.worktree import ForkTrees
@@ -556,20 +543,7 @@ def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the
     repo = make_repo(tmp_path / "project")
     d = _daemon(tmp_path)
     try:
-        c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
-        point = "host.workspace.after_remove"
-        c.call(
-            "debug.failpoints",
-            {"points": {"host.workspace.after_record": "once:error", point: "once:kill"}},
-        )
-        params = worktree_fork_params(
-            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
-        )
-        c.submit("fork.create", params)  # the reply never comes: the daemon dies
-        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
-        assert host_fired(d, point)
+        kill_after_a_failed_forks_tree_removed(d, *source_in(d.client(timeout=60), repo))
     finally:
         d.stop()
     assert trees_beside(repo) == []
