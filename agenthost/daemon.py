@@ -593,13 +593,15 @@ class Daemon:
         if self.deferred_commits is not None:
             self.deferred_commits.close()
         if self.tree_retries is not None:
-            self.tree_retries.close()
+            self.tree_retries.stop()  # joined once the gits are killed
         # A git still running (a stalled capture, a `gc`, a restore's checkout) would hold the
         # stop for its whole bound — a thread of the checkpoint pool waits on it and the
         # process exits only once that thread does: killed now, as a killed daemon's are at
         # the next start (their lock files are `clear_stale_once`'s then). Again once the
         # actors are gone, for one a Turn's end started meanwhile.
         self._kill_gits()
+        if self.tree_retries is not None:
+            self.tree_retries.close()
         if getattr(self, "host", None) is not None:
             try:
                 self.host.stop(timeout=15)

@@ -309,10 +309,15 @@ class RemovalRetries:
             self.retry(item.workspace_id, item.operation_id)
         return len(left)
 
-    def close(self, timeout: float = 10.0) -> None:
+    def stop(self) -> None:
+        """No retry starts from now on (one under way ends with its git)."""
         self._stop.set()
         self._wake.set()
-        thread = self._thread
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop()
+        with self._mutex:
+            thread = self._thread
         if thread is not None:
             thread.join(timeout)
 
