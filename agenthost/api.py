@@ -159,7 +159,7 @@ class Api:
         checkpoints: ShadowStore | None = None,
         checkpoint_locks: DirectoryLocks | None = None,
         hit: Callable[[str], None] | None = None,
-        retry_tree: Callable[[str, str], None] | None = None,
+        retry_tree: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.store = store
         # A deleted child's tree git could not remove, tried again later (`RemovalRetries`).

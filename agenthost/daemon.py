@@ -729,6 +729,10 @@ class Daemon:
             # The gits a killed daemon left that outlived their kill at this start, still
             # alive: their shadow repositories' lock files are kept until they are gone.
             "leftGits": self.left_gits.status(),
+            # The trees git could not remove (`removing`) that the daemon tries again.
+            "worktreeRemovals": (
+                self.tree_retries.status() if self.tree_retries is not None else None
+            ),
         }
 
     def _checkpoint_status(self, late: list[str]) -> dict[str, Any]:

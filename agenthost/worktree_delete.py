@@ -101,12 +101,12 @@ def delete_fn(
     worktree: Literal["keep", "remove"] | str,
     force: bool,
     hit: Callable[[str], None] | None = None,
-    retry: Callable[[str, str], None] | None = None,
+    retry: Callable[[str, str, str], None] | None = None,
 ) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
     {path, cwd, branch, state: "kept"|"removed"|"removing", branchKept?, error?}` for a Session
     with a fork-made tree (`removing`: deleted, but the tree could not be removed now —
-    `error` says why; `retry(ws, operation_id)` has the live daemon try again later,
+    `error` says why; `retry(ws, operation_id, path)` has the live daemon try again later,
     `RemovalRetries`, and the next start tries too)."""
 
     def _delete(store: DeleteStore, ws: str, sid: str) -> DeleteResult:
@@ -166,7 +166,7 @@ def delete_fn(
             # `removing` (what is left of it at `path`), which the next start finishes.
             log.exception("could not remove the worktree %s of deleted %s", plan.path, sid)
             if retry is not None:
-                retry(ws, child.operation_id)
+                retry(ws, child.operation_id, plan.path)
             return {
                 "deleted": True,
                 "worktree": {**_tree(plan, "removing"), "error": str(exc) or type(exc).__name__},
@@ -277,7 +277,7 @@ class RemovalRetries:
         self._first_s = first_s
         self._max_s = max(first_s, max_s)
         self._mutex = threading.Lock()
-        self._pending: dict[str, str] = {}  # operation id -> workspace id
+        self._pending: dict[str, tuple[str, str]] = {}  # operation id -> (workspace, path)
         self._wake = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -289,12 +289,12 @@ class RemovalRetries:
         with self._mutex:
             return len(self._pending)
 
-    def retry(self, ws: str, op_id: str) -> None:
-        """Try the tree of `op_id` (recorded `removing`) again later."""
+    def retry(self, ws: str, op_id: str, path: str) -> None:
+        """Try the tree at `path` of `op_id` (recorded `removing`) again later."""
         if self._trees is None or self._stop.is_set():
             return
         with self._mutex:
-            self._pending[op_id] = ws
+            self._pending[op_id] = (ws, path)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="agenthost-tree-retry", daemon=True
@@ -306,8 +306,20 @@ class RemovalRetries:
         """After start-up: every tree still `removing` (its removal failed there too)."""
         left = self._store.fork_workspace.child_worktrees_removing()
         for item in left:
-            self.retry(item.workspace_id, item.operation_id)
+            self.retry(item.workspace_id, item.operation_id, str(item.plan.get("path", "")))
         return len(left)
+
+    def status(self) -> dict[str, Any]:
+        """`host.status` → `worktreeRemovals`: the trees left `removing` that this daemon
+        tries again (`paths`), its rounds so far and the trees they removed."""
+        with self._mutex:
+            paths = sorted(path for _, path in self._pending.values())
+        return {
+            "pending": len(paths),
+            "paths": paths,
+            "rounds": self.rounds,
+            "removed": self.removed,
+        }
 
     def stop(self) -> None:
         """No retry starts from now on (one under way ends with its git)."""

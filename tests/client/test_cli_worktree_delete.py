@@ -129,7 +129,8 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
     daemon: DaemonProcess, ws: str, tmp_path: Path
 ) -> None:
     """A worktree git cannot remove (a file in it nothing can unlink): the session is deleted
-    and the CLI says the worktree could not be removed and why — never "kept"."""
+    and the CLI says the worktree could not be removed and why — never "kept" — and
+    `agenthost status` names it while the daemon tries again."""
     from tests.support.worktree_repos import make_unremovable
 
     home = daemon.home
@@ -144,5 +145,12 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
         assert "the daemon tries again in the background" in done.stdout
         assert "worktree kept" not in done.stdout
         assert tree.is_dir()
+        # `agenthost status` names it while the daemon tries again.
+        status = cli(home, ws, "status")
+        assert status.returncode == 0, status.stderr
+        assert (
+            "worktrees being removed: 1 (git could not yet; the daemon tries again in the"
+            f" background): {tree}"
+        ) in status.stdout, status.stdout
     finally:
         undo()

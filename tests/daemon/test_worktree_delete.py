@@ -324,7 +324,8 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
     again by the live daemon (`RemovalRetries`, `[workspace] tree_retry_s`), never under a
     Session that works in it: one started there meanwhile keeps it, `removing`, until that
     Session is deleted; the failure lifted, the tree goes and is recorded `removed` with no
-    restart. Before, it stayed `removing`, on disk, until the next start."""
+    restart (`host.status` → `worktreeRemovals` names it meanwhile). Before, it stayed
+    `removing`, on disk, until the next start."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 0.2\n")
@@ -342,6 +343,8 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
             # Retried while git still cannot remove it: still there, still `removing`.
             assert wait_for(lambda: "is still not removable" in d.tail_log(100_000), 30)
             assert pinned.is_file() and tree_state(d, child) == "removing"
+            removals = c.call("host.status")["worktreeRemovals"]
+            assert (removals["pending"], removals["paths"]) == (1, [str(tree)]), removals
             # A Session a person starts in the tree meanwhile: the retry keeps the tree.
             user = create_session(c, title="in the tree", cwd=where["cwd"])["agentSessionId"]
         finally:
@@ -352,6 +355,8 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
         # No restart: the next retry removes it and records it.
         assert wait_for(lambda: tree_state(d, child) == "removed", 60)
         assert not tree.exists() and where["branch"] not in branches(repo)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert (removals["pending"], removals["removed"]) == (0, 1), removals
         assert_invariants(home)
     finally:
         d.stop()
