@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -173,14 +173,19 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
     assert_invariants(daemon.home)
 
 
-def left_removing(daemon: DaemonProcess, tmp_path: Path) -> tuple[Path, str, dict[str, Any]]:
+def left_removing(
+    daemon: DaemonProcess, tmp_path: Path, before_kill: Callable[[Client, str], None] | None = None
+) -> tuple[Path, str, dict[str, Any]]:
     """A worktree fork's child deleted, its tree marked `removing` and still on disk (what a
     kill between the delete's commit and the removal leaves), the daemon killed: the repo,
-    the child and the fork's `workspace`."""
+    the child and the fork's `workspace`. `before_kill(client, child's cwd)`: more done before
+    the kill."""
     repo = make_repo(tmp_path / "project")
     c = daemon.client(timeout=60)
     child, where = fork_child(c, repo)
     delete(c, child)  # kept: the tree stays, recorded `made`
+    if before_kill is not None:
+        before_kill(c, where["cwd"])
     daemon.kill()
     conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
     conn.execute(
@@ -190,6 +195,25 @@ def left_removing(daemon: DaemonProcess, tmp_path: Path) -> tuple[Path, str, dic
     conn.close()
     assert Path(where["path"]).is_dir()
     return repo, child, where
+
+
+def test_a_removal_left_by_a_stop_is_not_finished_under_a_session_working_in_the_tree(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A Session started in the tree after its child's delete (a person's, in any workspace):
+    start-up's `finish_removals` keeps the tree, still `removing`, and that Session's next
+    Turn runs in it. Before, the start removed the tree under it."""
+    users: list[str] = []
+
+    def start_one(c: Client, cwd: str) -> None:
+        users.append(create_session(c, title="in the tree", cwd=cwd)["agentSessionId"])
+
+    _, child, where = left_removing(daemon, tmp_path, start_one)
+    daemon.start()
+    assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
+    assert "in use by" in daemon.tail_log(100_000)
+    c = daemon.client(timeout=60)
+    assert run_turn(c, users[0], "still here?")["outcome"] == "completed"
 
 
 def test_a_removal_finished_at_start_waits_for_a_store_another_process_holds(
