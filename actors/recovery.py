@@ -23,7 +23,7 @@ from domain.errors import StoreBusy
 from domain.fork_states import ForkStatus, after_restart
 from domain.interrupts import HOST_RESTART_ERROR
 from storage.models import ForkOperation, LeftoverCommit
-from storage.sqlite import typed_store_error
+from storage.sqlite import disk_error, typed_store_error
 
 log = logging.getLogger(__name__)
 
@@ -85,12 +85,18 @@ def apply_restart_rule(
 
 
 def recover_fork_operations(
-    store: StartupRecoveryStore, *, page_size: int = 500, commit_before_ready: int | None = None
+    store: StartupRecoveryStore,
+    *,
+    page_size: int = 500,
+    commit_before_ready: int | None = None,
+    hit: Callable[[str], None] | None = None,
 ) -> RecoveryReport:
     """Every leftover settled; with `commit_before_ready`, only that many `provider_accepted`
     commits are made here and the rest are returned in `deferred` (each a whole child: the
     part of a start that grows with the store, see `DeferredCommits`). The commits made here
-    go `page_size` to a transaction, each in its own savepoint (a bad one is rolled back alone)."""
+    go `page_size` to a transaction, each in its own savepoint (a bad one is rolled back alone).
+    `hit`: the failpoint `host.recovery.before_commits` (the statuses settled, the
+    `provider_accepted` leftovers listed, none committed yet)."""
     # The two pure status changes first, for every leftover at once (one transaction, one
     # fsync, no row decoded); what is left active then is only `provider_accepted`, listed by
     # key (the commit reads each row itself).
@@ -105,6 +111,8 @@ def recover_fork_operations(
     leftovers = store.fork_recovery.leftover_commits()
     bound = len(leftovers) if commit_before_ready is None else max(0, commit_before_ready)
     now, deferred = leftovers[:bound], leftovers[bound:]
+    if hit is not None and now:
+        hit("host.recovery.before_commits")
     committed = errors = 0
     step = max(1, page_size)
     for i in range(0, len(now), step):
@@ -115,6 +123,13 @@ def recover_fork_operations(
         committed += page_committed
         errors += page_errors
     return RecoveryReport(failed, unknown, committed, errors, tuple(deferred))
+
+
+def recover_resolutions(store: StartupRecoveryStore) -> tuple[int, int]:
+    """Start-up, after `recover_fork_operations`: each half-done `fork.resolve` finished (its
+    operation moved on) or rolled back; (done, rolled). One transaction, which the store may
+    refuse (busy, full): tried again by `start_write`, as start-up's other writes are."""
+    return start_write(store.resolution.recover_fork_resolutions, "recovering fork resolutions")
 
 
 class DeferredCommits:
@@ -235,12 +250,35 @@ ORPHANED_RETRY_LIMIT_S = 30.0
 before the start fails, as its other recovery writes do on a store that stays busy."""
 
 
+class StoreDiskFull(Exception):
+    """A start-up write the store's disk refused: full (SQLITE_FULL), or a write it failed
+    (SQLITE_IOERR: past a file size limit, a failing disk). Not another process's lock, which
+    a start waits for: nothing frees a disk while the start waits, so it fails at once, saying
+    so (`at`: the message naming the store's path, which the daemon adds)."""
+
+    def __init__(self, what: str, detail: str, *, full: bool, path: str | None = None) -> None:
+        self.what, self.detail, self.full, self.path = what, detail, full, path
+        where = f"the store {path}" if path is not None else "the store"
+        if full:
+            text = f"the disk holding {where} is full ({what} failed: {detail})"
+        else:
+            text = (
+                f"could not write {where} ({what} failed: {detail}): its disk is full, or failing"
+            )
+        super().__init__(f"{text}; free some space on that disk and start again")
+
+    def at(self, path: object) -> StoreDiskFull:
+        return StoreDiskFull(self.what, self.detail, full=self.full, path=str(path))
+
+
 def start_write(
     write: Callable[[], T], what: str, *, retry_limit_s: float = ORPHANED_RETRY_LIMIT_S
 ) -> T:
-    """A start-up write the store refuses (busy, full) retried with backoff before the ready
-    line; past `retry_limit_s` the start fails (`StoreBusy`, or the store's own typed error).
-    Any other error is raised as it is (the caller logs it and goes on with the rest)."""
+    """A start-up write the store refuses busy (another process holds its write lock) retried
+    with backoff before the ready line; past `retry_limit_s` the start fails (`StoreBusy`, or
+    the store's own typed error). One its disk refuses (full, a write error) fails the start
+    at once (`StoreDiskFull`): waiting frees no space. Any other error is raised as it is (the
+    caller logs it and goes on with the rest)."""
     delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
     while True:
         try:
@@ -249,6 +287,10 @@ def start_write(
             busy = typed_store_error(exc)
             if busy is None:
                 raise
+            disk = disk_error(exc)
+            if disk is not None:
+                detail, full = disk
+                raise StoreDiskFull(what, detail, full=full) from exc
             if time.monotonic() + delay > deadline:
                 raise busy from exc
             log.warning("%s deferred %.2f s: %s", what, delay, busy.message)
@@ -270,8 +312,8 @@ def remove_then_record(
         return False
     try:
         recorded = start_write(record, f"recording the removed {what}")
-    except StoreBusy:
-        raise  # the store stayed busy past the bound: the start fails
+    except (StoreBusy, StoreDiskFull):
+        raise  # the store stayed busy past the bound, or its disk is full: the start fails
     except Exception:  # noqa: BLE001 - one bad row must not stop the rest
         log.exception("could not record the removed %s", what)
         return False
@@ -289,33 +331,24 @@ def settle_orphaned_turns(
     or a restart. Past `retry_limit_s` the start fails (`StoreBusy`)."""
     settled = 0
     for ws, sid, turn_id in store.turns.all_active_turns():
-        delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
-        while True:
-            try:
-                _, changed = store.turns.settle_turn(
+        try:
+            _, changed = start_write(
+                partial(
+                    store.turns.settle_turn,
                     ws,
                     sid,
                     turn_id,
                     outcome="interrupted",
                     error=ORPHANED_TURN_ERROR,
                     include_deleted=True,
-                )
-                settled += int(changed)
-                break
-            except Exception as exc:  # noqa: BLE001 - one bad row must not stop the rest
-                busy = typed_store_error(exc)
-                if busy is None:
-                    log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
-                    break
-                if time.monotonic() + delay > deadline:
-                    raise busy from exc
-                log.warning(
-                    "settling orphaned turn %s/%s deferred %.2f s: %s",
-                    sid,
-                    turn_id,
-                    delay,
-                    busy.message,
-                )
-                time.sleep(delay)
-                delay = min(RETRY_MAX_S, delay * 2)
+                ),
+                f"settling orphaned turn {sid}/{turn_id}",
+                retry_limit_s=retry_limit_s,
+            )
+        except (StoreBusy, StoreDiskFull):
+            raise  # the store stayed busy past the bound, or its disk is full: the start fails
+        except Exception:  # noqa: BLE001 - one bad row must not stop the rest
+            log.exception("could not settle orphaned turn %s/%s", sid, turn_id)
+            continue
+        settled += int(changed)
     return settled

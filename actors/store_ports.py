@@ -343,6 +343,12 @@ class Resolutions(Protocol):
     def end_stale_resolution(self, ws: str, op_id: str) -> None: ...
 
 
+class ResolutionRecovery(Protocol):
+    """`store.resolution` at start-up: every half-done resolution finished or rolled back."""
+
+    def recover_fork_resolutions(self) -> tuple[int, int]: ...
+
+
 class TurnBatches(Protocol):
     """`store.db`: the queued writes of one drain as one transaction (turn_writes.py)."""
 
@@ -496,6 +502,9 @@ class StartupRecoveryStore(WorktreeStore, Protocol):
 
     @property
     def turns(self) -> OrphanedTurns: ...
+
+    @property
+    def resolution(self) -> ResolutionRecovery: ...
 
 
 class DeletedSessionsStore(Protocol):

@@ -159,8 +159,11 @@ class Api:
         checkpoints: ShadowStore | None = None,
         checkpoint_locks: DirectoryLocks | None = None,
         hit: Callable[[str], None] | None = None,
+        retry_tree: Callable[[str, str, str], None] | None = None,
     ) -> None:
         self.store = store
+        # A deleted child's tree git could not remove, tried again later (`RemovalRetries`).
+        self._retry_tree = retry_tree
         # The daemon's failpoints (`hit(name)`), for the steps a request runs outside an actor.
         self._hit = hit
         self.host = host
@@ -393,6 +396,7 @@ class Api:
             worktree=str(worktree),
             force=bool(force),
             hit=self._hit,
+            retry=self._retry_tree,
         )
         self._mutate(
             params,

@@ -215,6 +215,14 @@ SCHEMA: tuple[Key, ...] = (
     ),
     Key(
         "workspace",
+        "tree_retry_s",
+        Number(0.1, 86_400.0, "seconds"),
+        30.0,
+        "a deleted fork child's tree git could not remove is tried again after this long, "
+        "then at doubling waits up to 10 minutes",
+    ),
+    Key(
+        "workspace",
         "max_store_bytes",
         Int(0, 1 << 50, "bytes"),
         0,
@@ -469,6 +477,10 @@ class Config:
     @property
     def checkpoint_gc_interval_s(self) -> float:
         return float(self.get("workspace", "gc_interval_s"))
+
+    @property
+    def tree_retry_s(self) -> float:
+        return float(self.get("workspace", "tree_retry_s"))
 
     @property
     def checkpoint_max_store_bytes(self) -> int:

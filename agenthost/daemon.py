@@ -38,7 +38,9 @@ from actors.recovery import (
     COMMITS_BEFORE_READY,
     DeferredCommits,
     RecoveryReport,
+    StoreDiskFull,
     recover_fork_operations,
+    recover_resolutions,
     settle_orphaned_turns,
     start_write,
 )
@@ -61,7 +63,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort, providers_ahead
-from agenthost.worktree_delete import finish_removals
+from agenthost.worktree_delete import RemovalRetries, finish_removals
 from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
@@ -126,6 +128,7 @@ class Daemon:
         self.recovery: RecoveryReport | None = None
         self.commits_before_ready = commits_before_ready
         self.deferred_commits: DeferredCommits | None = None
+        self.tree_retries: RemovalRetries | None = None
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
@@ -186,48 +189,9 @@ class Daemon:
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)
 
-        # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
-        # waits for a store another process keeps busy, as start-up's other writes do.
-        self.store = store = start_write(
-            lambda: Store.open(
-                cfg.store_path,
-                busy_timeout_ms=cfg.store_busy_timeout_ms,
-                max_connections=cfg.store_connections,
-            ),
-            "opening the store",
-        )
-        # Recovery settles every leftover before any request is served; the commits of
-        # `provider_accepted` ones past a bound are made after the ready line
-        # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
-        # `fork.get` of it makes at once).
-        self.recovery = recover_fork_operations(
-            store, commit_before_ready=self.commits_before_ready
-        )
-        self.deferred_commits = DeferredCommits(store, self.recovery.deferred)
-        # Then fork.resolve: finish or roll back a half-done resolution.
-        self.resolutions_recovered = start_write(
-            store.resolution.recover_fork_resolutions, "recovering fork resolutions"
-        )
-        self.orphaned_turns = settle_orphaned_turns(store)
-        # One shadow store of workspace checkpoints per home, shared by every Session.
-        shadow = ShadowStore(
-            cfg.checkpoints_dir,
-            excludes=cfg.checkpoint_excludes,
-            size_limit=cfg.checkpoint_max_file_bytes,
-            timeout_s=cfg.checkpoint_timeout_s,
-            long_timeout_s=cfg.checkpoint_long_timeout_s,
-            left_gits=self.left_gits,
-        )
-        # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
-        fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
-        self.worktrees_removed = remove_failed_trees(store, fork_trees)
-        # And the tree a delete was removing when it stopped.
-        self.worktrees_removed += finish_removals(store, fork_trees.trees)
-        # Deletes a killed daemon did not finish: their runtime dirs go now.
-        runtime_dirs.sweep(store, cfg.runtimes_dir)
-
         fp_state = cfg.run_dir / "failpoints-host"
         fp_state.mkdir(mode=0o700, exist_ok=True)
+        # Armed before recovery, which has a point of its own (`host.recovery.before_commits`).
         # The state dir makes a fired `once:` point survive the SIGKILL it causes, so the
         # restarted daemon is not killed again by the same armed point.
         # PROTOCOL.md: AGENTHOST_FAILPOINTS arms points at start (setting it is the opt-in);
@@ -239,6 +203,12 @@ class Daemon:
             {k: v for k, v in parse_points(env_points).items() if k.startswith("host.")},
             state_dir=fp_state,
         )
+        try:
+            store, shadow, fork_trees, deferred = self._open_and_recover(cfg)
+        except StoreDiskFull as exc:
+            # Not another process's lock: the start fails at once, naming the store's path.
+            raise exc.at(cfg.store_path) from exc.__cause__
+
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",
             provider_config=_provider_config(cfg, self.providers),
@@ -324,6 +294,11 @@ class Daemon:
             # nothing, so no store change runs anything of `agenthost.activity`.
             store.db.subscribe(activity.Transitions(store))
 
+        # The trees git could not remove, at start-up or in a delete, tried again while the
+        # daemon runs (from the ready line: `retry_left` below).
+        self.tree_retries = tree_retries = RemovalRetries(
+            store, fork_trees.trees, shadow, locks, first_s=cfg.tree_retry_s
+        )
         self.api = Api(
             store=store,
             host=self.host,
@@ -335,6 +310,7 @@ class Daemon:
             checkpoints=shadow,
             checkpoint_locks=locks,
             hit=self.failpoints.hit,
+            retry_tree=tree_retries.retry,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),
@@ -369,8 +345,54 @@ class Daemon:
         self._run_id = _dir_id(cfg.run_dir)
         self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
         self._keeper.start()
+        tree_retries.retry_left()
         # Last: the commits' thread must not slow the start it was deferred out of.
-        self.deferred_commits.start()
+        deferred.start()
+
+    def _open_and_recover(
+        self, cfg: Config
+    ) -> tuple[Store, ShadowStore, ForkTrees, DeferredCommits]:
+        """The store opened and every leftover of a previous process settled, before any
+        request is served. A write the store refuses is retried while it is busy (another
+        process's lock, `start_write`); one its disk refuses fails the start at once."""
+        # Its migration's `BEGIN IMMEDIATE` (a write, even when there is nothing to migrate)
+        # waits for a store another process keeps busy, as start-up's other writes do.
+        store = self.store = start_write(
+            lambda: Store.open(
+                cfg.store_path,
+                busy_timeout_ms=cfg.store_busy_timeout_ms,
+                max_connections=cfg.store_connections,
+            ),
+            "opening the store",
+        )
+        # Recovery settles every leftover before any request is served; the commits of
+        # `provider_accepted` ones past a bound are made after the ready line
+        # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
+        # `fork.get` of it makes at once).
+        self.recovery = recover_fork_operations(
+            store, commit_before_ready=self.commits_before_ready, hit=self.failpoints.hit
+        )
+        self.deferred_commits = deferred = DeferredCommits(store, self.recovery.deferred)
+        # Then fork.resolve: finish or roll back a half-done resolution.
+        self.resolutions_recovered = recover_resolutions(store)
+        self.orphaned_turns = settle_orphaned_turns(store)
+        # One shadow store of workspace checkpoints per home, shared by every Session.
+        shadow = ShadowStore(
+            cfg.checkpoints_dir,
+            excludes=cfg.checkpoint_excludes,
+            size_limit=cfg.checkpoint_max_file_bytes,
+            timeout_s=cfg.checkpoint_timeout_s,
+            long_timeout_s=cfg.checkpoint_long_timeout_s,
+            left_gits=self.left_gits,
+        )
+        # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
+        fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
+        self.worktrees_removed = remove_failed_trees(store, fork_trees)
+        # And the tree a delete was removing when it stopped.
+        self.worktrees_removed += finish_removals(store, fork_trees.trees)
+        # Deletes a killed daemon did not finish: their runtime dirs go now.
+        runtime_dirs.sweep(store, cfg.runtimes_dir)
+        return store, shadow, fork_trees, deferred
 
     def start_workers_ahead(self) -> threading.Thread | None:
         """Called once the ready line is out (`agenthost serve`): the configured, installed
@@ -570,12 +592,16 @@ class Daemon:
             self.server.close()
         if self.deferred_commits is not None:
             self.deferred_commits.close()
+        if self.tree_retries is not None:
+            self.tree_retries.stop()  # joined once the gits are killed
         # A git still running (a stalled capture, a `gc`, a restore's checkout) would hold the
         # stop for its whole bound — a thread of the checkpoint pool waits on it and the
         # process exits only once that thread does: killed now, as a killed daemon's are at
         # the next start (their lock files are `clear_stale_once`'s then). Again once the
         # actors are gone, for one a Turn's end started meanwhile.
         self._kill_gits()
+        if self.tree_retries is not None:
+            self.tree_retries.close()
         if getattr(self, "host", None) is not None:
             try:
                 self.host.stop(timeout=15)
@@ -703,6 +729,10 @@ class Daemon:
             # The gits a killed daemon left that outlived their kill at this start, still
             # alive: their shadow repositories' lock files are kept until they are gone.
             "leftGits": self.left_gits.status(),
+            # The trees git could not remove (`removing`) that the daemon tries again.
+            "worktreeRemovals": (
+                self.tree_retries.status() if self.tree_retries is not None else None
+            ),
         }
 
     def _checkpoint_status(self, late: list[str]) -> dict[str, Any]:

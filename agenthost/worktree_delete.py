@@ -51,6 +51,13 @@ class ChildTreeRemovals(Protocol):
     def mark_child_worktree_removed(self, ws: str, op_id: str) -> bool: ...
 
 
+class RetriedTrees(ChildTreeRemovals, Protocol):
+    """`store.fork_workspace` for `RemovalRetries`: the trees left `removing`, who works in
+    one, its `removed` record."""
+
+    def tree_users(self, ws: str, sid: str, path: str) -> list[str]: ...
+
+
 class ChildTrees(ChildTreeRemovals, Protocol):
     """`store.fork_workspace`: a fork child's tree and its newest checkpoint."""
 
@@ -73,9 +80,9 @@ class DeleteStore(Protocol):
     def sessions(self) -> SessionDeletes: ...
 
 
-class RemovalStore(Protocol):
+class RetryStore(Protocol):
     @property
-    def fork_workspace(self) -> ChildTreeRemovals: ...
+    def fork_workspace(self) -> RetriedTrees: ...
 
 
 def _where(plan: TreePlan) -> dict[str, Any]:
@@ -94,11 +101,13 @@ def delete_fn(
     worktree: Literal["keep", "remove"] | str,
     force: bool,
     hit: Callable[[str], None] | None = None,
+    retry: Callable[[str, str, str], None] | None = None,
 ) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
     {path, cwd, branch, state: "kept"|"removed"|"removing", branchKept?, error?}` for a Session
     with a fork-made tree (`removing`: deleted, but the tree could not be removed now —
-    `error` says why; the next start tries again)."""
+    `error` says why; `retry(ws, operation_id, path)` has the live daemon try again later,
+    `RemovalRetries`, and the next start tries too)."""
 
     def _delete(store: DeleteStore, ws: str, sid: str) -> DeleteResult:
         child = store.fork_workspace.session_worktree(ws, sid)
@@ -156,6 +165,8 @@ def delete_fn(
             # git (or the fallback's unlink) could not remove it now: the tree stays recorded
             # `removing` (what is left of it at `path`), which the next start finishes.
             log.exception("could not remove the worktree %s of deleted %s", plan.path, sid)
+            if retry is not None:
+                retry(ws, child.operation_id, plan.path)
             return {
                 "deleted": True,
                 "worktree": {**_tree(plan, "removing"), "error": str(exc) or type(exc).__name__},
@@ -206,7 +217,7 @@ def mark_removed(
     threading.Thread(target=again, name="agenthost-tree-record", daemon=True).start()
 
 
-def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
+def finish_removals(store: RetryStore, trees: Worktrees | None) -> int:
     """Start-up: the trees a delete began removing when the daemon stopped. A `removed` mark
     the store refuses (busy, full) is retried with backoff before the ready line and past 30 s
     fails the start (`recovery.start_write`), as start-up's other writes do."""
@@ -214,6 +225,13 @@ def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
         return 0
     done = 0
     for item in store.fork_workspace.child_worktrees_removing():
+        path = str(item.plan.get("path", ""))
+        users = store.fork_workspace.tree_users(item.workspace_id, item.session_id or "", path)
+        if users:
+            # A Session started in it since (or a pending fork of its child): never removed
+            # under them; it stays `removing` (`RemovalRetries` tries it again later).
+            log.warning("the worktree %s left removing is in use by %s: kept", path, users)
+            continue
         if remove_then_record(
             partial(_remove_child, trees, item.plan),
             partial(
@@ -227,8 +245,167 @@ def finish_removals(store: RemovalStore, trees: Worktrees | None) -> int:
     return done
 
 
+TREE_RETRY_MAX_S = 600.0
+"""The longest wait between two retries of a tree left `removing` (they double from the
+first, `[workspace] tree_retry_s`, 30 s by default)."""
+
+
+class RemovalRetries:
+    """The live daemon's retries of the trees git could not remove (`removing`: a delete's
+    step 3 failed, or start-up's `finish_removals` did): one thread, so at most one retry in
+    flight, trying every such tree after `first_s`, then at doubling waits up to `max_s`,
+    until none is left; a new one (`retry`) starts the waits again from `first_s`. A tree gone
+    is recorded `removed` (a record the store refuses is tried again at the next round: the
+    removal is idempotent). A tree another live Session works in, or a pending fork of its
+    child may still commit into (`tree_users`), is never removed: it stays `removing` and is
+    tried again later. Without it such a tree stayed `removing`, on disk, until a restart."""
+
+    def __init__(
+        self,
+        store: RetryStore,
+        trees: Worktrees | None,
+        shadow: ShadowStore | None,
+        locks: DirectoryLocks,
+        *,
+        first_s: float,
+        max_s: float = TREE_RETRY_MAX_S,
+    ) -> None:
+        self._store = store
+        self._trees = trees
+        self._shadow = shadow
+        self._locks = locks
+        self._first_s = first_s
+        self._max_s = max(first_s, max_s)
+        self._mutex = threading.Lock()
+        self._pending: dict[str, tuple[str, str]] = {}  # operation id -> (workspace, path)
+        self._wake = threading.Event()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.rounds = 0
+        self.removed = 0
+
+    @property
+    def pending(self) -> int:
+        with self._mutex:
+            return len(self._pending)
+
+    def retry(self, ws: str, op_id: str, path: str) -> None:
+        """Try the tree at `path` of `op_id` (recorded `removing`) again later."""
+        if self._trees is None or self._stop.is_set():
+            return
+        with self._mutex:
+            self._pending[op_id] = (ws, path)
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="agenthost-tree-retry", daemon=True
+                )
+                self._thread.start()
+        self._wake.set()
+
+    def retry_left(self) -> int:
+        """After start-up: every tree still `removing` (its removal failed there too)."""
+        left = self._store.fork_workspace.child_worktrees_removing()
+        for item in left:
+            self.retry(item.workspace_id, item.operation_id, str(item.plan.get("path", "")))
+        return len(left)
+
+    def status(self) -> dict[str, Any]:
+        """`host.status` → `worktreeRemovals`: the trees left `removing` that this daemon
+        tries again (`paths`), its rounds so far and the trees they removed."""
+        with self._mutex:
+            paths = sorted(path for _, path in self._pending.values())
+        return {
+            "pending": len(paths),
+            "paths": paths,
+            "rounds": self.rounds,
+            "removed": self.removed,
+        }
+
+    def stop(self) -> None:
+        """No retry starts from now on (one under way ends with its git)."""
+        self._stop.set()
+        self._wake.set()
+
+    def close(self, timeout: float = 10.0) -> None:
+        self.stop()
+        with self._mutex:
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout)
+
+    def _run(self) -> None:
+        delay: float | None = None  # None: nothing to retry, wait for `retry`
+        while not self._stop.is_set():
+            woken = self._wake.wait(delay)
+            if self._stop.is_set():
+                return
+            if woken:
+                self._wake.clear()
+                delay = self._first_s
+                continue
+            assert delay is not None
+            try:
+                left = self._round()
+            except Exception:  # noqa: BLE001 - a store read refused: the next round tries again
+                log.exception("retrying the removal of worktrees left removing")
+                left = self.pending
+            self.rounds += 1
+            delay = None if left == 0 else min(self._max_s, delay * 2)
+
+    def _round(self) -> int:
+        """One try of every pending tree; how many are left."""
+        with self._mutex:
+            wanted = dict(self._pending)
+        removing = {
+            item.operation_id: item
+            for item in self._store.fork_workspace.child_worktrees_removing()
+            if item.operation_id in wanted
+        }
+        for op_id in wanted.keys() - removing.keys():
+            self._done(op_id)  # removed meanwhile (a start, a record that landed late)
+        for op_id, item in removing.items():
+            if self._stop.is_set():
+                break
+            if self._try(item):
+                self._done(op_id)
+        return self.pending
+
+    def _done(self, op_id: str) -> None:
+        with self._mutex:
+            self._pending.pop(op_id, None)
+
+    def _try(self, item: TreeToRemove) -> bool:
+        """Remove the tree and record it `removed`; False when it must wait for a later round
+        (in use, git still cannot remove it, the store refused the record)."""
+        assert self._trees is not None
+        plan = TreePlan.from_json(item.plan)
+        ws, op_id = item.workspace_id, item.operation_id
+        store = self._store.fork_workspace
+        users = store.tree_users(ws, item.session_id or "", plan.path)
+        if users:
+            log.info("the worktree %s left removing is in use by %s: kept", plan.path, users)
+            return False
+        try:
+            if self._shadow is None:
+                self._trees.remove_child(plan)
+            else:
+                with self._locks.held(self._shadow, os.path.realpath(plan.child_cwd)):
+                    self._trees.remove_child(plan)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next round
+            log.warning("the worktree %s is still not removable: %s", plan.path, exc)
+            return False
+        try:
+            store.mark_child_worktree_removed(ws, op_id)
+        except Exception as exc:  # noqa: BLE001 - tried again at the next round
+            log.warning("recording the removed worktree of %s deferred: %r", op_id, exc)
+            return False
+        self.removed += 1
+        log.info("removed the worktree %s left removing (of %s)", plan.path, op_id)
+        return True
+
+
 def _remove_child(trees: Worktrees, plan: Mapping[str, Any]) -> None:
     trees.remove_child(TreePlan.from_json(plan))
 
 
-__all__ = ["WORKTREE_CHOICES", "delete_fn", "finish_removals"]
+__all__ = ["WORKTREE_CHOICES", "RemovalRetries", "delete_fn", "finish_removals"]

@@ -98,6 +98,9 @@ class HostStatusResult(TypedDict):
     leftGits: NotRequired[JsonObject]
     """The gits a killed daemon left that outlived their kill at this start, still alive:
     `{alive, pids, repositories}`; their repositories' lock files are kept until they are gone."""
+    worktreeRemovals: NotRequired[JsonObject | None]
+    """The deleted fork children's trees git could not remove (`removing`) that the daemon
+    tries again: `{pending, paths, rounds, removed}`."""
 
 
 class SessionCreateParams(WorkspaceParams):

@@ -172,10 +172,12 @@ class ForkWorkspace:
             return changed
 
     def child_worktrees_removing(self) -> list[TreeToRemove]:
-        """Trees a delete began removing and a stop interrupted (start-up finishes them)."""
+        """Trees a delete began removing that are not yet gone: a stop interrupted it, or git
+        could not remove the tree (start-up finishes them; the live daemon retries the
+        latter, `worktree_delete.RemovalRetries`)."""
         rows = self._all(
-            "SELECT workspace_id, operation_id, workspace_json FROM fork_operations"
-            " WHERE status = ? AND workspace_state = ? ORDER BY op_seq",
+            "SELECT workspace_id, operation_id, workspace_json, target_session_id"
+            " FROM fork_operations WHERE status = ? AND workspace_state = ? ORDER BY op_seq",
             (ForkStatus.COMMITTED.value, REMOVING),
         )
-        return [TreeToRemove(r[0], r[1], loads(r[2])) for r in rows]
+        return [TreeToRemove(r[0], r[1], loads(r[2]), r[3]) for r in rows]

@@ -252,11 +252,13 @@ plan (workspace.worktree.TreePlan's JSON), decided inside the prepare transactio
 
 @dataclass(frozen=True, slots=True)
 class TreeToRemove:
-    """A failed `worktree` fork whose tree is not yet known removed."""
+    """A `worktree` fork's tree not yet known removed: a failed fork's, or a deleted child's
+    (`removing`; `session_id`: that child, whose tree it was)."""
 
     workspace_id: str
     operation_id: str
     plan: Mapping[str, Any]
+    session_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -66,6 +66,24 @@ TRANSIENT_ERRORS: tuple[type[BaseException], ...] = (
 )
 
 
+DISK_ERRORS: tuple[type[BaseException], ...] = (apsw.FullError, apsw.IOError)
+"""The transient store failures that are the disk's, not another connection's: full
+(SQLITE_FULL), or a write it failed (SQLITE_IOERR: a file past its size limit, a failing disk)."""
+
+
+def disk_error(exc: BaseException) -> tuple[str, bool] | None:
+    """The full-disk or I/O error `exc` is or was raised from (a typed `StoreBusy` keeps the
+    raw error as its cause): its text and whether SQLite said the disk is full; else None."""
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return None
+        if isinstance(seen, DISK_ERRORS):
+            return str(seen) or type(seen).__name__, isinstance(seen, apsw.FullError)
+        seen = seen.__cause__
+    return None
+
+
 def typed_store_error(exc: BaseException) -> HostError | None:
     """The typed error for a store failure that escaped as a raw apsw exception, or None."""
     if isinstance(exc, StoreBusy):

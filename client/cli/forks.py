@@ -189,7 +189,10 @@ def files_line(workspace: Mapping[str, Any] | None) -> str:
     if not workspace or workspace.get("mode") != "worktree":
         return ""
     state = workspace.get("state")
-    if state in ("removing", "removed"):
+    if state == "removing":
+        # Its child deleted; git may not have managed yet (the daemon keeps trying).
+        return f"\nfiles: its worktree {workspace.get('path')} is being removed"
+    if state == "removed":
         return "\nfiles: its worktree was removed"
     branch = workspace.get("branch")
     on = f" on branch {branch}" if branch else " (a plain directory: not in a git repository)"

@@ -122,7 +122,7 @@ def run_delete(args: argparse.Namespace, client: Client) -> int:
     elif done and done.get("state") == "removing":
         human += (
             f"\nworktree {done['path']} could not be removed: {done.get('error', '')}"
-            " (the daemon's next start tries again)"
+            " (the daemon tries again in the background until it goes)"
         )
     elif done:
         on = f" (branch {done['branch']})" if done.get("branch") else ""

@@ -36,9 +36,22 @@ def run_status(args: argparse.Namespace, client: Client) -> int:
         f"up {result['uptimeMs'] / 1000:.0f} s\nworkers: {workers or 'none started'}"
         + "".join(f"\n{provider_line(p)}" for p in result.get("providers") or [])
         + connections_line(result.get("connections"))
-        + checkpoints_line(result.get("checkpoints")),
+        + checkpoints_line(result.get("checkpoints"))
+        + removals_line(result.get("worktreeRemovals")),
     )
     return EXIT_OK
+
+
+def removals_line(r: Mapping[str, Any] | None) -> str:
+    """The deleted forks' trees git could not remove yet, which the daemon keeps trying (none,
+    or an older daemon: nothing)."""
+    if not r or not r.get("pending"):
+        return ""
+    paths = ", ".join(str(p) for p in r.get("paths") or [])
+    return (
+        f"\nworktrees being removed: {r['pending']} (git could not yet; the daemon tries again"
+        f" in the background): {paths}"
+    )
 
 
 def checkpoints_line(c: Mapping[str, Any] | None) -> str:

@@ -318,7 +318,7 @@ class ControlActions:
             elif done.get("state") == "removing":
                 self.app.notify(
                     f"deleted {session['title']}; its worktree could not be removed: "
-                    f"{done.get('error', '')} (the daemon's next start tries again)",
+                    f"{done.get('error', '')} (the daemon tries again in the background)",
                     severity="warning",
                 )
             elif done:

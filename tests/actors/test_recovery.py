@@ -13,6 +13,7 @@ from actors.recovery import (
     PREPARED_ERROR,
     DeferredCommits,
     recover_fork_operations,
+    recover_resolutions,
 )
 from domain.fork_states import ForkStatus
 from storage.models import ForkPrepareRequest, ProviderForkEvidence
@@ -311,3 +312,129 @@ def test_recovery_waits_for_a_store_another_process_holds(tmp_path: Path) -> Non
         assert store.fork_queries.get_fork_operation(WS, accepted).status is ForkStatus.COMMITTED
     finally:
         store.close()
+
+
+def test_leftover_commits_wait_for_a_store_taken_after_the_statuses_settled(
+    tmp_path: Path,
+) -> None:
+    """The store taken by another process exactly between the status changes and the
+    `provider_accepted` commits (at `host.recovery.before_commits`): the commit page meets the
+    lock, backs off (`start_write`), and lands once the lock is let go. Without its retry the
+    page raised StoreBusy and the start failed."""
+    from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        prepared, _ = _prepare(store)
+        accepted = [_accepted(store) for _ in range(3)]
+        holder = WriteLockHolder(path)
+        taken: list[str] = []
+
+        def hit(point: str) -> None:
+            taken.append(point)
+            holder.acquire()
+
+        with ReleaseWhenLogged(holder, "committing leftover fork operations deferred") as seen:
+            report = recover_fork_operations(store, page_size=2, hit=hit)
+        assert taken == ["host.recovery.before_commits"]
+        assert seen.seen >= 1  # the commit page met the lock (not vacuous)
+        assert (report.failed, report.unknown, report.committed, report.errors) == (1, 0, 3, 0)
+        assert store.fork_queries.get_fork_operation(WS, prepared).status is ForkStatus.FAILED
+        statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+        assert statuses == {ForkStatus.COMMITTED}
+    finally:
+        store.close()
+
+
+def test_a_half_done_resolution_waits_for_a_store_another_process_holds(
+    tmp_path: Path,
+) -> None:
+    """A `fork.resolve` a stop interrupted (`started`, its operation still `unknown`) is
+    rolled back at start-up; the store held by another process as that runs, the rollback
+    backs off and lands once the lock is let go. Without its retry it raised StoreBusy."""
+    from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
+
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path, busy_timeout_ms=100)
+    try:
+        op_id, _ = _prepare(store)
+        store.fork_transitions.mark_fork_dispatching(WS, op_id)
+        store.fork_transitions.mark_fork_unknown(WS, op_id, "lost")
+        store.resolution.begin_resolution(
+            WS,
+            op_id,
+            request_id=str(uuid.uuid4()),
+            action="abandon",
+            child_id=None,
+            evidence={"verdict": "absent"},
+        )
+        holder = WriteLockHolder(path).acquire()
+        with ReleaseWhenLogged(holder, "recovering fork resolutions deferred") as seen:
+            assert recover_resolutions(store) == (0, 1)
+        assert seen.seen >= 1
+        resolution = store.resolution.get_fork_resolution(WS, op_id)
+        assert resolution is not None and resolution.state == "rolled_back"
+        assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.UNKNOWN
+    finally:
+        store.close()
+
+
+def test_a_start_write_on_a_full_disk_fails_at_once_saying_so(tmp_path: Path) -> None:
+    """A real full disk (a 1 MiB tmpfs filled up; ENOSPC, SQLite's SQLITE_FULL) under the
+    store as start-up settles an orphaned Turn: the write fails at once with `StoreDiskFull`
+    ("the disk holding the store ... is full"), no "deferred" retry (before, it was retried as
+    a busy store for 30 s, then "the store is busy or full, try again"). Space again, the
+    same settlement lands."""
+    import logging
+    import subprocess
+
+    import pytest
+
+    from actors.recovery import StoreDiskFull, settle_orphaned_turns
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(disk)],
+        capture_output=True,
+        check=False,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a small tmpfs: {mounted.stderr.decode().strip()}")
+    deferred: list[str] = []
+
+    class Deferred(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if "deferred" in record.getMessage():
+                deferred.append(record.getMessage())
+
+    handler = Deferred(logging.WARNING)
+    logging.getLogger().addHandler(handler)
+    try:
+        store = Store.open(disk / "store.sqlite3", busy_timeout_ms=100)
+        try:
+            sid = new_session(store)
+            turn, _ = store.turns.claim_submit(WS, sid, "req-1", "left active by a kill")
+            filler = disk / "filler"
+            with open(filler, "wb") as f:
+                try:
+                    while True:
+                        f.write(b"\0" * 65536)
+                        f.flush()
+                except OSError:
+                    pass  # ENOSPC: the disk is full
+            with pytest.raises(StoreDiskFull) as full:
+                settle_orphaned_turns(store)
+            assert full.value.full, full.value
+            assert "is full" in str(full.value) and "settling orphaned turn" in str(full.value)
+            assert deferred == []
+            filler.unlink()
+            assert settle_orphaned_turns(store) == 1
+            got = store.turns.get_turn(WS, sid, turn.turn_id)
+            assert (got.phase, got.outcome) == ("settled", "interrupted"), got
+        finally:
+            store.close()
+    finally:
+        logging.getLogger().removeHandler(handler)
+        subprocess.run(["umount", "-l", str(disk)], check=False)

@@ -61,15 +61,22 @@ def fork_child(home: Path, ws: str, sid: str) -> tuple[str, Path]:
     return child, Path(files.removeprefix("files: ").partition(" on branch ")[0])
 
 
-def test_delete_asks_about_the_worktree_and_refuses_unsaved_work_in_words(
-    daemon: DaemonProcess, ws: str, tmp_path: Path
-) -> None:
-    home = daemon.home
+def parser_source(home: Path, ws: str, tmp_path: Path) -> str:
+    """A session "Parser" working in a new repository, one turn (it wrote a file) to fork
+    through; its id."""
     repo = make_repo(tmp_path / "project")
     sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
         "agentSessionId"
     ]
     as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+    return str(sid)
+
+
+def test_delete_asks_about_the_worktree_and_refuses_unsaved_work_in_words(
+    daemon: DaemonProcess, ws: str, tmp_path: Path
+) -> None:
+    home = daemon.home
+    sid = parser_source(home, ws, tmp_path)
 
     kept, kept_tree = fork_child(home, ws, sid)
     code, out = on_tty(home, ws, ["delete", kept], [b"y\n", b"n\n"])
@@ -101,11 +108,7 @@ def test_delete_with_remove_keeps_a_worktree_another_session_works_in_and_names_
     """A shared fork of the worktree child works in its tree: `--worktree remove` deletes the
     child, keeps the tree and says which session works there; that session goes on."""
     home = daemon.home
-    repo = make_repo(tmp_path / "project")
-    sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
-        "agentSessionId"
-    ]
-    as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+    sid = parser_source(home, ws, tmp_path)
     child, tree = fork_child(home, ws, sid)
     as_json(home, ws, "say", child, "/write child.txt from the child")
     shared = cli(home, ws, "fork", child, "--latest")
@@ -126,15 +129,12 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
     daemon: DaemonProcess, ws: str, tmp_path: Path
 ) -> None:
     """A worktree git cannot remove (a file in it nothing can unlink): the session is deleted
-    and the CLI says the worktree could not be removed and why — never "kept"."""
+    and the CLI says the worktree could not be removed and why — never "kept" — and
+    `agenthost status` names it while the daemon tries again."""
     from tests.support.worktree_repos import make_unremovable
 
     home = daemon.home
-    repo = make_repo(tmp_path / "project")
-    sid = as_json(home, ws, "new", "--title", "Parser", "--cwd", str(repo))["session"][
-        "agentSessionId"
-    ]
-    as_json(home, ws, "say", sid, "/write src/app.py print('at turn 1')")
+    sid = parser_source(home, ws, tmp_path)
     child, tree = fork_child(home, ws, sid)
     as_json(home, ws, "say", child, "/write child.txt from the child")
     undo = make_unremovable(tree / "child.txt")
@@ -142,8 +142,15 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
         done = cli(home, ws, "delete", child, "--yes", "--worktree", "remove")
         assert done.returncode == 0, done.stderr
         assert f"worktree {tree} could not be removed: " in done.stdout, done.stdout
-        assert "next start tries again" in done.stdout
+        assert "the daemon tries again in the background" in done.stdout
         assert "worktree kept" not in done.stdout
         assert tree.is_dir()
+        # `agenthost status` names it while the daemon tries again.
+        status = cli(home, ws, "status")
+        assert status.returncode == 0, status.stderr
+        assert (
+            "worktrees being removed: 1 (git could not yet; the daemon tries again in the"
+            f" background): {tree}"
+        ) in status.stdout, status.stdout
     finally:
         undo()

@@ -37,6 +37,14 @@ def fork_child(client: Client, ws: str, sid: str, turn_id: str) -> tuple[str, Pa
     return str(op["targetAgentSessionId"]), Path(op["workspace"]["path"])
 
 
+async def delete_dialog(app: AgentHostApp, pilot: Pilot[Any], sid: str) -> None:
+    """Open `sid` and press F8 on the session list: the keep / remove dialog shows."""
+    await open_and_wait(app, pilot, sid, 1)
+    app.query_one(SessionTree).focus()
+    await pilot.press("f8")
+    await until(pilot, lambda: isinstance(app.screen, DeleteTreeScreen))
+
+
 def alive(client: Client, ws: str, sid: str) -> bool:
     try:
         client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})
@@ -60,10 +68,7 @@ def test_delete_offers_keep_or_remove_for_a_fork_worktree_by_keyboard(
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         # Remove, refused: nothing is deleted until "Remove anyway"; Escape keeps it all.
-        await open_and_wait(app, pilot, dirty, 1)
-        app.query_one(SessionTree).focus()
-        await pilot.press("f8")
-        await until(pilot, lambda: isinstance(app.screen, DeleteTreeScreen))
+        await delete_dialog(app, pilot, dirty)
         assert app.screen.path == str(dirty_tree)
         if shots:
             app.save_screenshot("gui-delete-worktree-dialog.svg", shots)
@@ -84,10 +89,7 @@ def test_delete_offers_keep_or_remove_for_a_fork_worktree_by_keyboard(
         assert dirty_tree.is_dir()
 
         # Remove, clean: the Session and its folder go.
-        await open_and_wait(app, pilot, clean, 1)
-        app.query_one(SessionTree).focus()
-        await pilot.press("f8")
-        await until(pilot, lambda: isinstance(app.screen, DeleteTreeScreen))
+        await delete_dialog(app, pilot, clean)
         await pilot.press("r")
         await until(pilot, lambda: app.engine.session(clean) is None, timeout=30)
         assert not clean_tree.exists()
@@ -113,10 +115,7 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
         def said() -> list[str]:
             return [str(n.message) for n in app._notifications]  # noqa: SLF001
 
-        await open_and_wait(app, pilot, child, 1)
-        app.query_one(SessionTree).focus()
-        await pilot.press("f8")
-        await until(pilot, lambda: isinstance(app.screen, DeleteTreeScreen))
+        await delete_dialog(app, pilot, child)
         await pilot.press("r")
         await until(pilot, lambda: app.engine.session(child) is None, timeout=30)
         await until(pilot, lambda: any("could not be removed" in m for m in said()))

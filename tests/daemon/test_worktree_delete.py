@@ -8,18 +8,23 @@ from __future__ import annotations
 
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import apsw
 import pytest
 
+from agenthost.worktree_delete import finish_removals
+from storage.store import Store
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
-from tests.support.worktree_forks import trees_beside, worktree_fork_params
+from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
+from tests.support.worktree_forks import tree_state, trees_beside, worktree_fork_params
 from tests.support.worktree_repos import git, make_repo, make_unremovable
 from transport.client import ApiError, Client
+from workspace.shadow import ShadowStore
+from workspace.worktree import Worktrees
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -161,11 +166,26 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
 ) -> None:
     """The state a kill between the delete's commit and the tree's removal leaves (the Session
     deleted, its tree marked `removing` and still on disk): the next start removes it."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    daemon.start()
+    assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+    assert tree_state(daemon, child) == "removed"
+    assert_invariants(daemon.home)
+
+
+def left_removing(
+    daemon: DaemonProcess, tmp_path: Path, before_kill: Callable[[Client, str], None] | None = None
+) -> tuple[Path, str, dict[str, Any]]:
+    """A worktree fork's child deleted, its tree marked `removing` and still on disk (what a
+    kill between the delete's commit and the removal leaves), the daemon killed: the repo,
+    the child and the fork's `workspace`. `before_kill(client, child's cwd)`: more done before
+    the kill."""
     repo = make_repo(tmp_path / "project")
     c = daemon.client(timeout=60)
     child, where = fork_child(c, repo)
-    tree = Path(where["path"])
     delete(c, child)  # kept: the tree stays, recorded `made`
+    if before_kill is not None:
+        before_kill(c, where["cwd"])
     daemon.kill()
     conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
     conn.execute(
@@ -173,14 +193,48 @@ def test_a_removal_a_stop_interrupted_is_finished_at_the_next_start(
         (child,),
     )
     conn.close()
-    assert tree.is_dir()
+    assert Path(where["path"]).is_dir()
+    return repo, child, where
 
+
+def test_a_removal_left_by_a_stop_is_not_finished_under_a_session_working_in_the_tree(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A Session started in the tree after its child's delete (a person's, in any workspace):
+    start-up's `finish_removals` keeps the tree, still `removing`, and that Session's next
+    Turn runs in it. Before, the start removed the tree under it."""
+    users: list[str] = []
+
+    def start_one(c: Client, cwd: str) -> None:
+        users.append(create_session(c, title="in the tree", cwd=cwd)["agentSessionId"])
+
+    _, child, where = left_removing(daemon, tmp_path, start_one)
     daemon.start()
-    assert not tree.exists() and where["branch"] not in branches(repo)
-    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
-        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-    )
-    assert [r[0] for r in state] == ["removed"]
+    assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
+    assert "in use by" in daemon.tail_log(100_000)
+    c = daemon.client(timeout=60)
+    assert run_turn(c, users[0], "still here?")["outcome"] == "completed"
+
+
+def test_a_removal_finished_at_start_waits_for_a_store_another_process_holds(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Start-up's `finish_removals` with the store held by another process as it runs: the
+    tree is removed, its `removed` record meets the lock, backs off (`start_write`) and lands
+    once the lock is let go. Without its retry the record raised StoreBusy and the start
+    failed."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    store = Store.open(daemon.home / "store.sqlite3", busy_timeout_ms=100)
+    try:
+        holder = WriteLockHolder(daemon.home / "store.sqlite3").acquire()
+        with ReleaseWhenLogged(holder, "deferred") as seen:
+            done = finish_removals(store, Worktrees(ShadowStore(daemon.home / "checkpoints")))
+        assert seen.seen >= 1  # the record met the lock (not vacuous)
+        assert done == 1
+    finally:
+        store.close()
+    assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+    assert tree_state(daemon, child) == "removed"
     assert_invariants(daemon.home)
 
 
@@ -283,8 +337,50 @@ def test_a_tree_git_cannot_remove_still_ends_the_delete_and_says_so(
     daemon.stop()
     daemon.start()  # the file removable again: the next start finishes the removal
     assert not tree.exists() and where["branch"] not in branches(repo)
-    state = apsw.Connection(str(daemon.home / "store.sqlite3")).execute(
-        "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-    )
-    assert [r[0] for r in state] == ["removed"]
+    assert tree_state(daemon, child) == "removed"
     assert_invariants(daemon.home)
+
+
+def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
+    tmp_path: Path,
+) -> None:
+    """A tree left `removing` (git could not remove it: a file in it made immutable) is tried
+    again by the live daemon (`RemovalRetries`, `[workspace] tree_retry_s`), never under a
+    Session that works in it: one started there meanwhile keeps it, `removing`, until that
+    Session is deleted; the failure lifted, the tree goes and is recorded `removed` with no
+    restart (`host.status` → `worktreeRemovals` names it meanwhile). Before, it stayed
+    `removing`, on disk, until the next start."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 0.2\n")
+    d = DaemonProcess(home).start()
+    try:
+        repo = make_repo(tmp_path / "project")
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        tree = Path(where["path"])
+        pinned = tree / "src" / "app.py"
+        undo = make_unremovable(pinned)
+        try:
+            done = delete(c, child, worktree="remove")
+            assert done["worktree"]["state"] == "removing", done
+            # Retried while git still cannot remove it: still there, still `removing`.
+            assert wait_for(lambda: "is still not removable" in d.tail_log(100_000), 30)
+            assert pinned.is_file() and tree_state(d, child) == "removing"
+            removals = c.call("host.status")["worktreeRemovals"]
+            assert (removals["pending"], removals["paths"]) == (1, [str(tree)]), removals
+            # A Session a person starts in the tree meanwhile: the retry keeps the tree.
+            user = create_session(c, title="in the tree", cwd=where["cwd"])["agentSessionId"]
+        finally:
+            undo()
+        assert wait_for(lambda: f"is in use by ['{user}']: kept" in d.tail_log(100_000), 30)
+        assert tree.is_dir() and tree_state(d, child) == "removing"
+        delete(c, user)
+        # No restart: the next retry removes it and records it.
+        assert wait_for(lambda: tree_state(d, child) == "removed", 60)
+        assert not tree.exists() and where["branch"] not in branches(repo)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert (removals["pending"], removals["removed"]) == (0, 1), removals
+        assert_invariants(home)
+    finally:
+        d.stop()

@@ -23,7 +23,12 @@ shed what it cannot hold and stay alive; the clients' own connections keep being
 A worktree fork's child deleted by a client asks, at random, to keep its tree or to remove it
 (`force` or not: a dirty tree is refused with 409 `workspace_worktree_dirty`); the person's
 repository must gain nothing but the forks' worktrees and `agenthost/` branches
-(`repository_kept`, law 10). After the chaos the daemon's ipc listeners come down to the
+(`repository_kept`, law 10). Half the removals (as root; forced then) first make a file of the
+soak's own in the tree immutable, so git cannot remove it: the delete answers `removing`, the
+pin is lifted 1-5 s later, and the live daemon must remove and record every such tree by
+itself (`TreePins`; its retries from `[workspace] tree_retry_s` = 1 s): none is left
+`removing` once the chaos is over (a run whose chaos pinned none pins a live worktree child's
+tree after it, if one is left). After the chaos the daemon's ipc listeners come down to the
 current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT` per endpoint),
 whatever the number of re-binds.
 
@@ -239,6 +244,105 @@ violations one by one."""
 pytestmark = pytest.mark.timeout(trials(240, 1200))
 
 
+TREE_RETRY_S = 1.0
+"""The daemon's first wait before it retries a tree git could not remove (then doubling)."""
+
+
+class TreePins:
+    """A tree git cannot remove, for a moment: before a forced `worktree: "remove"` delete of a
+    worktree child, a file of the soak's own made immutable in its tree (`chattr +i`: as root
+    only); the delete answers `removing`, and the pin is lifted 1-5 s later (at once for any
+    other answer: the tree stays with its child, or in use). The live daemon must then remove
+    each such tree and record it `removed` by itself (`RemovalRetries`): no `removing` tree
+    is left once the chaos is over."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.pinned = 0
+        self.removing = 0
+        self._timers: list[threading.Timer] = []
+        self.enabled = os.geteuid() == 0
+
+    def pin(self, c: Client, sid: str) -> Path | None:
+        if not self.enabled:
+            return None
+        try:
+            cwd = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
+                "cwd"
+            ]
+        except Exception:  # noqa: BLE001 - gone, busy: no pin this time
+            return None
+        if ".agenthost" not in cwd:  # not a worktree fork's tree (`<repo>.agenthost/…`)
+            return None
+        path = Path(cwd) / ".soak-pin"
+        try:
+            path.write_text("a file git cannot unlink for a moment\n")
+            subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with self.lock:
+            self.pinned += 1
+        return path
+
+    def lift(self, path: Path, *, later: float | None) -> None:
+        def undo() -> None:
+            subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
+            if later is None:  # the tree stays: the soak's file goes with its pin
+                with contextlib.suppress(OSError):
+                    path.unlink()
+
+        if later is None:
+            undo()
+            return
+        timer = threading.Timer(later, undo)
+        with self.lock:
+            self.removing += 1
+            self._timers.append(timer)
+        timer.start()
+
+    def delete_one(self, c: Client, t: Tally) -> None:
+        """A pinned forced removal of the first live worktree child of `t`, if any."""
+        with t.lock:
+            children = list(t.children)
+        for child in children:
+            pin = self.pin(c, child)
+            if pin is None:
+                continue
+            got = t.call(
+                c,
+                "session.delete",
+                {"workspaceId": WS, "agentSessionId": child, "worktree": "remove", "force": True},
+            )
+            state = (got or {}).get("worktree", {}).get("state")
+            with t.lock:
+                t.calls[f"session.delete worktree {state} (pinned, after the chaos)"] += 1
+            self.lift(pin, later=1.0 if state == "removing" else None)
+            if state == "removing":
+                return
+
+    def lift_all(self) -> None:
+        with self.lock:
+            timers = list(self._timers)
+        for timer in timers:
+            timer.join()
+
+
+def removing_trees(home: Path) -> list[str]:
+    """The operations whose tree is recorded `removing`, read beside the daemon."""
+    import apsw
+
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT operation_id FROM fork_operations WHERE workspace_state = 'removing'"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(r[0]) for r in rows]
+
+
 class Tally:
     def __init__(self, home: Path) -> None:
         self.lock = threading.Lock()
@@ -256,6 +360,8 @@ class Tally:
         """Interactions and interrupts of the clients (`interaction_chaos`)."""
         self.reader = Reader(home)
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
+        self.pins = TreePins()
+        """Files made immutable in trees a forced `remove` deletes (`TreePins`)."""
 
     def provider_of(self, sid: str) -> str:
         return CLAUDE if sid in self.claude else CODEX if sid in self.codex else "tutti-agent"
@@ -373,10 +479,17 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
             how = rng.choice([{}, {"worktree": "keep"}, {"worktree": "remove"}])
             if how and rng.random() < 0.5:
                 how["force"] = True
+            pin = None
+            if how.get("worktree") == "remove" and rng.random() < 0.5:
+                how["force"] = True  # the pin is a file no checkpoint holds
+                pin = t.pins.pin(c, victim)  # git cannot remove its tree for a moment
             got = t.call(c, "session.delete", {"workspaceId": WS, "agentSessionId": victim} | how)
             if got and "worktree" in got:
                 with t.lock:
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
+            if pin is not None:
+                removing = bool(got) and got.get("worktree", {}).get("state") == "removing"
+                t.pins.lift(pin, later=rng.uniform(1.0, 5.0) if removing else None)
         elif action in ("restore", "workspace_diff"):
             workspace_call(t, c, rng, sid, action)
         elif action == "read":
@@ -838,6 +951,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
+        f"[workspace]\ntree_retry_s = {TREE_RETRY_S}\n"
     ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     # and Codex's app-server, Claude Code's CLI
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
@@ -1005,6 +1119,19 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             raise AssertionError(
                 (seed, "work stayed active after the chaos", unsettled(), d.tail_log())
             ) from None
+        # Every tree left `removing` by a pin is removed and recorded by the live daemon once
+        # its pin is lifted (its retries start at TREE_RETRY_S and double from there).
+        if t.pins.removing == 0:
+            # None in the chaos (few deletes in the short profile): one now, of a live
+            # worktree child if the chaos left one.
+            t.pins.delete_one(c, t)
+        t.pins.lift_all()
+        try:
+            wait_for(lambda: not removing_trees(home), 120, interval=0.5)
+        except AssertionError:
+            raise AssertionError(
+                (seed, "trees stayed removing", removing_trees(home), d.tail_log())
+            ) from None
         # The re-binds' replaced listeners are closed once nothing uses them: the current three
         # and at most OLD_LISTENERS_KEPT per endpoint that idle old clients pin (past the cap
         # their idle connections are moved), whatever the number of `run/` removals.
@@ -1164,6 +1291,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
         + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
         f"  unanswered Turns after a restart: {dict(proven)}",
+        f"  pinned trees: {t.pins.pinned} (left removing, then removed live: {t.pins.removing})",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),

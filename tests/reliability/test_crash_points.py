@@ -319,6 +319,38 @@ def worker_resolve_transient_loaded(t: Trial) -> str:
     return "unknown"
 
 
+def recovery_before_commits(t: Trial) -> str:
+    """A start-up point: the daemon killed after its provider accepted a fork, before its
+    commit (a `provider_accepted` leftover); the next start, armed from the environment,
+    dies at `host.recovery.before_commits` (the statuses settled, the leftover listed, not
+    committed); the one after it commits the leftover: one child, the source served."""
+    c = t.client()
+    t.session(c)
+    first = run_turn(c, t.sid, "first")
+    c.call("debug.failpoints", {"points": {"host.fork.before_commit": "once:kill"}})
+    target = str(uuid.uuid4())
+    with contextlib.suppress(Exception):
+        t.d.client(timeout=10.0).call(
+            "fork.create", fork_params(t.sid, first["turnId"], target=target)
+        )
+    assert t.d.wait_exit(60) == -signal.SIGKILL, t.d.tail_log()
+    t.d.kill()
+    armed = DaemonProcess(t.home, failpoints=f"{t.point}=once:kill")
+    with pytest.raises(RuntimeError):  # it died before its ready line
+        armed.start()
+    assert armed.wait_exit(10) == -signal.SIGKILL
+    assert host_fired(armed, t.point)
+    armed.kill()
+    t.d = DaemonProcess(t.home).start()
+    c = t.client()
+    assert session_exists(c, target)
+    source_pid = c.call("session.get", {"workspaceId": WS, "agentSessionId": t.sid})["session"][
+        "providerSessionId"
+    ]
+    assert len(children_of(t.home, source_pid)) == 1
+    return "committed"
+
+
 def _terminal(c: Client, op: dict[str, Any]) -> dict[str, Any]:
     def poll() -> dict[str, Any] | None:
         got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
@@ -351,6 +383,7 @@ CASES: dict[str, Case] = {
     "host.checkpoint.after": Case(checkpoint_after, git=True),
     "host.session.delete.after_commit": Case(delete_after_commit),
     "host.session.delete.discard": Case(delete_discard),
+    "host.recovery.before_commits": Case(recovery_before_commits),
     "worker.turn.before_start": Case(
         worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
     ),

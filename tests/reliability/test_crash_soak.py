@@ -65,7 +65,10 @@ the daemon's disk full at a random moment while the clients run — its RLIMIT_F
 `FULL_DISK_BYTES`, so every write past that offset of a file (the store's write-ahead log's
 next frames within a few commits at most) fails with EFBIG, as on a full file system (and the
 processes it starts meanwhile inherit the limit). At the round's end
-either the daemon is SIGKILLed with the disk still full (`full_disk_kill`), or space returns
+either the daemon is SIGKILLed with the disk still full (`full_disk_kill`: a start under
+the same limit first, which must fail at once saying the disk holding the store is full, no
+"deferred" busy retry, or serve if it had nothing to write past it: `full_disk_start`;
+then the restart with space), or space returns
 (the limit lifted on the daemon and every process under it, `full_disk`): then no request was
 answered 500 (a write refused answers 503 `store_busy`), and, the clients parked, every Turn
 and every operation in flight settles within 60 s with no restart (a saga's step, commit or
@@ -761,6 +764,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["worker_died_at_point"] += 1
             if restarted:
                 restarts += 1
+                if action == "full_disk_kill":
+                    chaos[f"full_disk_start {full_disk_start(w)}"] += 1
                 with w.lock, busy_store(w, restarts % BUSY_START_EVERY == 1) as held:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
@@ -1144,6 +1149,33 @@ def fill_disk(w: World) -> None:
     assert w.daemon.proc is not None
     _, hard = resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE)
     resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE, (FULL_DISK_BYTES, hard))
+
+
+def full_disk_start(w: World) -> str:
+    """A start while the disk is still full (the killed daemon's RLIMIT_FSIZE on the new one,
+    its log a file of its own): it fails at once — no "deferred" retry, a full disk is no
+    other process's lock — saying that the disk holding the store is full (`StoreDiskFull`),
+    or, with nothing to write past the limit, it serves (stopped then). Either way within
+    the time a start takes, never the 30 s of a busy store's retries. Returns which."""
+    log_path = w.home.parent / f"full-start-{w.generation}.log"
+
+    def full() -> None:
+        _, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (FULL_DISK_BYTES, hard))
+
+    d = DaemonProcess(w.home, env=w.env, preexec_fn=full)
+    d.log_path = log_path
+    try:
+        d.start(timeout=60)
+    except RuntimeError:
+        code = d.wait_exit(10)
+        said = log_path.read_text(errors="replace")
+        assert code == 1 and "deferred" not in said, (w.seed, code, said[-3000:])
+        store = str(w.home / "store.sqlite3")
+        assert "cannot start: " in said and store in said and "full" in said, (w.seed, said)
+        return "refused"
+    d.stop()
+    return "served"
 
 
 def space_returns(w: World) -> None:

@@ -15,9 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.reliability.reliability_harness import host_fired
-from tests.support.daemon import DaemonProcess, create_session, run_turn
+from tests.support.daemon import DaemonProcess
 from tests.support.invariants import Law, assert_invariants, check_invariants
-from tests.support.worktree_forks import trees_beside, worktree_fork_params
+from tests.support.worktree_forks import (
+    kill_after_a_failed_forks_tree_removed,
+    source_in,
+    trees_beside,
+    worktree_fork_params,
+)
 from tests.support.worktree_repos import git, make_repo, repo_state, tree_files
 
 pytestmark = pytest.mark.timeout(240)
@@ -37,8 +42,7 @@ def test_a_kill_at_each_workspace_step_leaves_no_tree_or_one_whole_recorded_tree
     d = DaemonProcess(home).start()
     try:
         c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        sid, turn = source_in(c, repo)
         expected = tree_files(repo)
         before = repo_state(repo)
         for point in POINTS:
@@ -87,8 +91,7 @@ def test_the_checker_reports_each_broken_worktree_law(tmp_path: Path) -> None:
     d = DaemonProcess(home).start()
     try:
         c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        sid, turn = source_in(c, repo)
         op = c.call(
             "fork.create",
             worktree_fork_params(
@@ -124,21 +127,9 @@ def test_a_kill_after_a_failed_forks_tree_is_removed_and_before_its_record(
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
     try:
-        c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        sid, turn = source_in(d.client(timeout=60), repo)
         before = repo_state(repo)
-        point = "host.workspace.after_remove"
-        c.call(
-            "debug.failpoints",
-            {"points": {"host.workspace.after_record": "once:error", point: "once:kill"}},
-        )
-        params = worktree_fork_params(
-            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
-        )
-        c.submit("fork.create", params)  # the reply never comes: the daemon dies
-        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
-        assert host_fired(d, point)
+        params = kill_after_a_failed_forks_tree_removed(d, sid, turn)
         d = DaemonProcess(home).start()
         c = d.client(timeout=60)
         op = c.call("fork.create", params)["operation"]  # the replay: the original
@@ -161,8 +152,8 @@ def test_a_kill_after_a_deleted_childs_tree_is_removed_and_before_its_record(
     recorded `removed`. The restart finishes it (`finish_removals`): recorded `removed`, no tree
     or branch left, the Session stays deleted, every invariant holds."""
     from tests.daemon.test_worktree_delete import fork_child
-    from tests.reliability.test_store_contention import tree_state
     from tests.support.daemon import WS
+    from tests.support.worktree_forks import tree_state
 
     repo = make_repo(tmp_path / "project")
     home = tmp_path / "home"

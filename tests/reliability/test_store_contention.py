@@ -30,6 +30,7 @@ from tests.support.daemon import (
 )
 from tests.support.invariants import assert_invariants
 from tests.support.store_lock import WriteLockHolder
+from tests.support.worktree_forks import tree_state
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -346,15 +347,14 @@ def test_a_failed_forks_tree_whose_removal_met_a_busy_store_is_recorded_removed(
     daemon kept the failed operation's tree recorded `made` though it was gone (law
     `worktree`) until a restart. Now the record is retried with backoff until it lands."""
     from tests.reliability.reliability_harness import host_fired
-    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_forks import source_in, trees_beside, worktree_fork_params
     from tests.support.worktree_repos import make_repo
 
     repo = make_repo(tmp_path / "project")
     d = _daemon(tmp_path)
     try:
         c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
+        sid, turn = source_in(c, repo)
         # The fork fails once its tree is recorded (nothing dispatched); its tree is removed,
         # then the actor waits 3 s before recording that: the store is locked meanwhile.
         c.call(
@@ -436,20 +436,6 @@ def test_a_tree_removing_delete_whose_record_met_a_busy_store_still_ends_the_ses
     finally:
         d.stop()
     assert_invariants(d.home)
-
-
-def tree_state(d: DaemonProcess, child: str) -> str | None:
-    """The `workspace_state` of the fork that made `child`, read beside the daemon (WAL)."""
-    import apsw
-
-    conn = apsw.Connection(str(store_path(d)), flags=apsw.SQLITE_OPEN_READONLY)
-    try:
-        row = conn.execute(
-            "SELECT workspace_state FROM fork_operations WHERE target_session_id = ?", (child,)
-        ).fetchone()
-    finally:
-        conn.close()
-    return None if row is None else str(row[0])
 
 
 def test_an_answer_the_provider_took_is_recorded_though_the_store_was_busy(
@@ -541,14 +527,15 @@ def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the
     store that refused that record was logged and dropped: the daemon served with the tree
     recorded `made` though gone (law `worktree`) until the next start. Now the record is
     retried with backoff (the start waits): the lock let go, the tree is recorded `removed`."""
-    import signal
-
     import apsw
 
     from actors.fork_workspace import remove_failed_trees
     from storage.store import Store
-    from tests.reliability.reliability_harness import host_fired
-    from tests.support.worktree_forks import trees_beside, worktree_fork_params
+    from tests.support.worktree_forks import (
+        kill_after_a_failed_forks_tree_removed,
+        source_in,
+        trees_beside,
+    )
     from tests.support.worktree_repos import make_repo
     from workspace.shadow import ShadowStore
     from workspace.worktree import ForkTrees
@@ -556,20 +543,7 @@ def test_a_failed_forks_tree_a_kill_left_is_recorded_removed_at_start_though_the
     repo = make_repo(tmp_path / "project")
     d = _daemon(tmp_path)
     try:
-        c = d.client(timeout=60)
-        sid = create_session(c, title="src", cwd=str(repo))["agentSessionId"]
-        turn = run_turn(c, sid, "/write src/app.py print('fork me')")
-        point = "host.workspace.after_remove"
-        c.call(
-            "debug.failpoints",
-            {"points": {"host.workspace.after_record": "once:error", point: "once:kill"}},
-        )
-        params = worktree_fork_params(
-            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
-        )
-        c.submit("fork.create", params)  # the reply never comes: the daemon dies
-        assert d.wait_exit(60) == -signal.SIGKILL, d.tail_log()
-        assert host_fired(d, point)
+        kill_after_a_failed_forks_tree_removed(d, *source_in(d.client(timeout=60), repo))
     finally:
         d.stop()
     assert trees_beside(repo) == []
@@ -641,3 +615,46 @@ def resolution_state(d: DaemonProcess, op_id: str) -> str | None:
     finally:
         conn.close()
     return None if row is None else str(row[0])
+
+
+def test_a_start_on_a_full_disk_fails_at_once_naming_the_store(tmp_path: Path) -> None:
+    """A start whose store's disk is full (made real with RLIMIT_FSIZE on the new daemon: a
+    write past 4 KiB of any file fails, EFBIG, as on a full file system) took the full disk
+    for a busy store: it retried its writes (the store's opening first) for 30 s ("deferred",
+    a line each backoff) and failed "the store is busy or full, try again". A full disk is no
+    other process's lock: the start fails at once, its message naming the store and the full
+    disk; the next start with space settles the Turn the kill left and serves."""
+    import resource
+    import signal
+
+    d = _daemon(tmp_path)
+    c = d.client(timeout=60)
+    sid = create_session(c, title="before the kill")["agentSessionId"]
+    submit(c, sid, "/slow 60000 left active by the kill")
+    d.kill()  # the Turn left active: the next start must settle it (a write)
+    d.log_path = tmp_path / "full-start.log"  # a new log, under the limit
+
+    def fsize() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (4096, resource.RLIM_INFINITY))
+
+    full = DaemonProcess(d.home, preexec_fn=fsize)
+    full.log_path = d.log_path
+    with pytest.raises(RuntimeError):  # it exited before its ready line
+        full.start(timeout=60)
+    assert full.wait_exit(10) not in (0, -signal.SIGKILL)
+    log = full.log_path.read_text()
+    assert log.count("deferred") == 0, log  # the busy store's retry, not once
+    said = [line for line in log.splitlines() if "cannot start" in line]
+    assert len(said) == 1, log
+    assert str(store_path(d)) in said[0] and "full" in said[0], said[0]
+
+    # Space again: the next start settles the Turn and serves.
+    d.log_path = d.home / "daemon.log"
+    d.start()
+    try:
+        c = d.client(timeout=60)
+        # The Turn the kill left is settled `interrupted` (else the Session refused the next).
+        assert run_turn(c, sid, "after the full disk")["outcome"] == "completed"
+        assert_invariants(d.home)
+    finally:
+        d.stop()

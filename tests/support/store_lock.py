@@ -4,6 +4,7 @@ would. Nothing is mocked: the daemon's writes meet a genuinely locked database."
 
 from __future__ import annotations
 
+import logging
 import subprocess
 import sys
 from pathlib import Path
@@ -64,3 +65,39 @@ class WriteLockHolder:
         tb: TracebackType | None,
     ) -> None:
         self.release()
+
+
+class ReleaseWhenLogged(logging.Handler):
+    """`with ReleaseWhenLogged(holder, "opening the store deferred"):` lets go of `holder`'s
+    lock when a log record whose message holds `text` is emitted (the write that met the lock
+    has backed off: it is tried again after the lock is gone), and counts those records. No
+    timer: the lock is held exactly until the write under test has met it."""
+
+    def __init__(self, holder: WriteLockHolder, text: str) -> None:
+        super().__init__(logging.DEBUG)
+        self.holder = holder
+        self.text = text
+        self.seen = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if self.text in record.getMessage():
+            self.seen += 1
+            self.holder.release()
+
+    def __enter__(self) -> ReleaseWhenLogged:
+        root = logging.getLogger()
+        self._level = root.level
+        root.setLevel(min(root.level or logging.WARNING, logging.WARNING))
+        root.addHandler(self)
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        root = logging.getLogger()
+        root.removeHandler(self)
+        root.setLevel(self._level)
+        self.holder.release()
