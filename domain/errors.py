@@ -155,6 +155,16 @@ class WorkspaceWorktreeDirty(Conflict):
     default_reason = "workspace_worktree_dirty"
 
 
+class WorkspaceWorktreeDeleted(Conflict):
+    """`session.create` with a `cwd` in the tree of a deleted fork child: one the daemon is
+    removing (git could not yet; it tries again in the background) or has removed. A Session
+    there would have its folder removed under it, or work where the fork's files were
+    (`params.path`: the tree, `params.operationId`: the fork that made it, `params.state`:
+    `removing` or `removed`)."""
+
+    default_reason = "workspace_worktree_deleted"
+
+
 class ForkInProgress(Conflict):
     """A fenced write (or another fork) while a fork operation on the source is active."""
 

@@ -260,7 +260,7 @@ SESSION_CREATE = Method(
     "session.create",
     SessionCreateParams,
     SessionResult,
-    ("agent_session_id_taken", "provider_not_installed"),
+    ("agent_session_id_taken", "provider_not_installed", "workspace_worktree_deleted"),
 )
 SESSION_GET = Method("session.get", SessionParams, SessionResult, NOT_FOUND)
 SESSION_LIST = Method("session.list", SessionListParams, SessionListResult)

@@ -16,7 +16,7 @@ from domain.fork_states import ACTIVE, ForkStatus
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
 from storage.rows import load_op
-from storage.sqlite import loads
+from storage.sqlite import Tx, loads
 
 PLANNED = "planned"
 MADE = "made"
@@ -24,6 +24,24 @@ REMOVED = "removed"
 REMOVING = "removing"
 """A committed fork's tree its child's `session.delete {worktree: "remove"}` is removing: set
 with the delete, `removed` once gone; a crash in between is finished at start-up."""
+
+
+def deleted_tree_at(tx: Tx, cwd: str) -> tuple[str, str, str] | None:
+    """The tree of a deleted fork child (recorded `removing`: git could not remove it yet, or
+    `removed`) that `cwd` is or lies in: its path, the fork operation that made it and its
+    state; None when there is none. Read in the creating transaction, so no Session starts in
+    a tree the daemon removes or removed (`session.create` refuses it: the worktree law,
+    docs/design/workspace.md)."""
+    for op_id, raw, state in tx.all(
+        "SELECT operation_id, workspace_json, workspace_state FROM fork_operations"
+        " WHERE status = ? AND workspace_state IN (?, ?)",
+        (ForkStatus.COMMITTED.value, REMOVING, REMOVED),
+    ):
+        plan = loads(raw) if raw else None
+        path = str(plan.get("path") or "") if isinstance(plan, Mapping) else ""
+        if path and (cwd == path or cwd.startswith(path + "/")):
+            return path, str(op_id), str(state)
+    return None
 
 
 @dataclass(frozen=True, slots=True)

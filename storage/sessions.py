@@ -15,8 +15,10 @@ from domain.errors import (
     SessionBusy,
     SessionIdTaken,
     SessionNotFound,
+    WorkspaceWorktreeDeleted,
 )
 from storage.base import Database
+from storage.fork_workspace import deleted_tree_at
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import (
     SESSION_SELECT,
@@ -95,6 +97,15 @@ class SessionStore:
                 raise SessionIdTaken(
                     f"session id {session_id} is taken or reserved",
                     params={"field": "agentSessionId"},
+                )
+            deleted = deleted_tree_at(tx, cwd)
+            if deleted is not None:
+                path, op_id, state = deleted
+                raise WorkspaceWorktreeDeleted(
+                    f"{cwd} is in the worktree {path} of a deleted fork child, which the"
+                    f" daemon {'is removing' if state == 'removing' else 'removed'}: start the"
+                    " Session in another folder",
+                    params={"path": path, "operationId": op_id, "state": state},
                 )
             tx.execute(
                 "INSERT INTO sessions (workspace_id, session_id, kind, provider,"

@@ -15,7 +15,8 @@ from typing import Any
 import apsw
 import pytest
 
-from agenthost.worktree_delete import finish_removals
+from actors.checkpoints import DirectoryLocks
+from agenthost.worktree_delete import RemovalRetries, finish_removals
 from storage.store import Store
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
@@ -345,11 +346,11 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
     tmp_path: Path,
 ) -> None:
     """A tree left `removing` (git could not remove it: a file in it made immutable) is tried
-    again by the live daemon (`RemovalRetries`, `[workspace] tree_retry_s`), never under a
-    Session that works in it: one started there meanwhile keeps it, `removing`, until that
-    Session is deleted; the failure lifted, the tree goes and is recorded `removed` with no
-    restart (`host.status` → `worktreeRemovals` names it meanwhile). Before, it stayed
-    `removing`, on disk, until the next start."""
+    again by the live daemon (`RemovalRetries`, `[workspace] tree_retry_s`); the failure
+    lifted, the tree goes and is recorded `removed` with no restart (`host.status` →
+    `worktreeRemovals` names it meanwhile). Before, it stayed `removing`, on disk, until the
+    next start. No Session may start in it meanwhile, nor where it was once removed: 409
+    `workspace_worktree_deleted` (before, one was created there and the worktree law broke)."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 0.2\n")
@@ -369,18 +370,58 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
             assert pinned.is_file() and tree_state(d, child) == "removing"
             removals = c.call("host.status")["worktreeRemovals"]
             assert (removals["pending"], removals["paths"]) == (1, [str(tree)]), removals
-            # A Session a person starts in the tree meanwhile: the retry keeps the tree.
-            user = create_session(c, title="in the tree", cwd=where["cwd"])["agentSessionId"]
+            refused_in(c, where["cwd"], tree, "removing")
         finally:
             undo()
-        assert wait_for(lambda: f"is in use by ['{user}']: kept" in d.tail_log(100_000), 30)
-        assert tree.is_dir() and tree_state(d, child) == "removing"
-        delete(c, user)
         # No restart: the next retry removes it and records it.
         assert wait_for(lambda: tree_state(d, child) == "removed", 60)
         assert not tree.exists() and where["branch"] not in branches(repo)
         removals = c.call("host.status")["worktreeRemovals"]
         assert (removals["pending"], removals["removed"]) == (0, 1), removals
+        refused_in(c, str(tree), tree, "removed")
         assert_invariants(home)
     finally:
         d.stop()
+
+
+def refused_in(c: Client, cwd: str, tree: Path, state: str) -> None:
+    """`session.create` in `cwd`, within the deleted child's `tree` (`state`): refused, no
+    Session made."""
+    before = len(c.call("session.list", {"workspaceId": WS})["sessions"])
+    with pytest.raises(ApiError) as refused:
+        create_session(c, title="in the tree", cwd=cwd)
+    error = refused.value
+    assert (error.status, error.reason) == (409, "workspace_worktree_deleted"), error
+    assert (error.params["path"], error.params["state"]) == (str(tree), state), error.params
+    assert len(c.call("session.list", {"workspaceId": WS})["sessions"]) == before
+
+
+def test_the_live_retry_never_removes_a_tree_a_session_works_in(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """`RemovalRetries` with a tree left `removing` that a Session works in (one started there
+    while the tree was kept, the tree then marked `removing` as a kill mid-delete leaves it):
+    each round keeps it, `removing`; once that Session is deleted the next round removes it
+    and records it `removed`."""
+    users: list[str] = []
+
+    def start_one(c: Client, cwd: str) -> None:
+        users.append(create_session(c, title="in the tree", cwd=cwd)["agentSessionId"])
+
+    repo, child, where = left_removing(daemon, tmp_path, start_one)
+    store = Store.open(daemon.home / "store.sqlite3")
+    shadow = ShadowStore(daemon.home / "checkpoints")
+    retries = RemovalRetries(store, Worktrees(shadow), shadow, DirectoryLocks(), first_s=0.05)
+    try:
+        assert retries.retry_left() == 1
+        assert wait_for(lambda: retries.rounds >= 2, 30)
+        assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
+        assert retries.status()["pending"] == 1
+        store.sessions.delete_session(WS, users[0])
+        retries.retry_left()
+        assert wait_for(lambda: tree_state(daemon, child) == "removed", 30)
+        assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+        assert (retries.status()["pending"], retries.removed) == (0, 1)
+    finally:
+        retries.close()
+        store.close()

@@ -318,6 +318,8 @@ class TreePins:
             state = (got or {}).get("worktree", {}).get("state")
             with t.lock:
                 t.calls[f"session.delete worktree {state} (pinned, after the chaos)"] += 1
+            if state == "removing":
+                refuse_a_session_in(t, c, str((got or {})["worktree"]["cwd"]))
             self.lift(pin, later=1.0 if state == "removing" else None)
             if state == "removing":
                 return
@@ -327,6 +329,16 @@ class TreePins:
             timers = list(self._timers)
         for timer in timers:
             timer.join()
+
+
+def refuse_a_session_in(t: Tally, c: Client, cwd: str) -> None:
+    """A person starting a Session in a tree the daemon is removing: refused (409
+    `workspace_worktree_deleted`); one made there would have its folder removed under it (the
+    end's invariant check would see it in a `removing`/`removed` tree as well)."""
+    made = t.call(c, "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": cwd})
+    if made is not None:
+        with t.lock:
+            t.failures.append(f"session.create in the removing tree {cwd} was not refused")
 
 
 def removing_trees(home: Path) -> list[str]:
@@ -489,6 +501,8 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
             if pin is not None:
                 removing = bool(got) and got.get("worktree", {}).get("state") == "removing"
+                if removing:
+                    refuse_a_session_in(t, c, str(got["worktree"]["cwd"]))
                 t.pins.lift(pin, later=rng.uniform(1.0, 5.0) if removing else None)
         elif action in ("restore", "workspace_diff"):
             workspace_call(t, c, rng, sid, action)
