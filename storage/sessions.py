@@ -101,10 +101,11 @@ class SessionStore:
             deleted = deleted_tree_at(tx, cwd)
             if deleted is not None:
                 path, op_id, state = deleted
+                where = "is" if cwd == path else f"is in {path},"
                 raise WorkspaceWorktreeDeleted(
-                    f"{cwd} is in the worktree {path} of a deleted fork child, which the"
-                    f" daemon {'is removing' if state == 'removing' else 'removed'}: start the"
-                    " Session in another folder",
+                    f"{cwd} {where} the worktree of a deleted fork child, which the daemon"
+                    f" {'is removing' if state == 'removing' else 'removed'}: start the Session"
+                    " in another folder",
                     params={"path": path, "operationId": op_id, "state": state},
                 )
             tx.execute(
