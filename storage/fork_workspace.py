@@ -26,12 +26,13 @@ REMOVING = "removing"
 with the delete, `removed` once gone; a crash in between is finished at start-up."""
 
 
-def deleted_tree_at(tx: Tx, cwd: str) -> tuple[str, str, str] | None:
+def deleted_tree_at(tx: Tx, *cwds: str) -> tuple[str, str, str] | None:
     """The tree of a deleted fork child (recorded `removing`: git could not remove it yet, or
-    `removed`) that `cwd` is or lies in: its path, the fork operation that made it and its
-    state; None when there is none. Read in the creating transaction, so no Session starts in
-    a tree the daemon removes or removed (`session.create` refuses it: the worktree law,
-    docs/design/workspace.md)."""
+    `removed`) that one of `cwds` (a Session's cwd as given and its real path: a tree is
+    recorded by its real path) is or lies in: its path, the fork operation that made it and
+    its state; None when there is none. Read in the creating transaction, so no Session
+    starts in a tree the daemon removes or removed (`session.create` refuses it: the worktree
+    law, docs/design/workspace.md)."""
     for op_id, raw, state in tx.all(
         "SELECT operation_id, workspace_json, workspace_state FROM fork_operations"
         " WHERE status = ? AND workspace_state IN (?, ?)",
@@ -39,7 +40,7 @@ def deleted_tree_at(tx: Tx, cwd: str) -> tuple[str, str, str] | None:
     ):
         plan = loads(raw) if raw else None
         path = str(plan.get("path") or "") if isinstance(plan, Mapping) else ""
-        if path and (cwd == path or cwd.startswith(path + "/")):
+        if path and any(cwd == path or cwd.startswith(path + "/") for cwd in cwds):
             return path, str(op_id), str(state)
     return None
 

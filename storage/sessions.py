@@ -5,6 +5,7 @@ operation on the Session rejects it inside the same transaction.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -82,6 +83,8 @@ class SessionStore:
         if kind not in SessionKind.__members__.values():
             raise InvalidArgument("kind", f"unknown session kind {kind!r}")
         settings = require_mapping("settings", settings)
+        # A tree is recorded by its real path: a cwd reaching it by a symlink or `..` is in it.
+        real_cwd = os.path.realpath(cwd)
         with self._write(ws) as tx:
             tx.execute(
                 "INSERT OR IGNORE INTO workspaces (workspace_id, created_at_ms) VALUES (?, ?)",
@@ -98,10 +101,10 @@ class SessionStore:
                     f"session id {session_id} is taken or reserved",
                     params={"field": "agentSessionId"},
                 )
-            deleted = deleted_tree_at(tx, cwd)
+            deleted = deleted_tree_at(tx, cwd, real_cwd)
             if deleted is not None:
                 path, op_id, state = deleted
-                where = "is" if cwd == path else f"is in {path},"
+                where = "is" if path in (cwd, real_cwd) else f"is in {path},"
                 raise WorkspaceWorktreeDeleted(
                     f"{cwd} {where} the worktree of a deleted fork child, which the daemon"
                     f" {'is removing' if state == 'removing' else 'removed'}: start the Session"

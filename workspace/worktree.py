@@ -120,8 +120,11 @@ def plan_tree(
     inside = root is not None and bool(head)
     base = root if inside and root is not None else cwd
     short = short_id(operation_id)
+    # Real paths on both sides (`cwd`, `root` above): a tree is recorded by the path a
+    # resolved `cwd` shows (a Session started in it, `session.create`'s refusal of a deleted
+    # child's tree), also under a `worktrees_dir` reached through a symlink.
     parent = (
-        Path(os.path.abspath(os.path.expanduser(worktrees_dir)))
+        Path(os.path.realpath(os.path.expanduser(worktrees_dir)))
         if worktrees_dir
         else Path(base + ".agenthost")
     )

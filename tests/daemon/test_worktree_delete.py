@@ -425,3 +425,91 @@ def test_the_live_retry_never_removes_a_tree_a_session_works_in(
     finally:
         retries.close()
         store.close()
+
+
+def symlinked_trees_home(tmp_path: Path) -> tuple[Path, Path]:
+    """A home whose `[workspace] worktrees_dir` is a symlink (a person's `~/trees` pointing at
+    another disk), retried fast; the home and the directory the link points at."""
+    real = tmp_path / "trees-real"
+    real.mkdir()
+    link = tmp_path / "trees"
+    link.symlink_to(real, target_is_directory=True)
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(
+        f'[workspace]\ntree_retry_s = 0.2\nworktrees_dir = "{link}"\n'
+    )
+    return home, real
+
+
+def test_a_tree_under_a_symlinked_worktrees_dir_is_kept_for_a_session_in_its_real_path(
+    tmp_path: Path,
+) -> None:
+    """`worktrees_dir` a symlink: a Session started in a fork's tree by its real path (what
+    `agenthost new --cwd` sends: it resolves the folder) works in that tree, so removing the
+    child's tree keeps it (`inUseBy`). Before, the tree was recorded under the link's path,
+    the Session's cwd did not start with it, and the delete removed the folder under it."""
+    home, real = symlinked_trees_home(tmp_path)
+    d = DaemonProcess(home).start()
+    try:
+        repo = make_repo(tmp_path / "project")
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        assert Path(where["cwd"]).resolve().is_relative_to(real), where
+        other = create_session(c, title="by its real path", cwd=str(Path(where["cwd"]).resolve()))
+        done = delete(c, child, worktree="remove")
+        assert done["worktree"]["state"] == "kept", done
+        assert done["worktree"]["inUseBy"] == [other["agentSessionId"]], done
+        assert Path(where["cwd"]).is_dir()
+        run_turn(c, other["agentSessionId"], "/write still.txt here")
+        assert_invariants(home)
+    finally:
+        d.stop()
+    # The law the checker keeps, whatever spelling the tree was recorded by: the tree recorded
+    # under the link's path (as it was before) and removed while that Session works in it.
+    with apsw.Connection(str(home / "store.sqlite3")) as conn:
+        for op_id, raw in conn.execute(
+            "SELECT operation_id, workspace_json FROM fork_operations"
+            " WHERE workspace_mode = 'worktree'"
+        ).fetchall():
+            conn.execute(
+                "UPDATE fork_operations SET workspace_state = 'removed', workspace_json = ?"
+                " WHERE operation_id = ?",
+                (raw.replace(str(real), str(tmp_path / "trees")), op_id),
+            )
+    report = check_invariants(home)
+    assert any(
+        v.law is Law.WORKTREE and f"{other['agentSessionId']} works in it" in v.detail
+        for v in report.violations
+    ), report.violations
+
+
+def test_a_session_is_refused_in_a_removing_tree_by_its_real_path_or_a_link_to_it(
+    tmp_path: Path,
+) -> None:
+    """`worktrees_dir` a symlink, a child's tree left `removing`: `session.create` in it is
+    refused whether the cwd is the tree's real path (what the CLI sends), a symlink to the
+    tree, or a path with `..` in it. Before, only the recorded spelling was refused: a Session
+    started by any other, and the live retry then removed the tree under it."""
+    home, _ = symlinked_trees_home(tmp_path)
+    d = DaemonProcess(home).start()
+    try:
+        repo = make_repo(tmp_path / "project")
+        c = d.client(timeout=60)
+        child, where = fork_child(c, repo)
+        tree = Path(where["path"])
+        link = tmp_path / "to-the-tree"
+        link.symlink_to(tree, target_is_directory=True)
+        undo = make_unremovable(tree / "src" / "app.py")
+        try:
+            done = delete(c, child, worktree="remove")
+            assert done["worktree"]["state"] == "removing", done
+            for cwd in (tree.resolve(), link, tree / "src" / ".."):
+                refused_in(c, str(cwd), tree, "removing")
+        finally:
+            undo()
+        assert wait_for(lambda: tree_state(d, child) == "removed", 60)
+        refused_in(c, str(link / "src"), tree, "removed")
+        assert_invariants(home)
+    finally:
+        d.stop()

@@ -1778,8 +1778,12 @@ def _check_worktrees(
     (`session.delete {worktree: "remove"}`), and never while another live Session works in it
     (its `cwd` in the tree: a shared-workspace fork of the child, one started there)."""
     deleted = {(s["workspace_id"], s["session_id"]) for s in sessions if s["deleted"]}
+    # Real paths: a Session reaching the tree by a symlink (or a tree recorded through one)
+    # works in it all the same.
     live_cwds = [
-        (str(s["cwd"]), s["session_id"]) for s in sessions if not s["deleted"] and s.get("cwd")
+        (os.path.realpath(str(s["cwd"])), s["session_id"])
+        for s in sessions
+        if not s["deleted"] and s.get("cwd")
     ]
     for op in ops:
         if op.get("workspace_mode") != "worktree" or not op.get("workspace_json"):
@@ -1797,9 +1801,9 @@ def _check_worktrees(
         if state in ("removing", "removed") and status == "committed" and not child_deleted:
             ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but its child lives")
         if state in ("removing", "removed"):
-            inside = str(top) + os.sep
+            real = os.path.realpath(top)
             for cwd, user in live_cwds:
-                if cwd == str(top) or cwd.startswith(inside):
+                if cwd == real or cwd.startswith(real + os.sep):
                     ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but {user} works in it")
         elif (
             status in DISPATCHED
