@@ -369,13 +369,27 @@ class Worktrees:
         """Remove a deleted child's tree (its uncommitted files go: the caller checked or was
         forced) and its branch unless that holds commits no other branch has (those are kept:
         a branch costs nothing and a commit is never lost by a delete). True when the branch
-        is kept; idempotent."""
+        is kept; idempotent.
+
+        The repository's root may be gone by now (a person removed the project folder while
+        the tree was left `removing`): as `remove` does, git then runs from the common git
+        directory what is left of the tree names, and the branch is kept (its commits are not
+        counted there); with nothing of the repository left, the directories go. Before, every
+        git ran in the gone root and failed, so such a tree was retried for ever."""
+        home = _git_home(self._git(), plan) if plan.in_repository else None
         self.remove_partial(plan)
         top = Path(plan.path)
         kept = False
-        if plan.in_repository and plan.branch is not None:
+        root = Path(str(plan.repo_root))
+        if plan.in_repository and home is not None and home != root:
+            _drop_worktree(self._git(), home, top)
+            kept = True
+        elif plan.in_repository and home is None:
+            if top.exists():
+                shutil.rmtree(top)
+        elif plan.in_repository and plan.branch is not None:
             git = self._git()
-            repo = Path(str(plan.repo_root))
+            repo = root
             _drop_worktree(git, repo, top)
             ref = f"refs/heads/{plan.branch}"
             at = git.run(["rev-parse", "--verify", "-q", ref], cwd=repo, check=False)

@@ -513,3 +513,21 @@ def test_a_session_is_refused_in_a_removing_tree_by_its_real_path_or_a_link_to_i
         assert_invariants(home)
     finally:
         d.stop()
+
+
+def test_a_removing_tree_whose_repository_is_gone_is_removed_not_retried_forever(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A tree left `removing` whose repository a person deleted meanwhile (the project folder
+    removed by hand; the tree, beside it, stays with its `.git` file naming the gone
+    repository): the start removes what is left and records it `removed`. Before, every git
+    of the removal ran in the gone repository ("cannot run git"), so the start kept it
+    `removing` and the live retry tried it every 10 minutes for ever."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    shutil.rmtree(repo)
+    daemon.start()
+    assert tree_state(daemon, child) == "removed", daemon.tail_log(20_000)
+    assert not Path(where["path"]).exists()
+    c = daemon.client(timeout=60)
+    assert c.call("host.status")["worktreeRemovals"]["pending"] == 0
+    assert_invariants(daemon.home)
