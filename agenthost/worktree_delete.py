@@ -254,7 +254,8 @@ class RemovalRetries:
     """The live daemon's retries of the trees git could not remove (`removing`: a delete's
     step 3 failed, or start-up's `finish_removals` did): one thread, so at most one retry in
     flight, trying every such tree after `first_s`, then at doubling waits up to `max_s`,
-    until none is left; a new one (`retry`) starts the waits again from `first_s`. A tree gone
+    until none is left; a new one (`retry`) starts the waits again from `first_s` (the round
+    already due, if sooner, is kept). A tree gone
     is recorded `removed` (a record the store refuses is tried again at the next round: the
     removal is idempotent). A tree another live Session works in, or a pending fork of its
     child may still commit into (`tree_users`), is never removed: it stays `removing` and is
@@ -334,23 +335,33 @@ class RemovalRetries:
             thread.join(timeout)
 
     def _run(self) -> None:
-        delay: float | None = None  # None: nothing to retry, wait for `retry`
+        # The next round's time (None: nothing to retry, wait for `retry`). A new tree brings
+        # it to `first_s` from now at the latest, never later: restarting the wait at each
+        # `retry` let a stream of them (sooner than `first_s` apart) hold every round back.
+        due: float | None = None
+        delay = self._first_s
         while not self._stop.is_set():
-            woken = self._wake.wait(delay)
+            timeout = None if due is None else max(0.0, due - time.monotonic())
+            woken = self._wake.wait(timeout)
             if self._stop.is_set():
                 return
             if woken:
                 self._wake.clear()
                 delay = self._first_s
+                soon = time.monotonic() + delay
+                due = soon if due is None else min(due, soon)
                 continue
-            assert delay is not None
             try:
                 left = self._round()
             except Exception:  # noqa: BLE001 - a store read refused: the next round tries again
                 log.exception("retrying the removal of worktrees left removing")
                 left = self.pending
             self.rounds += 1
-            delay = None if left == 0 else min(self._max_s, delay * 2)
+            if left == 0:
+                due = None
+            else:
+                delay = min(self._max_s, delay * 2)
+                due = time.monotonic() + delay
 
     def _round(self) -> int:
         """One try of every pending tree; how many are left."""

@@ -7,6 +7,7 @@ a branch that has commits of its own."""
 from __future__ import annotations
 
 import shutil
+import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -531,3 +532,28 @@ def test_a_removing_tree_whose_repository_is_gone_is_removed_not_retried_forever
     c = daemon.client(timeout=60)
     assert c.call("host.status")["worktreeRemovals"]["pending"] == 0
     assert_invariants(daemon.home)
+
+
+def test_new_trees_to_retry_do_not_hold_back_the_round_already_due(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """`RemovalRetries` told of trees again and again, each time sooner than its first wait
+    (deletes whose removal fails, one after another): the round due for the trees it has
+    still comes. Before, each `retry` started the wait again from the beginning, so while they
+    kept coming no tree was ever tried (this loop's 200 calls made no round)."""
+    repo, child, where = left_removing(daemon, tmp_path)
+    store = Store.open(daemon.home / "store.sqlite3")
+    shadow = ShadowStore(daemon.home / "checkpoints")
+    retries = RemovalRetries(store, Worktrees(shadow), shadow, DirectoryLocks(), first_s=0.5)
+    try:
+        for _ in range(200):
+            if retries.rounds:
+                break
+            retries.retry_left()
+            time.sleep(0.05)
+        assert retries.rounds >= 1
+        assert wait_for(lambda: tree_state(daemon, child) == "removed", 30)
+        assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+    finally:
+        retries.close()
+        store.close()
