@@ -69,7 +69,9 @@ class ChildTrees(ChildTreeRemovals, Protocol):
 
 
 class SessionDeletes(Protocol):
-    def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None: ...
+    def delete_session(
+        self, ws: str, sid: str, *, removing_tree: str | None = None
+    ) -> list[str]: ...
 
 
 class DeleteStore(Protocol):
@@ -158,7 +160,11 @@ def delete_fn(
                     "commits": unsaved.commits,
                 },
             )
-        store.sessions.delete_session(ws, sid, removing_tree=child.operation_id)
+        late = store.sessions.delete_session(ws, sid, removing_tree=child.operation_id)
+        if late:
+            # A Session started in the tree since the check above (seen by the deleting
+            # transaction itself): the tree stays `made`, kept as for `users`.
+            return {"deleted": True, "worktree": {**_tree(plan, "kept"), "inUseBy": late}}
         try:
             branch_kept = trees.remove_child(plan)
         except Exception as exc:  # noqa: BLE001 - the Session is deleted: the rest of it goes on

@@ -5,7 +5,7 @@ start-up recovery and the saga remove. The tree itself is made and removed by th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -16,7 +16,7 @@ from domain.fork_states import ACTIVE, ForkStatus
 from storage.base import Database
 from storage.models import ForkOperation, ForkOperationChanged, TreeToRemove
 from storage.rows import load_op
-from storage.sqlite import Tx, loads
+from storage.sqlite import Row, Tx, loads
 
 PLANNED = "planned"
 MADE = "made"
@@ -43,6 +43,34 @@ def deleted_tree_at(tx: Tx, *cwds: str) -> tuple[str, str, str] | None:
         if path and any(cwd == path or cwd.startswith(path + "/") for cwd in cwds):
             return path, str(op_id), str(state)
     return None
+
+
+def tree_users_in(
+    rows: Callable[[str, Sequence[Any]], list[Row]], ws: str, sid: str, path: str
+) -> list[str]:
+    """`ForkWorkspace.tree_users` read through `rows` (the store's reader, or a write
+    transaction's `all`: the delete that marks the tree `removing` asks again in its own)."""
+    users = [
+        str(r[0])
+        for r in rows(
+            "SELECT session_id FROM sessions WHERE deleted = 0"
+            " AND NOT (workspace_id = ? AND session_id = ?)"
+            " AND (cwd = ? OR substr(cwd, 1, ?) = ?) ORDER BY created_at_ms, session_id",
+            (ws, sid, path, len(path) + 1, path + "/"),
+        )
+    ]
+    pending = sorted(s.value for s in ACTIVE | {ForkStatus.UNKNOWN})
+    users += [
+        str(r[0])
+        for r in rows(
+            "SELECT target_session_id FROM fork_operations WHERE workspace_id = ?"
+            " AND source_session_id = ? AND workspace_mode <> 'worktree'"
+            f" AND status IN ({', '.join('?' * len(pending))}) ORDER BY op_seq",
+            (ws, sid, *pending),
+        )
+        if r[0] is not None and str(r[0]) not in users
+    ]
+    return users
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,27 +171,7 @@ class ForkWorkspace:
         of `sid`, a Session a person started there), in any workspace; and the target of every
         fork of `sid` that may still commit a child sharing its `cwd` (not worktree mode,
         in flight or `unknown`). A tree any of them names is not removed with `sid`."""
-        users = [
-            str(r[0])
-            for r in self._all(
-                "SELECT session_id FROM sessions WHERE deleted = 0"
-                " AND NOT (workspace_id = ? AND session_id = ?)"
-                " AND (cwd = ? OR substr(cwd, 1, ?) = ?) ORDER BY created_at_ms, session_id",
-                (ws, sid, path, len(path) + 1, path + "/"),
-            )
-        ]
-        pending = sorted(s.value for s in ACTIVE | {ForkStatus.UNKNOWN})
-        users += [
-            str(r[0])
-            for r in self._all(
-                "SELECT target_session_id FROM fork_operations WHERE workspace_id = ?"
-                " AND source_session_id = ? AND workspace_mode <> 'worktree'"
-                f" AND status IN ({', '.join('?' * len(pending))}) ORDER BY op_seq",
-                (ws, sid, *pending),
-            )
-            if r[0] is not None and str(r[0]) not in users
-        ]
-        return users
+        return tree_users_in(self._all, ws, sid, path)
 
     def newest_checkpoint(self, ws: str, sid: str) -> str | None:
         """The `after` tree of the Session's newest settled Turn that has one."""

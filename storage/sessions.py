@@ -19,7 +19,7 @@ from domain.errors import (
     WorkspaceWorktreeDeleted,
 )
 from storage.base import Database
-from storage.fork_workspace import deleted_tree_at
+from storage.fork_workspace import deleted_tree_at, tree_users_in
 from storage.models import Session, SessionChanged, SessionKind
 from storage.rows import (
     SESSION_SELECT,
@@ -30,7 +30,7 @@ from storage.rows import (
     session_from_row,
     touch,
 )
-from storage.sqlite import Tx, dumps
+from storage.sqlite import Tx, dumps, loads
 
 # What a listed Session adds to a page beyond its stored text (ids, enums, times, lineage).
 _SESSION_OVERHEAD = 512
@@ -247,11 +247,13 @@ class SessionStore:
         with self._write(ws) as tx:
             return _update_live(tx, ws, sid, "pinned = ?", 1 if pinned else 0)
 
-    def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> None:
+    def delete_session(self, ws: str, sid: str, *, removing_tree: str | None = None) -> list[str]:
         """Soft delete: the id stays taken, history stays for committed fork projections.
         `removing_tree`: the fork operation whose tree (this Session's) the caller removes next;
         marked `removing` in the same transaction, so a crash before it is gone is finished at
-        start-up."""
+        start-up — unless another live Session works in it by now (`tree_users_in`, asked in
+        this transaction: one started there since the caller's own check): then the tree stays
+        `made` and those Sessions are returned (the caller must keep the tree); else []."""
         with self._write(ws, fence=sid) as tx:
             require_live_session(tx.conn, ws, sid)
             # A Turn still running would never settle once its Session is gone:
@@ -293,7 +295,18 @@ class SessionStore:
                 " AND session_id = ?",
                 (tx.now_ms, ws, sid),
             )
+            users: list[str] = []
             if removing_tree is not None:
+                row = tx.one(
+                    "SELECT workspace_json FROM fork_operations WHERE workspace_id = ?"
+                    " AND operation_id = ? AND target_session_id = ?"
+                    " AND workspace_state = 'made'",
+                    (ws, removing_tree, sid),
+                )
+                plan = loads(row[0]) if row is not None and row[0] else None
+                path = str(plan.get("path") or "") if isinstance(plan, Mapping) else ""
+                users = tree_users_in(tx.all, ws, sid, path) if path else []
+            if removing_tree is not None and not users:
                 tx.execute(
                     "UPDATE fork_operations SET workspace_state = 'removing' WHERE"
                     " workspace_id = ? AND operation_id = ? AND target_session_id = ?"
@@ -301,6 +314,7 @@ class SessionStore:
                     (ws, removing_tree, sid),
                 )
             tx.emit(SessionChanged(ws, sid, removed=True))
+            return users
 
     def deleted_sessions(self) -> list[tuple[str, str]]:
         """`(workspace, session)` of every deleted Session (start-up sweeps their runtimes)."""

@@ -557,3 +557,37 @@ def test_new_trees_to_retry_do_not_hold_back_the_round_already_due(
     finally:
         retries.close()
         store.close()
+
+
+def test_a_session_started_in_the_tree_during_the_removing_delete_keeps_the_tree(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A `remove` delete reads who works in the tree, then captures it (a git over the whole
+    tree: seconds on a big one), then deletes the Session and marks the tree `removing`. A
+    Session a person started in the tree meanwhile (`session.create` still allowed: the tree
+    was `made`) is seen by the deleting transaction itself: the tree stays `made`, kept, and
+    that Session is named. Before, the transaction marked it `removing` regardless and the
+    delete removed the folder under the new Session (the worktree law broken)."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    daemon.stop()
+    store = Store.open(daemon.home / "store.sqlite3")
+    try:
+        made = store.fork_workspace.session_worktree(WS, child)
+        assert made is not None
+        late = str(uuid.uuid4())
+        store.sessions.create_session(
+            WS,
+            session_id=late,
+            provider="tutti-agent",
+            title="started during the delete",
+            cwd=where["cwd"],
+            settings={},
+        )
+        users = store.sessions.delete_session(WS, child, removing_tree=made.operation_id)
+        assert tree_state(daemon, child) == "made"
+        assert users == [late]
+    finally:
+        store.close()
+    assert_invariants(daemon.home)
