@@ -334,11 +334,17 @@ class TreePins:
 def refuse_a_session_in(t: Tally, c: Client, cwd: str) -> None:
     """A person starting a Session in a tree the daemon is removing: refused (409
     `workspace_worktree_deleted`); one made there would have its folder removed under it (the
-    end's invariant check would see it in a `removing`/`removed` tree as well)."""
-    made = t.call(c, "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": cwd})
-    if made is not None:
-        with t.lock:
-            t.failures.append(f"session.create in the removing tree {cwd} was not refused")
+    end's invariant check would see it in a `removing`/`removed` tree as well). Asked by the
+    path the delete answered and by another spelling of it (`/./` before it): the tree is
+    compared by its real path."""
+    other = "/." + cwd
+    for where in (cwd, other):
+        made = t.call(
+            c, "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": where}
+        )
+        if made is not None:
+            with t.lock:
+                t.failures.append(f"session.create in the removing tree {where} was not refused")
 
 
 def removing_trees(home: Path) -> list[str]:
