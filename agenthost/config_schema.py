@@ -219,7 +219,7 @@ SCHEMA: tuple[Key, ...] = (
         Number(0.1, 86_400.0, "seconds"),
         30.0,
         "a deleted fork child's tree git could not remove is tried again after this long, "
-        "then at doubling waits up to 10 minutes",
+        "then at doubling waits up to 10 minutes (or this long, when longer)",
     ),
     Key(
         "workspace",
