@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -157,6 +158,17 @@ class RuntimeSlotsPort(Protocol):
     def forget(self, provider: str, key: str) -> None: ...
 
     def status(self) -> dict[str, dict[str, int]]: ...
+
+
+class EventOrder(Protocol):
+    """The event publisher's order (agenthost/publisher.py `EventPublisher`): a place taken
+    before a write's events are delivered, so no delta offered after it goes ahead of them."""
+
+    def reserve(self) -> Any: ...
+
+    def filling(self, slot: Any) -> AbstractContextManager[None]:
+        """The block's deliveries on this thread go to `slot`, released when it ends."""
+        ...
 
 
 class Failpoints(Protocol):

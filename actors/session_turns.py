@@ -14,6 +14,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
+from contextlib import nullcontext
 from functools import partial
 
 from actors.checkpoints import Capture, turn_record, unavailable
@@ -43,7 +44,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import Message, NewMessage, Session, Turn, TurnBound
+from storage.models import ChangeEvent, Message, NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -118,18 +119,47 @@ class TurnRunner:
         # the claim commits here (nothing orders the two; the start waits for both) under the
         # id the claim gives a new Turn.
         early = self._early_before(read[0] if read is not None else None)
+        db = self._core.session_store.db
+        # The claim's events (its `turn.updated`, its Session's touch) are kept until the
+        # Turn's start is sent: their projection and hand-off are not on its way to the worker.
+        # Their place in the publisher's order is taken before (`EventOrder.reserve`), so no
+        # delta of the Turn goes ahead of them however long this thread is held after it.
+        order = self._core.ctx.event_order
+        held: list[ChangeEvent] = []
         try:
             self._core.ctx.failpoints.hit("host.turn.before_claim")
-            turn, created = self._core.session_store.turns.claim_submit(
-                self._core.ws,
-                self._core.sid,
-                msg.request_id,
-                msg.text,
-                turn_id=early[1] if early is not None else None,
-            )
+            with db.events_after(into=held) if order is not None else nullcontext():
+                turn, created = self._core.session_store.turns.claim_submit(
+                    self._core.ws,
+                    self._core.sid,
+                    msg.request_id,
+                    msg.text,
+                    turn_id=early[1] if early is not None else None,
+                )
         except BaseException:
+            db.notify(held)
             self._discard_before(early)
             raise
+        if order is None or not held:
+            db.notify(held)
+            self._claimed(msg, turn, created, read, early)
+            return
+        slot = order.reserve()
+        try:
+            self._claimed(msg, turn, created, read, early)
+        finally:
+            with order.filling(slot):
+                db.notify(held)
+
+    def _claimed(
+        self,
+        msg: Submit,
+        turn: Turn,
+        created: bool,
+        read: tuple[Session, bool] | None,
+        early: tuple[str, str, Future[Capture]] | None,
+    ) -> None:
+        """The submit's claim is durable: answer it, then start the Turn it created."""
         msg.reply(turn)
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
@@ -194,6 +224,8 @@ class TurnRunner:
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
+        if warm:
+            self._core.ctx.failpoints.hit("host.turn.after_warm_start")
         again: Callable[[], None] | None = None
         if warm:
             again = partial(self._prepare, state, text, session, started)

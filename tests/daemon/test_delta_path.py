@@ -271,3 +271,41 @@ def test_a_direct_deltas_body_is_packed_once_from_its_event(
         publisher.offer_delta(delta)
         assert sink.events[-1] == dict(delta_event(delta))
     assert publisher.direct == 2
+
+
+def test_a_turns_deltas_wait_behind_its_claim_while_the_actor_is_held_after_its_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A Turn's claim events are published after its `turn.start` is sent; the Session actor's
+    thread is held right after that send (`host.turn.after_warm_start` sleeps) while the
+    fake model streams at once: every delta, offered meanwhile, still reaches the subscriber
+    after the Turn's first `turn.updated` (its place was taken before the send)."""
+    from tests.support.invariants import check_turn_events
+
+    monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
+    with in_process_daemon(tmp_path / "home") as (daemon, client):
+        heard, turn_id, fired = _held_after_start(daemon, client)
+    assert fired
+    assert [e for e in heard if e["type"] == "message.delta"], "the fake model streamed none"
+    assert check_turn_events(heard, {turn_id}) == []
+
+
+def _held_after_start(daemon: Daemon, client: Client) -> tuple[list[dict[str, Any]], str, bool]:
+    from tests.support.daemon import create_session, run_turn, submit
+    from transport.client import EventSubscriber
+
+    server, publisher = daemon.server, daemon.publisher
+    assert server is not None and publisher is not None
+    sid = create_session(client, WS)["agentSessionId"]
+    run_turn(client, sid, "warms the runtime", WS)
+    heard: list[dict[str, Any]] = []
+    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
+        wait_for(lambda: server.wants(WS))
+        client.call(
+            "debug.failpoints", {"points": {"host.turn.after_warm_start": "once:sleep:1000"}}
+        )
+        turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
+        fired = daemon.config.run_dir / "failpoints-host" / "fired.host.turn.after_warm_start"
+        hear_settled(sub, [turn_id], heard)
+    wait_for(lambda: publisher._held == 0 and publisher._open is None)
+    return heard, turn_id, fired.exists()
