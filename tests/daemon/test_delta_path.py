@@ -136,6 +136,52 @@ def test_a_delta_waits_behind_a_change_queued_or_in_hand_then_goes_direct_again(
     assert sink.threads[-1] == threading.get_ident()
 
 
+def test_a_reserved_place_keeps_every_later_delta_behind_the_changes_released_into_it(
+    running: tuple[Daemon, Client],
+) -> None:
+    """`reserve` takes a place before its changes exist: deltas offered meanwhile wait
+    behind it (the thread, woken by them, waits for the place), and the changes delivered
+    into it (`filling`) leave first. Taken with nothing queued it is the open place; taken
+    behind a batch in hand it stands in the queue, after that batch."""
+    daemon, _ = running
+    sink = Sink()
+    publisher = _publisher(daemon, sink)
+    thread = run_publisher(publisher)
+    try:
+        # The open place: nothing queued or in hand when it is taken.
+        slot = publisher.reserve()
+        publisher.offer_delta(_delta("s1", "a", "1"))
+        publisher.offer_delta(_delta("s1", "a", "2"))
+        assert publisher.direct == 0
+        with publisher.filling(slot):
+            publisher.offer_many([TurnChanged(WS, "s1", "a")])
+        wait_for(lambda: len(sink.events) == 3)
+        wait_for(lambda: publisher._held == 0)
+        # A place taken behind a batch in hand stands in the queue after it.
+        sink.hold = threading.Event()
+        publisher.offer(TurnChanged(WS, "s1", "x"))
+        assert sink.holding.wait(10)
+        slot = publisher.reserve()
+        publisher.offer_delta(_delta("s1", "b", "3"))
+        sink.hold.set()
+        with publisher.filling(slot):
+            publisher.offer_many([TurnChanged(WS, "s1", "b")])
+        wait_for(lambda: len(sink.events) == 6)
+        sink.hold = None
+        # A place released empty gives its count back: the next delta goes direct.
+        wait_for(lambda: publisher._held == 0)
+        with publisher.filling(publisher.reserve()):
+            pass
+        publisher.offer_delta(_delta("s1", "b", "4"))
+        assert publisher.direct == 1
+    finally:
+        sink.hold = None
+        stop_publisher(publisher, thread)
+    said = [e.get("delta") or e["turn"]["turnId"] for e in sink.events]
+    assert said == ["a", "1", "2", "x", "b", "3", "4"]
+    assert publisher._held == 0 and publisher._open is None
+
+
 def test_deltas_from_many_threads_keep_their_order_against_every_change_and_none_is_lost(
     running: tuple[Daemon, Client],
 ) -> None:
@@ -279,11 +325,16 @@ def test_a_turns_deltas_wait_behind_its_claim_while_the_actor_is_held_after_its_
     """A Turn's claim events are published after its `turn.start` is sent; the Session actor's
     thread is held right after that send (`host.turn.after_warm_start` sleeps) while the
     fake model streams at once: every delta, offered meanwhile, still reaches the subscriber
-    after the Turn's first `turn.updated` (its place was taken before the send)."""
+    after the Turn's first `turn.updated` (its place was taken before the send). Workspace
+    checkpoints off: no `before` capture the start could wait for on the pool, so the start
+    is always sent from the submit's own slice, before the claim's events are published."""
     from tests.support.invariants import check_turn_events
 
     monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
-    with in_process_daemon(tmp_path / "home") as (daemon, client):
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "agenthost.toml").write_text("[workspace]\ncheckpoints = false\n")
+    with in_process_daemon(home) as (daemon, client):
         heard, turn_id, fired = _held_after_start(daemon, client)
     assert fired
     assert [e for e in heard if e["type"] == "message.delta"], "the fake model streamed none"
