@@ -151,6 +151,7 @@ def test_a_reserved_place_keeps_every_later_delta_behind_the_changes_released_in
         # The open place: nothing queued or in hand when it is taken.
         slot = publisher.reserve()
         publisher.offer_delta(_delta("s1", "a", "1"))
+        wait_for(lambda: publisher.queue.qsize() == 0)  # the thread has it: it waits
         publisher.offer_delta(_delta("s1", "a", "2"))
         assert publisher.direct == 0
         with publisher.filling(slot):
@@ -164,6 +165,7 @@ def test_a_reserved_place_keeps_every_later_delta_behind_the_changes_released_in
         slot = publisher.reserve()
         publisher.offer_delta(_delta("s1", "b", "3"))
         sink.hold.set()
+        wait_for(lambda: publisher.queue.qsize() <= 1)  # the thread is at the place
         with publisher.filling(slot):
             publisher.offer_many([TurnChanged(WS, "s1", "b")])
         wait_for(lambda: len(sink.events) == 6)
