@@ -65,6 +65,11 @@ class WorkerPort(Protocol):
     typed). Futures fail with the exceptions above; a malformed answer fails its future with
     `domain.worker_messages.MalformedMessage`."""
 
+    def after_sent(self, fn: Callable[[], None]) -> bool:
+        """Run `fn` on the workers' loop thread after the requests made before it are sent;
+        False: the loop will not (it is closing), and the caller runs it."""
+        ...
+
     def attest(
         self, provider: str, request: RuntimeAttest, timeout: float
     ) -> Future[Attestation]: ...

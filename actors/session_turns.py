@@ -20,7 +20,7 @@ from functools import partial
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
-from actors.ports import NotDelivered
+from actors.ports import EventOrder, NotDelivered
 from actors.provider_errors import provider_not_called, runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
@@ -75,6 +75,8 @@ class TurnRunner:
         self._runtime = runtime
         self._writes = writes
         self._turns: dict[str, TurnState] = {}
+        # A warm `turn.start` was sent from the slice now running (`on_submit` reads it).
+        self._sent_now = False
         writes.binding_recorded = self._binding_recorded
 
     # -- what the actor and the controls see -------------------------------------------------
@@ -145,11 +147,15 @@ class TurnRunner:
             self._claimed(msg, turn, created, read, early)
             return
         slot = order.reserve()
+        self._sent_now = False
         try:
             self._claimed(msg, turn, created, read, early)
         finally:
-            with order.filling(slot):
-                db.notify(held)
+            publish = partial(_publish_kept, order, slot, db.notify, held)
+            # A `turn.start` sent from this slice: the events are published on the workers'
+            # loop thread once it has sent it, not beside that send on this one.
+            if not (self._sent_now and self._core.ctx.workers.after_sent(publish)):
+                publish()
 
     def _claimed(
         self,
@@ -225,6 +231,7 @@ class TurnRunner:
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
         if warm:
+            self._sent_now = True
             self._core.ctx.failpoints.hit("host.turn.after_warm_start")
         again: Callable[[], None] | None = None
         if warm:
@@ -984,3 +991,14 @@ def _timed_out(cwd: str, which: str, bound: float) -> Capture:
         "timed_out",
         f"the {which} checkpoint of {cwd} took longer than {bound:g} s ([workspace] timeout_s)",
     )
+
+
+def _publish_kept(
+    order: EventOrder,
+    slot: object,
+    notify: Callable[[list[ChangeEvent]], None],
+    held: list[ChangeEvent],
+) -> None:
+    """A claim's kept events delivered into their reserved place, which is then released."""
+    with order.filling(slot):
+        notify(held)
