@@ -20,7 +20,7 @@ from pathlib import Path
 from actors.checkpoints import CheckpointJanitor, TurnCheckpoints
 from actors.dir_spread import skips_recent_deletes, spread_subdirs
 from actors.pool import ActorPool
-from actors.ports import EventOrder, Failpoints, ProviderCatalog, RuntimeSlotsPort, WorkerPort
+from actors.ports import Failpoints, ProviderCatalog, RuntimeSlotsPort, WorkerPort
 from actors.store_ports import ActorStore
 from domain.model_limits import ModelLimits
 from workspace.shadow import ShadowStore
@@ -131,10 +131,6 @@ class HostContext:
     # Makes and removes `worktree` forks' trees from workspace checkpoints (None: this host
     # keeps no checkpoints, and a `worktree` fork is refused).
     fork_trees: ForkTrees | None = None
-    # The event publisher's order: a Turn's claim reserves its place there before its
-    # `turn.start` is sent and publishes its events after (set once the publisher is built;
-    # None: the claim's events go out at its COMMIT).
-    event_order: EventOrder | None = None
     # The workspaces whose runtime directory this daemon has spread (`_spread_workspace_dir`).
     _spread: set[str] = field(default_factory=set)
 

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
-from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, Protocol
@@ -64,11 +63,6 @@ class WorkerPort(Protocol):
     request types name their worker method and carry its params; the answers are read back
     typed). Futures fail with the exceptions above; a malformed answer fails its future with
     `domain.worker_messages.MalformedMessage`."""
-
-    def after_sent(self, fn: Callable[[], None]) -> bool:
-        """Run `fn` on the workers' loop thread after the requests made before it are sent;
-        False: the loop will not (it is closing), and the caller runs it."""
-        ...
 
     def attest(
         self, provider: str, request: RuntimeAttest, timeout: float
@@ -163,17 +157,6 @@ class RuntimeSlotsPort(Protocol):
     def forget(self, provider: str, key: str) -> None: ...
 
     def status(self) -> dict[str, dict[str, int]]: ...
-
-
-class EventOrder(Protocol):
-    """The event publisher's order (agenthost/publisher.py `EventPublisher`): a place taken
-    before a write's events are delivered, so no delta offered after it goes ahead of them."""
-
-    def reserve(self) -> Any: ...
-
-    def filling(self, slot: Any) -> AbstractContextManager[None]:
-        """The block's deliveries on this thread go to `slot`, released when it ends."""
-        ...
 
 
 class Failpoints(Protocol):

@@ -14,13 +14,12 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future
-from contextlib import nullcontext
 from functools import partial
 
 from actors.checkpoints import Capture, turn_record, unavailable
 from actors.fork_host import PreparedRuntime
 from actors.messages import RuntimeLost, Submit
-from actors.ports import EventOrder, NotDelivered
+from actors.ports import NotDelivered
 from actors.provider_errors import provider_not_called, runtime_changed
 from actors.session_base import RETRY_MAX_S, DurableWrite, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
@@ -44,7 +43,7 @@ from domain.turn_events import (
     TurnStarted,
 )
 from domain.worker_messages import TurnAccepted, TurnStart
-from storage.models import ChangeEvent, Message, NewMessage, Session, Turn, TurnBound
+from storage.models import Message, NewMessage, Session, Turn, TurnBound
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -75,8 +74,6 @@ class TurnRunner:
         self._runtime = runtime
         self._writes = writes
         self._turns: dict[str, TurnState] = {}
-        # A warm `turn.start` was sent from the slice now running (`on_submit` reads it).
-        self._sent_now = False
         writes.binding_recorded = self._binding_recorded
 
     # -- what the actor and the controls see -------------------------------------------------
@@ -121,51 +118,18 @@ class TurnRunner:
         # the claim commits here (nothing orders the two; the start waits for both) under the
         # id the claim gives a new Turn.
         early = self._early_before(read[0] if read is not None else None)
-        db = self._core.session_store.db
-        # The claim's events (its `turn.updated`, its Session's touch) are kept until the
-        # Turn's start is sent: their projection and hand-off are not on its way to the worker.
-        # Their place in the publisher's order is taken before (`EventOrder.reserve`), so no
-        # delta of the Turn goes ahead of them however long this thread is held after it.
-        order = self._core.ctx.event_order
-        held: list[ChangeEvent] = []
         try:
             self._core.ctx.failpoints.hit("host.turn.before_claim")
-            with db.events_after(into=held) if order is not None else nullcontext():
-                turn, created = self._core.session_store.turns.claim_submit(
-                    self._core.ws,
-                    self._core.sid,
-                    msg.request_id,
-                    msg.text,
-                    turn_id=early[1] if early is not None else None,
-                )
+            turn, created = self._core.session_store.turns.claim_submit(
+                self._core.ws,
+                self._core.sid,
+                msg.request_id,
+                msg.text,
+                turn_id=early[1] if early is not None else None,
+            )
         except BaseException:
-            db.notify(held)
             self._discard_before(early)
             raise
-        if order is None or not held:
-            db.notify(held)
-            self._claimed(msg, turn, created, read, early)
-            return
-        slot = order.reserve()
-        self._sent_now = False
-        try:
-            self._claimed(msg, turn, created, read, early)
-        finally:
-            publish = partial(_publish_kept, order, slot, db.notify, held)
-            # A `turn.start` sent from this slice: the events are published on the workers'
-            # loop thread once it has sent it, not beside that send on this one.
-            if not (self._sent_now and self._core.ctx.workers.after_sent(publish)):
-                publish()
-
-    def _claimed(
-        self,
-        msg: Submit,
-        turn: Turn,
-        created: bool,
-        read: tuple[Session, bool] | None,
-        early: tuple[str, str, Future[Capture]] | None,
-    ) -> None:
-        """The submit's claim is durable: answer it, then start the Turn it created."""
         msg.reply(turn)
         if not created:
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
@@ -230,9 +194,6 @@ class TurnRunner:
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
-        if warm:
-            self._sent_now = True
-            self._core.ctx.failpoints.hit("host.turn.after_warm_start")
         again: Callable[[], None] | None = None
         if warm:
             again = partial(self._prepare, state, text, session, started)
@@ -991,14 +952,3 @@ def _timed_out(cwd: str, which: str, bound: float) -> Capture:
         "timed_out",
         f"the {which} checkpoint of {cwd} took longer than {bound:g} s ([workspace] timeout_s)",
     )
-
-
-def _publish_kept(
-    order: EventOrder,
-    slot: object,
-    notify: Callable[[list[ChangeEvent]], None],
-    held: list[ChangeEvent],
-) -> None:
-    """A claim's kept events delivered into their reserved place, which is then released."""
-    with order.filling(slot):
-        notify(held)

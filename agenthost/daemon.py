@@ -283,7 +283,6 @@ class Daemon:
         self.supervisor.set_lifecycle_sink(_lifecycle)
         # Before the worker events' sink is set: a streamed delta goes to the publisher.
         self.publisher = EventPublisher(store, self.catalog, self._events)
-        self.ctx.event_order = self.publisher
         self.supervisor.set_event_sink(self._on_worker_event)
         self._event_thread = threading.Thread(
             target=self.publisher.run, name="agenthost-events", daemon=True

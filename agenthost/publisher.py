@@ -54,7 +54,7 @@ import contextlib
 import logging
 import queue
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -200,28 +200,9 @@ class Published:
         self._versions.pop(key, None)
 
 
-class Reservation:
-    """A place in the publisher's order taken before its changes exist (`reserve`): counted in
-    `_held` from then on, so a delta offered meanwhile waits behind it. `queued`: it stands in
-    the queue (something was queued or in hand when it was taken), and the thread waits at it
-    for `filled`; else it is the one open place (`_open`), ahead of everything queued since."""
-
-    __slots__ = ("changes", "filled", "queued")
-
-    def __init__(self, queued: bool) -> None:
-        self.changes: list[Any] = []
-        self.filled = threading.Event()
-        self.queued = queued
-
-
 def _entries(item: Any) -> list[Any]:
-    """A queue entry's changes: one change, or a delivery's list of them (`offer_many`), or
-    a queued reservation's, once its holder released it (`EventPublisher.release`)."""
-    kind = type(item)
-    if kind is Reservation:
-        item.filled.wait()
-        return list(item.changes)
-    return item if kind is list else [item]
+    """A queue entry's changes: one change, or a delivery's list of them (`offer_many`)."""
+    return item if type(item) is list else [item]
 
 
 def _carries_turn(changes: list[Any]) -> bool:
@@ -426,13 +407,6 @@ class EventPublisher:
         self.direct_changes = 0
         """Changes of claims and settlements projected and handed to the sink on their
         writer's thread (`_publish_direct`, under `_order`); tests pin it."""
-        self._open: Reservation | None = None
-        """The reservation taken with nothing queued or in hand, not yet released (under
-        `_order`): the thread waits for it before it hands anything over."""
-        self._front: list[list[Any]] = []
-        """Released open reservations' changes that go ahead of the queue (under `_order`)."""
-        self._opened = threading.Condition(self._order)
-        self._filling = threading.local()
         self._unseen: dict[str, int] = {}
         """Per workspace, `write_seq` when a Session change of it last went unpublished (the
         newest last; past `unseen_remembered` the oldest half are forgotten, each then taken
@@ -478,10 +452,6 @@ class EventPublisher:
                     self._unseen_in(change)
         if not kept:
             return
-        filling: Reservation | None = getattr(self._filling, "slot", None)
-        if filling is not None:
-            filling.changes.extend(kept)  # published where the reservation stands
-            return
         if self._held == 0 and sink is not None and _carries_turn(kept):  # decided under `_order`
             with self._order:
                 if self._held == 0:
@@ -509,58 +479,6 @@ class EventPublisher:
         self.direct_changes += len(changes)
         if frames:
             sink.publish_now(frames)
-
-    def reserve(self) -> Reservation:
-        """Take the next place in the order for changes not yet delivered (a Turn's claim,
-        whose `turn.start` goes out before its events are published): every delta or change
-        offered from now on leaves after what `release` puts there. Always released."""
-        with self._order:
-            self._held += 1
-            if self._held == 1:
-                slot = self._open = Reservation(queued=False)
-            else:
-                slot = Reservation(queued=True)
-                self.queue.put(slot)
-        return slot
-
-    @contextlib.contextmanager
-    def filling(self, slot: Reservation) -> Iterator[None]:
-        """This thread's deliveries inside the block (`offer_many`) go to `slot`, which is
-        released at the block's end (whatever happens in it)."""
-        self._filling.slot = slot
-        try:
-            yield
-        finally:
-            self._filling.slot = None
-            self.release(slot)
-
-    def release(self, slot: Reservation) -> None:
-        """Publish `slot`'s changes in its place: a queued one where it stands in the queue (the
-        thread waits there for it), the open one on this thread when nothing else is counted
-        (as `offer_many`'s direct way), else ahead of everything queued since it was taken."""
-        sink = self.sink
-        with self._order:
-            if slot.queued:
-                slot.filled.set()
-                return
-            if self._open is not slot:
-                return  # released already
-            changes = slot.changes
-            if self._held > 1:
-                # Put there before the place is closed: the thread's first look reads `_open`
-                # then `_front` unlocked. It was woken by what came after, and takes it.
-                self._front.append(changes)
-                self._open = None
-                self._opened.notify_all()
-                return
-            self._open = None
-            if changes and sink is not None and _carries_turn(changes):
-                self._publish_direct(changes, sink)
-                self._held -= 1
-            elif changes:
-                self.queue.put(changes)  # counted still: read back on the thread
-            else:
-                self._held -= 1
 
     def _put(self, item: Any) -> None:
         """Queue `item`, counted: no delta goes past it until its batch is handed over."""
@@ -619,16 +537,7 @@ class EventPublisher:
         while True:
             item = self.queue.get()
             taken = 0 if item is None else 1  # the stop marker is not counted
-            front: list[list[Any]] = []
-            if self._open is not None or self._front:  # a first look; decided under `_order`
-                with self._opened:
-                    # What was queued after an open reservation waits for its changes.
-                    while self._open is not None:
-                        self._opened.wait()
-                    front, self._front = self._front, []
-            taken += len(front)
-            batch = [c for changes in front for c in changes]
-            batch.extend(_entries(item))
+            batch = _entries(item)
             self.batches += 1
             while len(batch) < BATCH:
                 try:

@@ -125,9 +125,6 @@ class SupervisorPort:
             provider, request.METHOD, request.to_wire(), timeout, SessionHistory.from_wire
         )
 
-    def after_sent(self, fn: Callable[[], None]) -> bool:
-        return self.supervisor.after_sends(fn)
-
     def start_turn(self, provider: str, request: TurnStart, timeout: float) -> Future[TurnAccepted]:
         return self._call(
             provider, request.METHOD, request.to_wire(), timeout, TurnAccepted.from_wire

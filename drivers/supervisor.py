@@ -339,9 +339,6 @@ class WorkerSupervisor:
         self._status_lock = threading.Lock()
         self._status: dict[str, WorkerStatus] = {}
         self._closing = threading.Event()
-        # `after_sends`' calls: run by the loop, or by its shutdown's last drain.
-        self._calls_lock = threading.Lock()
-        self._calls_closed = False
         self._deliveries = Deliveries()
         self._ticked_at = 0.0  # the loop thread's last `_tick`
         self._due_at = 0.0  # when `_tick` is next due (never later; it may come early)
@@ -390,16 +387,6 @@ class WorkerSupervisor:
             ("req", Pending(req_id, provider, method, dict(params or {}), fut, deadline))
         )
         return fut
-
-    def after_sends(self, fn: Callable[[], None]) -> bool:
-        """Run `fn` on the loop's thread once it has handled everything put in its mailbox
-        before (a request among it sent, unless its worker is not ready); False when the loop
-        has ended or is ending and will not: the caller runs it."""
-        with self._calls_lock:
-            if self._calls_closed:
-                return False
-            self._mailbox.put(("call", fn))
-        return True
 
     def start_ahead(self, provider: str) -> None:
         """Spawn `provider`'s worker now, before any request needs it, if it has none yet (a
@@ -529,8 +516,6 @@ class WorkerSupervisor:
                 self._forward_failpoints(item)
             elif kind == "ahead":
                 self._worker_of(item)
-            elif kind == "call":
-                _run_call(item)
         return False
 
     def _look_after_sends(self) -> None:
@@ -878,14 +863,10 @@ class WorkerSupervisor:
             worker.proc = None
             worker.state = WorkerState.STOPPED
             self._publish_status(worker)
-        # Requests that raced with close never reached a worker; calls run here, the last.
-        with self._calls_lock:
-            self._calls_closed = True
+        # Requests that raced with close never reached a worker.
         for kind, item in self._mailbox.drain():
             if kind == "req":
                 self._fail(item, WorkerUnavailable("worker supervisor is closed"))
-            elif kind == "call":
-                _run_call(item)
 
     def _publish_status(self, worker: WorkerRecord) -> None:
         with self._status_lock:
@@ -902,11 +883,3 @@ class WorkerSupervisor:
     def _lifecycle(self, kind: str, worker: WorkerRecord, **info: Any) -> None:
         event = {"type": kind, "generation": worker.generation, **info}
         self._deliveries.lifecycle(worker.provider, event)
-
-
-def _run_call(fn: Callable[[], None]) -> None:
-    """An `after_sends` call, on the loop's thread: its failure never stops the loop."""
-    try:
-        fn()
-    except Exception:  # noqa: BLE001 - the loop is every request's clock
-        log.exception("a call after the loop's sends failed")

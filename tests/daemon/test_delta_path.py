@@ -136,54 +136,6 @@ def test_a_delta_waits_behind_a_change_queued_or_in_hand_then_goes_direct_again(
     assert sink.threads[-1] == threading.get_ident()
 
 
-def test_a_reserved_place_keeps_every_later_delta_behind_the_changes_released_into_it(
-    running: tuple[Daemon, Client],
-) -> None:
-    """`reserve` takes a place before its changes exist: deltas offered meanwhile wait
-    behind it (the thread, woken by them, waits for the place), and the changes delivered
-    into it (`filling`) leave first. Taken with nothing queued it is the open place; taken
-    behind a batch in hand it stands in the queue, after that batch."""
-    daemon, _ = running
-    sink = Sink()
-    publisher = _publisher(daemon, sink)
-    thread = run_publisher(publisher)
-    try:
-        # The open place: nothing queued or in hand when it is taken.
-        slot = publisher.reserve()
-        publisher.offer_delta(_delta("s1", "a", "1"))
-        wait_for(lambda: publisher.queue.qsize() == 0)  # the thread has it: it waits
-        publisher.offer_delta(_delta("s1", "a", "2"))
-        assert publisher.direct == 0
-        with publisher.filling(slot):
-            publisher.offer_many([TurnChanged(WS, "s1", "a")])
-        wait_for(lambda: len(sink.events) == 3)
-        wait_for(lambda: publisher._held == 0)
-        # A place taken behind a batch in hand stands in the queue after it.
-        sink.hold = threading.Event()
-        publisher.offer(TurnChanged(WS, "s1", "x"))
-        assert sink.holding.wait(10)
-        slot = publisher.reserve()
-        publisher.offer_delta(_delta("s1", "b", "3"))
-        sink.hold.set()
-        wait_for(lambda: publisher.queue.qsize() <= 1)  # the thread is at the place
-        with publisher.filling(slot):
-            publisher.offer_many([TurnChanged(WS, "s1", "b")])
-        wait_for(lambda: len(sink.events) == 6)
-        sink.hold = None
-        # A place released empty gives its count back: the next delta goes direct.
-        wait_for(lambda: publisher._held == 0)
-        with publisher.filling(publisher.reserve()):
-            pass
-        publisher.offer_delta(_delta("s1", "b", "4"))
-        assert publisher.direct == 1
-    finally:
-        sink.hold = None
-        stop_publisher(publisher, thread)
-    said = [e.get("delta") or e["turn"]["turnId"] for e in sink.events]
-    assert said == ["a", "1", "2", "x", "b", "3", "4"]
-    assert publisher._held == 0 and publisher._open is None
-
-
 def test_deltas_from_many_threads_keep_their_order_against_every_change_and_none_is_lost(
     running: tuple[Daemon, Client],
 ) -> None:
@@ -319,46 +271,3 @@ def test_a_direct_deltas_body_is_packed_once_from_its_event(
         publisher.offer_delta(delta)
         assert sink.events[-1] == dict(delta_event(delta))
     assert publisher.direct == 2
-
-
-def test_a_turns_deltas_wait_behind_its_claim_while_the_actor_is_held_after_its_start(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """A Turn's claim events are published after its `turn.start` is sent; the Session actor's
-    thread is held right after that send (`host.turn.after_warm_start` sleeps) while the
-    fake model streams at once: every delta, offered meanwhile, still reaches the subscriber
-    after the Turn's first `turn.updated` (its place was taken before the send). Workspace
-    checkpoints off: no `before` capture the start could wait for on the pool, so the start
-    is always sent from the submit's own slice, before the claim's events are published."""
-    from tests.support.invariants import check_turn_events
-
-    monkeypatch.setenv("AGENTHOST_ENABLE_FAILPOINTS", "1")
-    home = tmp_path / "home"
-    home.mkdir(mode=0o700)
-    (home / "agenthost.toml").write_text("[workspace]\ncheckpoints = false\n")
-    with in_process_daemon(home) as (daemon, client):
-        heard, turn_id, fired = _held_after_start(daemon, client)
-    assert fired
-    assert [e for e in heard if e["type"] == "message.delta"], "the fake model streamed none"
-    assert check_turn_events(heard, {turn_id}) == []
-
-
-def _held_after_start(daemon: Daemon, client: Client) -> tuple[list[dict[str, Any]], str, bool]:
-    from tests.support.daemon import create_session, run_turn, submit
-    from transport.client import EventSubscriber
-
-    server, publisher = daemon.server, daemon.publisher
-    assert server is not None and publisher is not None
-    sid = create_session(client, WS)["agentSessionId"]
-    run_turn(client, sid, "warms the runtime", WS)
-    heard: list[dict[str, Any]] = []
-    with EventSubscriber(server.events_endpoint, (WS,)) as sub:
-        wait_for(lambda: server.wants(WS))
-        client.call(
-            "debug.failpoints", {"points": {"host.turn.after_warm_start": "once:sleep:1000"}}
-        )
-        turn_id = submit(client, sid, f"/stream say {uuid.uuid4().hex}", WS)["turnId"]
-        fired = daemon.config.run_dir / "failpoints-host" / "fired.host.turn.after_warm_start"
-        hear_settled(sub, [turn_id], heard)
-    wait_for(lambda: publisher._held == 0 and publisher._open is None)
-    return heard, turn_id, fired.exists()

@@ -161,18 +161,6 @@ def turn_before_warm_start(t: Trial) -> str:
     return "interrupted"
 
 
-def turn_after_warm_start(t: Trial) -> str:
-    c = t.client()
-    t.session(c)
-    assert run_turn(c, t.sid, "warms the runtime")["outcome"] == "completed"
-    t.arm(c)
-    _submit_dying(t, "started, its claim's events kept")
-    t.host_killed()
-    turns = _settled_or_absent(t.client(), t.sid, 1)
-    assert len(turns) == 1, turns  # claimed and sent: recorded, settled `interrupted`
-    return "interrupted"
-
-
 def checkpoint_before(t: Trial) -> str:
     c = t.client()
     t.session(c)
@@ -391,7 +379,6 @@ class Case:
 CASES: dict[str, Case] = {
     "host.turn.before_claim": Case(turn_before_claim),
     "host.turn.before_warm_start": Case(turn_before_warm_start, never_got=2),
-    "host.turn.after_warm_start": Case(turn_after_warm_start),
     "host.checkpoint.before": Case(checkpoint_before, git=True),
     "host.checkpoint.after": Case(checkpoint_after, git=True),
     "host.session.delete.after_commit": Case(delete_after_commit),

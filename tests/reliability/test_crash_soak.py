@@ -211,7 +211,6 @@ POINTS = (
     "host.workspace.after_remove",
     "host.turn.before_claim",
     "host.turn.before_warm_start",
-    "host.turn.after_warm_start",
     "host.checkpoint.before",
     "host.checkpoint.after",
     "host.session.delete.after_commit",
