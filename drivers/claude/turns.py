@@ -54,16 +54,18 @@ STDERR_TAIL_CHARS = 400
 _EXIT_CODE = re.compile(r"\(exit code:? (-?\d+)\)")
 
 
-def not_started_text(cli_path: str, exc: Exception) -> str:
+def not_started_text(cli_path: str, exc: Exception, exit_code: int | None = None) -> str:
     """The error of a Turn whose Claude Code CLI ended, or could not be started, before it was
-    handed the prompt (`exc`: what the SDK raised): the CLI's path, its exit code (or that it
-    could not be started, with the SDK's words) and the tail of its stderr if the SDK captured
-    any."""
-    code = getattr(exc, "exit_code", None)
+    handed the prompt (`exc`: what the SDK raised; `exit_code`: the CLI's own, when its process
+    was reaped): the CLI's path, its exit code (or that it could not be started, with the SDK's
+    words) and the tail of its stderr if the SDK captured any."""
+    code = exit_code if exit_code is not None else getattr(exc, "exit_code", None)
     if not isinstance(code, int):
-        # A CLI that ended before the SDK wrote the prompt is told by the write that failed,
-        # whose text carries the exit code ("Cannot write to terminated process (exit code:
-        # 1)"); which of the two the SDK raises is a race of the CLI's exit and the write.
+        # A CLI that ended before the SDK wrote to it is told by the write that failed, whose
+        # text carries the exit code when the exit was reaped first ("Cannot write to
+        # terminated process (exit code: 1)"); which the SDK raises is a race of the CLI's exit
+        # and the write. A write that met the closed pipe first carries none ("Failed to write
+        # to process stdin: "): the code then comes from the process itself (`exit_code`).
         found = _EXIT_CODE.search(str(exc))
         code = int(found.group(1)) if found else None
     if isinstance(code, int):
@@ -238,9 +240,9 @@ class Turns:
         box.append(cli)
         return cli
 
-    def _cli_for_turn(self, session: SessionState) -> Cli:
-        """The CLI started ahead for this Session when it was started as one would be now;
-        else a new one."""
+    def _cli_for_turn(self, session: SessionState) -> tuple[Cli, bool]:
+        """The CLI started ahead for this Session when it was started as one would be now
+        (True); else a new one (False)."""
         if self.warm.parked(session.agent_session_id) is not None:
             exists = resumable(session.transcript)
             key = self._key(session, exists)
@@ -248,8 +250,39 @@ class Turns:
                 session.agent_session_id, key, transcript_stamp(session.transcript)
             )
             if cli is not None:
+                return cli, True
+        return self._spawn(session), False
+
+    @staticmethod
+    def _hand(turn: TurnState, cli: Cli, text: str) -> None:
+        """`cli` serves `turn` (an interrupt stops exactly it) and is given its prompt."""
+        cli.turn = turn
+        turn.transport = cli.transport
+        cli.prompt.set_result(text)
+
+    async def _live_or_own(
+        self, session: SessionState, turn: TurnState, cli: Cli, text: str
+    ) -> Cli:
+        """The CLI started ahead, once it answers the prompt it was handed; or, when it ended
+        before the prompt was handed to it (`WarmClis.take` checks its process, but it can die
+        between that check and the hand-over: killed, crashed), a CLI of the Turn's own, as if
+        none had been parked. That CLI never got the Turn (its gate sealed unhanded), so the
+        provider is called once. What the first message raises otherwise is left to the
+        caller's read of the same `first`."""
+        try:
+            await cli.first
+        except asyncio.CancelledError:
+            with contextlib.suppress(BaseException):
+                await cli.messages.aclose()  # as the caller's `aclosing` would have
+            raise
+        except Exception:  # noqa: BLE001 - read again by the caller unless the CLI is replaced
+            if not cli.gate.seal():
                 return cli
-        return self._spawn(session)
+            with contextlib.suppress(BaseException):
+                await cli.messages.aclose()
+            cli = self._spawn(session)
+            self._hand(turn, cli, text)
+        return cli
 
     def prestart(self, session: SessionState) -> None:
         """Starts the CLI of the Session's next Turn now, while no Turn runs (loop thread)."""
@@ -290,10 +323,10 @@ class Turns:
         try:
             # The CLI started ahead for this Turn when there is a matching one; an interrupt
             # stops exactly this CLI (`turn.transport`); aclosing stops it on any exit.
-            cli = self._cli_for_turn(session)
-            cli.turn = turn
-            turn.transport = cli.transport
-            cli.prompt.set_result(text)
+            cli, warm = self._cli_for_turn(session)
+            self._hand(turn, cli, text)
+            if warm:
+                cli = await self._live_or_own(session, turn, cli, text)
             async with contextlib.aclosing(cli.messages) as messages:
                 try:
                     message = await _read(cli.first)
@@ -335,7 +368,8 @@ class Turns:
         if never_called and failed is not None and turn.model_failure is None:
             # The CLI never read the prompt, so no model failure is its cause: what the CLI
             # did, in words (the SDK's own text names neither the program nor a cause).
-            error = not_started_text(self._tied.real_cli(), failed)
+            code = cli.exit_code() if cli is not None else None
+            error = not_started_text(self._tied.real_cli(), failed, code)
         self._finish_turn(session, turn, outcome, error, never_called=never_called)
         if turn.provider_turn_id is not None and not turn.interrupted:
             self.prestart(session)

@@ -94,6 +94,9 @@ class Cli:
     turn: TurnState | None = None
     """The Turn the CLI serves (its permission requests become that Turn's Interactions)."""
     expiry: asyncio.TimerHandle | None = field(default=None)
+    spawned: list[Any] = field(default_factory=list)
+    """The CLI's process once spawned, kept: the SDK's transport lets go of it as it closes,
+    before a failed stream's error reaches its reader (`exit_code`)."""
 
     @classmethod
     def spawn(
@@ -115,12 +118,27 @@ class Cli:
         transport = SubprocessCLITransport(
             prompt=stream, options=replace(options, permission_prompt_tool_name="stdio")
         )
+        spawned: list[Any] = []
+        connect = transport.connect
+
+        async def connect_and_keep() -> None:
+            await connect()
+            spawned.append(transport._process)
+
+        # The SDK's `query` connects it through this attribute.
+        transport.connect = connect_and_keep  # type: ignore[method-assign]
         # `query` is an async generator function: its stream can be closed (`aclose`).
         messages = cast(
             AsyncGenerator[Any, None], query(prompt=stream, options=options, transport=transport)
         )
         first = asyncio.ensure_future(messages.__anext__())
-        return cls(key, stamp, transport, messages, prompt, first, gate)
+        return cls(key, stamp, transport, messages, prompt, first, gate, spawned=spawned)
+
+    def exit_code(self) -> int | None:
+        """The CLI's exit code (negative: the signal that killed it), once its process was
+        reaped; None when it was never started or has not been reaped."""
+        code = getattr(self.spawned[0], "returncode", None) if self.spawned else None
+        return code if isinstance(code, int) else None
 
     def process_exited(self) -> bool:
         """The CLI has ended or is ending: reaped (its return code), or, before the loop has

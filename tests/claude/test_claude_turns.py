@@ -5,13 +5,17 @@ from __future__ import annotations
 
 import json
 import uuid
+from pathlib import Path
 
 import pytest
 
 from domain.enums import DeliveryDisposition
-from domain.errors import NotFound, SessionBusy
+from domain.errors import NotFound, ProviderNotCalled, SessionBusy
 from domain.worker_messages import ForkRequest
+from drivers.claude.driver import ClaudeDriver
+from drivers.claude.env import ClaudeDriverConfig
 from drivers.claude_transcript import decode_binding, parse_entries
+from drivers.failpoints import Failpoints
 from tests.claude.conftest import SLOW_PREFIX, Harness
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
@@ -145,7 +149,38 @@ def test_a_cli_that_ended_before_the_prompt_is_named_with_its_exit_code_either_w
     assert not_started_text("/bin/false", exited) == want
     write = CLIConnectionError("Cannot write to terminated process (exit code: 1)")
     assert not_started_text("/bin/false", write) == want
+    # A write that met the closed pipe before the exit was reaped carries no code: the
+    # process's own is given.
+    broken_pipe = CLIConnectionError("Failed to write to process stdin: ")
+    assert not_started_text("/bin/false", broken_pipe, 1) == want
     unrunnable = OSError("[Errno 8] Exec format error")
     assert not_started_text("/x", unrunnable).startswith(
         "the Claude Code CLI (/x) could not be started: "
     )
+
+
+def test_a_cli_that_closes_its_stdin_and_then_exits_is_named_with_its_exit_code(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A CLI that closes its stdin at once and exits a moment later: the SDK's first write
+    meets the closed pipe (its error carries no exit code) or lands before the close (the
+    CLI's exit then ends the stream with its code), a race; either way the Turn's start fails
+    `ProviderNotCalled` naming the CLI's own exit code, read from its reaped process."""
+    script = tmp_path / "claude-closes-stdin"
+    script.write_text("#!/bin/sh\nexec 0<&-\nsleep 0.3\nexit 3\n")
+    script.chmod(0o755)
+    config = ClaudeDriverConfig(model_base_url=harness.server.base_url, cli_path=str(script))
+    driver = ClaudeDriver(config, Failpoints())
+    try:
+        session = harness.start("closes-stdin", driver=driver)
+        for n in range(5):
+            with pytest.raises(ProviderNotCalled) as raised:
+                driver.start_turn(
+                    {"agentSessionId": session.agent_session_id, "turnId": f"t{n}", "text": "x"},
+                    harness.recorder,
+                )
+            assert str(raised.value) == (
+                f"the Claude Code CLI ({script}) exited with code 3 before it read the prompt"
+            )
+    finally:
+        driver.close()

@@ -190,3 +190,29 @@ def test_closing_the_driver_ends_every_parked_cli(warm: Harness) -> None:
     driver.close()
     wait_for(lambda: exited(pid), timeout=30)
     assert driver.turns.warm.parked(session.agent_session_id) is None
+
+
+def test_a_parked_cli_that_ended_unseen_before_its_prompt_gives_way_to_one_of_its_own(
+    warm: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A parked CLI that ended after the driver's liveness check passed it but before its
+    Turn's prompt was handed to it (a SIGKILL inside the kernel's instant `/proc` does not show:
+    taken from the pending set, the task not yet marked exiting — stood in for here by passing
+    the check of one already ended, the only part not real): the Turn starts a CLI of its own
+    and completes, and the model is asked for it once, continuing the conversation."""
+    session = warm.start("unseen")
+    _, first = warm.turn(session, "first words")
+    assert first["outcome"] == "completed"
+    cli = parked(warm.driver, session)
+    pid = pid_of(cli)
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: cli.first.done() and exited(pid), timeout=30)
+    usable = Cli.usable
+    monkeypatch.setattr(Cli, "usable", lambda self: self is cli or usable(self))
+    asked = len(warm.server.requests)
+    used = turn_pid(warm.driver, session, "second words", warm)
+    assert used not in (pid, -1)
+    assert [model_input_texts(r)[-1] for r in warm.server.requests[asked:]] == [
+        ("user", "second words")
+    ]
+    assert model_input_texts(warm.server.requests[-1])[0] == ("user", "first words")
