@@ -591,3 +591,54 @@ def test_a_session_started_in_the_tree_during_the_removing_delete_keeps_the_tree
     finally:
         store.close()
     assert_invariants(daemon.home)
+
+
+def test_a_session_in_the_tree_by_another_spelling_keeps_it(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Sessions an API client started in a fork's tree by spellings other than its recorded
+    real path — a symlink to the tree, a doubled slash before it, `..` through a sibling —
+    and a shared-workspace fork of the one by the symlink (its cwd the same spelling) all work
+    in the tree: removing the child's tree keeps it and names them. Before, the delete compared
+    the cwds as given with the tree's real path, saw none of them, and removed the folder under
+    all four (state 'removed')."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    link = tmp_path / "to-the-tree"
+    link.symlink_to(tree, target_is_directory=True)
+    spellings = [
+        str(link),
+        str(tree.parent) + "//" + tree.name,
+        str(repo / ".." / tree.parent.name / tree.name / "src"),
+    ]
+    users = [create_session(c, title="elsewhere", cwd=s)["agentSessionId"] for s in spellings]
+    for sid, cwd in zip(users, spellings, strict=True):
+        got = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        assert got["cwd"] == cwd  # stored as given: only the compare resolves it
+    turn = run_turn(c, users[0], "/write linked.txt through the link")
+    shared = c.call(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": users[0],
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn["turnId"]},
+        },
+    )["operation"]
+    assert shared["status"] == "committed", shared
+    fork = str(shared["targetAgentSessionId"])
+    assert c.call("session.get", {"workspaceId": WS, "agentSessionId": fork})["session"][
+        "cwd"
+    ] == str(link)
+    delete(c, users[0])  # the fork's source gone: the fork is found by its own row
+
+    done = delete(c, child, worktree="remove", force=True)
+    assert done["worktree"]["state"] == "kept", done
+    assert sorted(done["worktree"]["inUseBy"]) == sorted([*users[1:], fork]), done
+    assert tree.is_dir() and tree_state(daemon, child) == "made"
+    assert run_turn(c, fork, "/write still.txt here")["outcome"] == "completed"
+    assert (tree / "still.txt").is_file()
+    assert_invariants(daemon.home)
