@@ -34,7 +34,7 @@ from agenthost.api_base import (
     log,
 )
 from agenthost.reply_cache import ReplyCache
-from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
+from agenthost.worktree_delete import WORKTREE_CHOICES, Waiting, delete_fn
 from domain.errors import (
     HostError,
     InvalidArgument,
@@ -159,7 +159,7 @@ class Api:
         checkpoints: ShadowStore | None = None,
         checkpoint_locks: DirectoryLocks | None = None,
         hit: Callable[[str], None] | None = None,
-        retry_tree: Callable[[str, str, str], None] | None = None,
+        retry_tree: Callable[[str, str, str, Waiting], None] | None = None,
     ) -> None:
         self.store = store
         # A deleted child's tree git could not remove, tried again later (`RemovalRetries`).

@@ -371,6 +371,9 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
             assert pinned.is_file() and tree_state(d, child) == "removing"
             removals = c.call("host.status")["worktreeRemovals"]
             assert (removals["pending"], removals["paths"]) == (1, [str(tree)]), removals
+            (why,) = removals["trees"]
+            assert (why["path"], why["reason"]) == (str(tree), "git_failed"), why
+            assert "app.py" in why["error"], why
             refused_in(c, where["cwd"], tree, "removing")
         finally:
             undo()
@@ -417,7 +420,9 @@ def test_the_live_retry_never_removes_a_tree_a_session_works_in(
         assert retries.retry_left() == 1
         assert wait_for(lambda: retries.rounds >= 2, 30)
         assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
-        assert retries.status()["pending"] == 1
+        assert retries.status()["trees"] == [
+            {"path": where["path"], "reason": "in_use", "inUseBy": users}
+        ]
         store.sessions.delete_session(WS, users[0])
         retries.retry_left()
         assert wait_for(lambda: tree_state(daemon, child) == "removed", 30)
@@ -642,3 +647,18 @@ def test_a_session_in_the_tree_by_another_spelling_keeps_it(
     assert run_turn(c, fork, "/write still.txt here")["outcome"] == "completed"
     assert (tree / "still.txt").is_file()
     assert_invariants(daemon.home)
+
+    # The law the checker keeps, by real path too: the tree recorded removed and gone while
+    # these Sessions work in it by their spellings is reported for each of them.
+    daemon.stop()
+    shutil.rmtree(tree)
+    with apsw.Connection(str(daemon.home / "store.sqlite3")) as conn:
+        conn.execute(
+            "UPDATE fork_operations SET workspace_state = 'removed'"
+            " WHERE workspace_mode = 'worktree'"
+        )
+    report = check_invariants(daemon.home)
+    for user in [*users[1:], fork]:
+        assert any(
+            v.law is Law.WORKTREE and f"{user} works in it" in v.detail for v in report.violations
+        ), (user, report.violations)
