@@ -71,16 +71,18 @@ def tree_users_in(
     a doubled slash), else its cwd. A fork child carries its source's cwd as spelled, not its
     real path: so a Session is a user too when its cwd is spelled as any Session's (live or
     deleted) whose real path is in the tree."""
-    in_tree = f"({_REAL} = ?1 OR substr({_REAL}, 1, ?2) = ?3)"
+    # The spellings: through `sessions_real_cwd` (schema v25), which holds only the Sessions
+    # started by another spelling; "in the tree" as a range of it (`/` + 1 is `0`).
     users = [
         str(r[0])
         for r in rows(
             "SELECT session_id FROM sessions WHERE deleted = 0"
             " AND NOT (workspace_id = ?4 AND session_id = ?5)"
-            f" AND ({in_tree} OR cwd IN (SELECT cwd FROM sessions WHERE real_cwd IS NOT NULL"
-            f" AND {in_tree.replace(_REAL, 'real_cwd')}))"
+            f" AND ({_REAL} = ?1 OR substr({_REAL}, 1, ?2) = ?3 OR cwd IN (SELECT cwd FROM"
+            " sessions INDEXED BY sessions_real_cwd WHERE real_cwd IS NOT NULL"
+            " AND (real_cwd = ?1 OR (real_cwd >= ?3 AND real_cwd < ?6))))"
             " ORDER BY created_at_ms, session_id",
-            (path, len(path) + 1, path + "/", ws, sid),
+            (path, len(path) + 1, path + "/", ws, sid, path + "0"),
         )
     ]
     pending = sorted(s.value for s in ACTIVE | {ForkStatus.UNKNOWN})

@@ -818,8 +818,11 @@ def _v24(conn: apsw.Connection) -> None:
 # the transaction that marks a committed fork's tree `removing` (its child's delete) and kept
 # when it becomes `removed`; NULL on every other row. `session.create` probes it by equality,
 # once for each ancestor of its cwd, through a partial index that holds only those rows, where
-# it decoded the plan of every deleted child's tree under the write lock. The back-fill sets it
-# on the rows already `removing`/`removed` (found through v10's `fork_operations_worktrees`).
+# it decoded the plan of every deleted child's tree under the write lock; `sessions_real_cwd`
+# holds only the Sessions that have a real cwd (written by no fork: a child has none), so
+# `tree_users` finds the spellings that reach a tree without a second pass over every
+# Session. The back-fill sets the path on the rows already `removing`/`removed` (found through
+# v10's `fork_operations_worktrees`).
 # One transaction, as every step: a crash or an error mid-way leaves the store at v24, whole.
 # A store that has the columns already (the steps re-run over a newer store) gets the rest.
 _V25_FILL = (
@@ -830,7 +833,9 @@ _V25_FILL = (
 )
 _V25_INDEX = (
     "CREATE INDEX IF NOT EXISTS fork_operations_deleted_trees"
-    " ON fork_operations (deleted_tree_path) WHERE deleted_tree_path IS NOT NULL"
+    " ON fork_operations (deleted_tree_path) WHERE deleted_tree_path IS NOT NULL;"
+    " CREATE INDEX IF NOT EXISTS sessions_real_cwd ON sessions (real_cwd)"
+    " WHERE real_cwd IS NOT NULL"
 )
 
 

@@ -226,3 +226,54 @@ def test_v25_failing_mid_way_leaves_the_v24_store_whole(tmp_path: Path) -> None:
         assert [tuple(r) for r in got] == want
     finally:
         store.close()
+
+
+def test_tree_users_are_found_by_real_path_and_by_a_spelling_a_fork_child_carries(
+    store: Store, tmp_path: Path
+) -> None:
+    """A Session started in a tree through a symlink keeps its real cwd; its shared fork's
+    child carries its cwd as spelled and no real cwd: both are the tree's users, and the
+    child is found through `sessions_real_cwd` (the Sessions that have one), not by a second
+    pass over every Session."""
+    tree = tmp_path / "trees" / "owned"
+    (tree / "src").mkdir(parents=True)
+    op_id, owner = _worktree_child(store, tree)
+    link = tmp_path / "to-the-tree"
+    link.symlink_to(tree, target_is_directory=True)
+    user = _create(store, str(link / "src"))
+    store.sessions.update_runtime(
+        WS,
+        user,
+        provider_session_id="prov-user",
+        runtime_context={"driverKind": "tutti-agent", "driverVersion": "0.0.10"},
+    )
+    last = settled_turn(store, user, text="one", provider_turn_id="p1").turn_id
+    fork = run_to_commit(
+        store,
+        store.fork_prepare.prepare_fork(
+            WS, request(user, last, runtime_identity={"cwd": str(link / "src")})
+        )[0],
+    )
+    child = str(fork.target_session_id)
+    row = store.db.connection().execute(
+        "SELECT cwd, real_cwd FROM sessions WHERE session_id = ?", (child,)
+    )
+    assert row.fetchall() == [(str(link / "src"), None)]
+    _create(store, str(tmp_path / "trees" / "owned-not"))  # beside it: not a user
+    store.sessions.delete_session(WS, user)  # the child is found by its own spelling
+    seen: list[tuple[str, tuple[object, ...]]] = []
+
+    def trace(_cursor: apsw.Cursor, sql: str, bindings: object) -> bool:
+        seen.append((sql, tuple(bindings or ())))  # type: ignore[call-overload]
+        return True
+
+    reader = store.db.connection()
+    reader.exec_trace = trace
+    try:
+        assert store.fork_workspace.tree_users(WS, owner, str(tree)) == [child]
+    finally:
+        reader.exec_trace = None
+    sql, args = next((q, a) for q, a in seen if "FROM sessions" in q)
+    plan = " | ".join(str(r[-1]) for r in reader.execute("EXPLAIN QUERY PLAN " + sql, args))
+    assert "USING INDEX sessions_real_cwd" in plan, plan
+    assert store.sessions.delete_session(WS, owner, removing_tree=op_id) == [child]

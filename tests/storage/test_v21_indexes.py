@@ -20,7 +20,7 @@ from storage.store import Store
 
 # Schema v25 undone on a v25 store: the real cwd, the deleted tree's path and its index gone.
 TO_V24 = (
-    "DROP INDEX fork_operations_deleted_trees;"
+    "DROP INDEX fork_operations_deleted_trees; DROP INDEX sessions_real_cwd;"
     " ALTER TABLE fork_operations DROP COLUMN deleted_tree_path;"
     " ALTER TABLE sessions DROP COLUMN real_cwd; PRAGMA user_version = 24;"
 )
