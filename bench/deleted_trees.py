@@ -9,12 +9,19 @@ a real `agenthost serve` on it answers `session.create` calls one after another 
 socket: the client's wall time per call (p50, p90) and the daemon process's CPU per call.
 
 `build/venv/bin/python -m bench.deleted_trees [--trees 0,2000] [--creates 400] [--json F]`.
+
+`--migrate STORE`: a copy of STORE (e.g. `bench.months`' cached store of an older schema)
+brought to this build's schema by `storage.schema.migrate`, timed: what the first start of a
+daemon on it spends migrating (`bench.months` reuses an older schema's cache, so its first
+start pays this). The copy is made beside it in `--scratch` and removed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import tempfile
 import time
 import uuid
@@ -25,6 +32,8 @@ import apsw
 
 from bench.common import Latency
 from bench.harness import WS, BenchDaemon, sample
+from storage.schema import migrate, user_version
+from storage.sqlite import open_connection
 from storage.store import Store
 
 
@@ -98,12 +107,43 @@ def measure(trees: int, creates: int, root: Path) -> dict[str, Any]:
     }
 
 
+def migrate_copy(store: Path, scratch: Path) -> dict[str, Any]:
+    """A copy of `store` migrated to this build's schema: the migration's wall and CPU time."""
+    scratch.mkdir(parents=True, exist_ok=True)
+    copy = scratch / "store.sqlite3"
+    shutil.copyfile(store, copy)
+    os.sync()  # the copy written back first: the migration's own commit does not wait on it
+    try:
+        conn = open_connection(str(copy))
+        wall, cpu = time.perf_counter(), time.process_time()
+        found = migrate(conn)
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        version = user_version(conn)
+        conn.close()
+    finally:
+        for leftover in scratch.glob("store.sqlite3*"):
+            leftover.unlink()
+    return {
+        "store": str(store),
+        "bytes": store.stat().st_size,
+        "from": found,
+        "to": version,
+        "migrate_wall_s": round(wall, 3),
+        "migrate_cpu_s": round(cpu, 3),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trees", default="0,2000", help="deleted trees, comma-separated")
     parser.add_argument("--creates", type=int, default=400)
     parser.add_argument("--json", type=Path)
+    parser.add_argument("--migrate", type=Path, help="time migrating a copy of this store")
+    parser.add_argument("--scratch", type=Path, default=Path(tempfile.gettempdir()))
     args = parser.parse_args()
+    if args.migrate:
+        print(json.dumps(migrate_copy(args.migrate, args.scratch / "bench-migrate")), flush=True)
+        return
     rows = []
     with tempfile.TemporaryDirectory(prefix="bench-deleted-trees-") as tmp:
         for trees in (int(t) for t in args.trees.split(",")):
