@@ -313,6 +313,7 @@ class Daemon:
             checkpoint_locks=locks,
             hit=self.failpoints.hit,
             retry_tree=tree_retries.retry,
+            tree_user_gone=tree_retries.user_gone,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),

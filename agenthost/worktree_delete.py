@@ -301,7 +301,8 @@ class RemovalRetries:
     is recorded `removed` (a record the store refuses is tried again at the next round: the
     removal is idempotent). A tree another live Session works in, or a pending fork of its
     child may still commit into (`tree_users`), is never removed: it stays `removing` and is
-    tried again later. Without it such a tree stayed `removing`, on disk, until a restart."""
+    tried again later — at once when one of those Sessions is deleted (`user_gone`). Without
+    it such a tree stayed `removing`, on disk, until a restart."""
 
     def __init__(
         self,
@@ -323,6 +324,7 @@ class RemovalRetries:
         # operation id -> (workspace, path, why it is not removed yet)
         self._pending: dict[str, tuple[str, str, Waiting]] = {}
         self._wake = threading.Event()
+        self._now = False  # the next wake asks for a round now (`user_gone`)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -345,6 +347,15 @@ class RemovalRetries:
                     target=self._run, name="agenthost-tree-retry", daemon=True
                 )
                 self._thread.start()
+        self._wake.set()
+
+    def user_gone(self, sid: str) -> None:
+        """Session `sid` was deleted: a tree kept only while it worked there (`in_use`) is
+        tried again now, not at the next of the doubling waits (up to 10 minutes later)."""
+        with self._mutex:
+            if not any(sid in why.in_use_by for _, _, why in self._pending.values()):
+                return
+            self._now = True
         self._wake.set()
 
     def retry_left(self, why: Mapping[str, Waiting] | None = None) -> int:
@@ -397,8 +408,10 @@ class RemovalRetries:
                 return
             if woken:
                 self._wake.clear()
+                with self._mutex:
+                    now, self._now = self._now, False
                 delay = self._first_s
-                soon = time.monotonic() + delay
+                soon = time.monotonic() + (0.0 if now else delay)
                 due = soon if due is None else min(due, soon)
                 continue
             try:

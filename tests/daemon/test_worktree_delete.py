@@ -662,3 +662,36 @@ def test_a_session_in_the_tree_by_another_spelling_keeps_it(
         assert any(
             v.law is Law.WORKTREE and f"{user} works in it" in v.detail for v in report.violations
         ), (user, report.violations)
+
+
+def test_a_tree_kept_for_a_session_is_removed_once_that_session_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """A tree left `removing` that a Session works in is kept, in use (`host.status` says so
+    and names it); deleting that Session has the live daemon try the tree at once, not at
+    its next doubling wait (here `tree_retry_s` = 1 hour: before, no round came)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 3600\n")
+    d = DaemonProcess(home).start()
+    users: list[str] = []
+
+    def start_one(c: Client, cwd: str) -> None:
+        users.append(create_session(c, title="in the tree", cwd=cwd)["agentSessionId"])
+
+    try:
+        repo, child, where = left_removing(d, tmp_path, start_one)
+        d.start()
+        c = d.client(timeout=60)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert removals["trees"] == [
+            {"path": where["path"], "reason": "in_use", "inUseBy": users}
+        ], removals
+        delete(c, users[0])
+        assert wait_for(lambda: tree_state(d, child) == "removed", 30), d.tail_log(5000)
+        assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert (removals["pending"], removals["rounds"], removals["removed"]) == (0, 1, 1)
+        assert_invariants(home)
+    finally:
+        d.stop()
