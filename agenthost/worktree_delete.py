@@ -374,7 +374,7 @@ class RemovalRetries:
         tries again (`paths`; `trees`: each with why it is not removed yet, `Waiting`), its
         rounds so far and the trees they removed."""
         with self._mutex:
-            trees = sorted((path, why) for _, path, why in self._pending.values())
+            trees = sorted(((p, why) for _, p, why in self._pending.values()), key=lambda t: t[0])
         return {
             "pending": len(trees),
             "paths": [path for path, _ in trees],
