@@ -191,7 +191,8 @@ def left_removing(
     daemon.kill()
     conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
     conn.execute(
-        "UPDATE fork_operations SET workspace_state = 'removing' WHERE target_session_id = ?",
+        "UPDATE fork_operations SET workspace_state = 'removing',"
+        " deleted_tree_path = json_extract(workspace_json, '$.path') WHERE target_session_id = ?",
         (child,),
     )
     conn.close()
