@@ -34,7 +34,7 @@ from agenthost.api_base import (
     log,
 )
 from agenthost.reply_cache import ReplyCache
-from agenthost.worktree_delete import WORKTREE_CHOICES, delete_fn
+from agenthost.worktree_delete import WORKTREE_CHOICES, Waiting, delete_fn
 from domain.errors import (
     HostError,
     InvalidArgument,
@@ -159,11 +159,14 @@ class Api:
         checkpoints: ShadowStore | None = None,
         checkpoint_locks: DirectoryLocks | None = None,
         hit: Callable[[str], None] | None = None,
-        retry_tree: Callable[[str, str, str], None] | None = None,
+        retry_tree: Callable[[str, str, str, Waiting], None] | None = None,
+        tree_user_gone: Callable[[str], None] | None = None,
     ) -> None:
         self.store = store
         # A deleted child's tree git could not remove, tried again later (`RemovalRetries`).
         self._retry_tree = retry_tree
+        # A deleted Session may free a tree the daemon keeps `removing` for it.
+        self._tree_user_gone = tree_user_gone
         # The daemon's failpoints (`hit(name)`), for the steps a request runs outside an actor.
         self._hit = hit
         self.host = host
@@ -398,10 +401,18 @@ class Api:
             hit=self._hit,
             retry=self._retry_tree,
         )
+        gone = self._tree_user_gone
+
+        def delete_then_free(store: Store, ws: str, sid: str) -> DeleteResult:
+            done = delete(store, ws, sid)
+            if gone is not None:
+                gone(sid)
+            return done
+
         self._mutate(
             params,
             responder,
-            delete,
+            delete_then_free,
             lambda done: (200, done),
             stop_runtime=True,
         )

@@ -63,7 +63,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort, providers_ahead
-from agenthost.worktree_delete import RemovalRetries, finish_removals
+from agenthost.worktree_delete import RemovalRetries, Waiting, finish_removals
 from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
@@ -129,6 +129,8 @@ class Daemon:
         self.commits_before_ready = commits_before_ready
         self.deferred_commits: DeferredCommits | None = None
         self.tree_retries: RemovalRetries | None = None
+        # Why each tree start-up's `finish_removals` left `removing` is still there.
+        self._trees_left: dict[str, Waiting] = {}
         self._started = time.monotonic()
         self._events: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self.publisher: EventPublisher | None = None
@@ -311,6 +313,7 @@ class Daemon:
             checkpoint_locks=locks,
             hit=self.failpoints.hit,
             retry_tree=tree_retries.retry,
+            tree_user_gone=tree_retries.user_gone,
             check_provider=lambda provider: providers_info.check_installed(
                 provider, self.providers.get(provider, {})
             ),
@@ -345,7 +348,7 @@ class Daemon:
         self._run_id = _dir_id(cfg.run_dir)
         self._keeper = threading.Thread(target=self._keep_home, name="agenthost-home", daemon=True)
         self._keeper.start()
-        tree_retries.retry_left()
+        tree_retries.retry_left(self._trees_left)
         # Last: the commits' thread must not slow the start it was deferred out of.
         deferred.start()
 
@@ -389,7 +392,7 @@ class Daemon:
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
         self.worktrees_removed = remove_failed_trees(store, fork_trees)
         # And the tree a delete was removing when it stopped.
-        self.worktrees_removed += finish_removals(store, fork_trees.trees)
+        self.worktrees_removed += finish_removals(store, fork_trees.trees, self._trees_left)
         # Deletes a killed daemon did not finish: their runtime dirs go now.
         runtime_dirs.sweep(store, cfg.runtimes_dir)
         return store, shadow, fork_trees, deferred

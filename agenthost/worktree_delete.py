@@ -24,6 +24,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, Protocol
 
@@ -103,12 +104,12 @@ def delete_fn(
     worktree: Literal["keep", "remove"] | str,
     force: bool,
     hit: Callable[[str], None] | None = None,
-    retry: Callable[[str, str, str], None] | None = None,
+    retry: Callable[[str, str, str, Waiting], None] | None = None,
 ) -> Callable[[DeleteStore, str, str], DeleteResult]:
     """The delete, run on the Session's actor. Its result: `{deleted: true}`, plus `worktree:
     {path, cwd, branch, state: "kept"|"removed"|"removing", branchKept?, error?}` for a Session
     with a fork-made tree (`removing`: deleted, but the tree could not be removed now —
-    `error` says why; `retry(ws, operation_id, path)` has the live daemon try again later,
+    `error` says why; `retry(ws, operation_id, path, why)` has the live daemon try again later,
     `RemovalRetries`, and the next start tries too)."""
 
     def _delete(store: DeleteStore, ws: str, sid: str) -> DeleteResult:
@@ -171,12 +172,10 @@ def delete_fn(
             # git (or the fallback's unlink) could not remove it now: the tree stays recorded
             # `removing` (what is left of it at `path`), which the next start finishes.
             log.exception("could not remove the worktree %s of deleted %s", plan.path, sid)
+            error = str(exc) or type(exc).__name__
             if retry is not None:
-                retry(ws, child.operation_id, plan.path)
-            return {
-                "deleted": True,
-                "worktree": {**_tree(plan, "removing"), "error": str(exc) or type(exc).__name__},
-            }
+                retry(ws, child.operation_id, plan.path, Waiting(GIT_FAILED, error=error))
+            return {"deleted": True, "worktree": {**_tree(plan, "removing"), "error": error}}
         if hit is not None:
             hit("host.session.delete.after_tree_removed")
         mark_removed(store.fork_workspace, ws, child.operation_id)
@@ -223,12 +222,43 @@ def mark_removed(
     threading.Thread(target=again, name="agenthost-tree-record", daemon=True).start()
 
 
-def finish_removals(store: RetryStore, trees: Worktrees | None) -> int:
+IN_USE = "in_use"
+GIT_FAILED = "git_failed"
+NOT_RECORDED = "not_recorded"
+NOT_TRIED = "not_tried"
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """Why a tree left `removing` is not removed yet (`host.status` → `worktreeRemovals` →
+    `trees[]`): another live Session works in it (`in_use`, `in_use_by`), git (or the
+    fallback's unlink) could not remove it (`git_failed`, `error`), it went but its `removed`
+    record did not land (`not_recorded`, `error`), or this daemon has not tried it yet
+    (`not_tried`)."""
+
+    reason: str
+    error: str | None = None
+    in_use_by: tuple[str, ...] = ()
+
+    def wire(self, path: str) -> dict[str, Any]:
+        tree: dict[str, Any] = {"path": path, "reason": self.reason}
+        if self.reason == IN_USE:
+            tree["inUseBy"] = list(self.in_use_by)
+        elif self.error is not None:
+            tree["error"] = self.error
+        return tree
+
+
+def finish_removals(
+    store: RetryStore, trees: Worktrees | None, left: dict[str, Waiting] | None = None
+) -> int:
     """Start-up: the trees a delete began removing when the daemon stopped. A `removed` mark
     the store refuses (busy, full) is retried with backoff before the ready line and past 30 s
-    fails the start (`recovery.start_write`), as start-up's other writes do."""
+    fails the start (`recovery.start_write`), as start-up's other writes do. `left`: filled
+    with why each tree it could not finish is still there (`RemovalRetries.retry_left`)."""
     if trees is None:
         return 0
+    left = {} if left is None else left
     done = 0
     for item in store.fork_workspace.child_worktrees_removing():
         path = str(item.plan.get("path", ""))
@@ -237,9 +267,11 @@ def finish_removals(store: RetryStore, trees: Worktrees | None) -> int:
             # A Session started in it since (or a pending fork of its child): never removed
             # under them; it stays `removing` (`RemovalRetries` tries it again later).
             log.warning("the worktree %s left removing is in use by %s: kept", path, users)
+            left[item.operation_id] = Waiting(IN_USE, in_use_by=tuple(users))
             continue
+        failed: list[str] = []
         if remove_then_record(
-            partial(_remove_child, trees, item.plan),
+            partial(_remove_child, trees, item.plan, failed),
             partial(
                 store.fork_workspace.mark_child_worktree_removed,
                 item.workspace_id,
@@ -248,6 +280,10 @@ def finish_removals(store: RetryStore, trees: Worktrees | None) -> int:
             f"the worktree of {item.operation_id}",
         ):
             done += 1
+        elif failed:
+            left[item.operation_id] = Waiting(GIT_FAILED, error=failed[0])
+        else:
+            left[item.operation_id] = Waiting(NOT_RECORDED, error="see the daemon's log")
     return done
 
 
@@ -265,7 +301,8 @@ class RemovalRetries:
     is recorded `removed` (a record the store refuses is tried again at the next round: the
     removal is idempotent). A tree another live Session works in, or a pending fork of its
     child may still commit into (`tree_users`), is never removed: it stays `removing` and is
-    tried again later. Without it such a tree stayed `removing`, on disk, until a restart."""
+    tried again later — at once when one of those Sessions is deleted (`user_gone`). Without
+    it such a tree stayed `removing`, on disk, until a restart."""
 
     def __init__(
         self,
@@ -284,8 +321,10 @@ class RemovalRetries:
         self._first_s = first_s
         self._max_s = max(first_s, max_s)
         self._mutex = threading.Lock()
-        self._pending: dict[str, tuple[str, str]] = {}  # operation id -> (workspace, path)
+        # operation id -> (workspace, path, why it is not removed yet)
+        self._pending: dict[str, tuple[str, str, Waiting]] = {}
         self._wake = threading.Event()
+        self._now = False  # the next wake asks for a round now (`user_gone`)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.rounds = 0
@@ -296,12 +335,13 @@ class RemovalRetries:
         with self._mutex:
             return len(self._pending)
 
-    def retry(self, ws: str, op_id: str, path: str) -> None:
-        """Try the tree at `path` of `op_id` (recorded `removing`) again later."""
+    def retry(self, ws: str, op_id: str, path: str, why: Waiting | None = None) -> None:
+        """Try the tree at `path` of `op_id` (recorded `removing`) again later; `why` it is
+        not removed now (unknown: `not_tried`)."""
         if self._trees is None or self._stop.is_set():
             return
         with self._mutex:
-            self._pending[op_id] = (ws, path)
+            self._pending[op_id] = (ws, path, why or Waiting(NOT_TRIED))
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="agenthost-tree-retry", daemon=True
@@ -309,21 +349,36 @@ class RemovalRetries:
                 self._thread.start()
         self._wake.set()
 
-    def retry_left(self) -> int:
-        """After start-up: every tree still `removing` (its removal failed there too)."""
+    def user_gone(self, sid: str) -> None:
+        """Session `sid` was deleted: a tree kept only while it worked there (`in_use`) is
+        tried again now, not at the next of the doubling waits (up to 10 minutes later)."""
+        with self._mutex:
+            if not any(sid in why.in_use_by for _, _, why in self._pending.values()):
+                return
+            self._now = True
+        self._wake.set()
+
+    def retry_left(self, why: Mapping[str, Waiting] | None = None) -> int:
+        """After start-up: every tree still `removing` (its removal failed there too: `why`,
+        what `finish_removals` found)."""
         left = self._store.fork_workspace.child_worktrees_removing()
         for item in left:
-            self.retry(item.workspace_id, item.operation_id, str(item.plan.get("path", "")))
+            path = str(item.plan.get("path", ""))
+            self.retry(
+                item.workspace_id, item.operation_id, path, (why or {}).get(item.operation_id)
+            )
         return len(left)
 
     def status(self) -> dict[str, Any]:
         """`host.status` → `worktreeRemovals`: the trees left `removing` that this daemon
-        tries again (`paths`), its rounds so far and the trees they removed."""
+        tries again (`paths`; `trees`: each with why it is not removed yet, `Waiting`), its
+        rounds so far and the trees they removed."""
         with self._mutex:
-            paths = sorted(path for _, path in self._pending.values())
+            trees = sorted(((p, why) for _, p, why in self._pending.values()), key=lambda t: t[0])
         return {
-            "pending": len(paths),
-            "paths": paths,
+            "pending": len(trees),
+            "paths": [path for path, _ in trees],
+            "trees": [why.wire(path) for path, why in trees],
             "rounds": self.rounds,
             "removed": self.removed,
         }
@@ -353,8 +408,10 @@ class RemovalRetries:
                 return
             if woken:
                 self._wake.clear()
+                with self._mutex:
+                    now, self._now = self._now, False
                 delay = self._first_s
-                soon = time.monotonic() + delay
+                soon = time.monotonic() + (0.0 if now else delay)
                 due = soon if due is None else min(due, soon)
                 continue
             try:
@@ -383,17 +440,26 @@ class RemovalRetries:
         for op_id, item in removing.items():
             if self._stop.is_set():
                 break
-            if self._try(item):
+            why = self._try(item)
+            if why is None:
                 self._done(op_id)
+            else:
+                self._waiting(op_id, why)
         return self.pending
 
     def _done(self, op_id: str) -> None:
         with self._mutex:
             self._pending.pop(op_id, None)
 
-    def _try(self, item: TreeToRemove) -> bool:
-        """Remove the tree and record it `removed`; False when it must wait for a later round
-        (in use, git still cannot remove it, the store refused the record)."""
+    def _waiting(self, op_id: str, why: Waiting) -> None:
+        with self._mutex:
+            if op_id in self._pending:
+                ws, path, _ = self._pending[op_id]
+                self._pending[op_id] = (ws, path, why)
+
+    def _try(self, item: TreeToRemove) -> Waiting | None:
+        """Remove the tree and record it `removed` (None); else why it must wait for a later
+        round (in use, git still cannot remove it, the store refused the record)."""
         assert self._trees is not None
         plan = TreePlan.from_json(item.plan)
         ws, op_id = item.workspace_id, item.operation_id
@@ -401,7 +467,7 @@ class RemovalRetries:
         users = store.tree_users(ws, item.session_id or "", plan.path)
         if users:
             log.info("the worktree %s left removing is in use by %s: kept", plan.path, users)
-            return False
+            return Waiting(IN_USE, in_use_by=tuple(users))
         try:
             if self._shadow is None:
                 self._trees.remove_child(plan)
@@ -410,19 +476,24 @@ class RemovalRetries:
                     self._trees.remove_child(plan)
         except Exception as exc:  # noqa: BLE001 - tried again at the next round
             log.warning("the worktree %s is still not removable: %s", plan.path, exc)
-            return False
+            return Waiting(GIT_FAILED, error=str(exc) or type(exc).__name__)
         try:
             store.mark_child_worktree_removed(ws, op_id)
         except Exception as exc:  # noqa: BLE001 - tried again at the next round
             log.warning("recording the removed worktree of %s deferred: %r", op_id, exc)
-            return False
+            return Waiting(NOT_RECORDED, error=str(exc) or type(exc).__name__)
         self.removed += 1
         log.info("removed the worktree %s left removing (of %s)", plan.path, op_id)
-        return True
+        return None
 
 
-def _remove_child(trees: Worktrees, plan: Mapping[str, Any]) -> None:
-    trees.remove_child(TreePlan.from_json(plan))
+def _remove_child(trees: Worktrees, plan: Mapping[str, Any], failed: list[str]) -> None:
+    """`remove_child`; why it failed is kept in `failed` (and raised on)."""
+    try:
+        trees.remove_child(TreePlan.from_json(plan))
+    except Exception as exc:
+        failed.append(str(exc) or type(exc).__name__)
+        raise
 
 
-__all__ = ["WORKTREE_CHOICES", "RemovalRetries", "delete_fn", "finish_removals"]
+__all__ = ["WORKTREE_CHOICES", "RemovalRetries", "Waiting", "delete_fn", "finish_removals"]

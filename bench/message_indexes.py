@@ -142,7 +142,7 @@ def insert_child(
         "INSERT INTO sessions SELECT workspace_id, ?, kind, provider, provider_session_id, title,"
         " cwd, settings_json, runtime_context_json, model, pinned, deleted, goal,"
         " parent_session_id, parent_turn_id, rail_placement, visibility, created_at_ms,"
-        " updated_at_ms, 0 FROM sessions WHERE workspace_id = ? AND session_id = ?",
+        " updated_at_ms, 0, real_cwd FROM sessions WHERE workspace_id = ? AND session_id = ?",
         (child, ws, sid),
     )
     key_row = conn.execute(

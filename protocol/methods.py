@@ -99,8 +99,9 @@ class HostStatusResult(TypedDict):
     """The gits a killed daemon left that outlived their kill at this start, still alive:
     `{alive, pids, repositories}`; their repositories' lock files are kept until they are gone."""
     worktreeRemovals: NotRequired[JsonObject | None]
-    """The deleted fork children's trees git could not remove (`removing`) that the daemon
-    tries again: `{pending, paths, rounds, removed}`."""
+    """The deleted fork children's trees not removed yet (`removing`) that the daemon tries
+    again: `{pending, paths, trees, rounds, removed}`; `trees[]`: `{path, reason}`, `reason`
+    `in_use` (`inUseBy`), `git_failed` (`error`), `not_recorded` (`error`) or `not_tried`."""
 
 
 class SessionCreateParams(WorkspaceParams):

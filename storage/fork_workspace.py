@@ -26,37 +26,63 @@ REMOVING = "removing"
 with the delete, `removed` once gone; a crash in between is finished at start-up."""
 
 
+def ancestors(path: str) -> list[str]:
+    """`path` and every prefix of it that ends before a `/` (`/a/b` → `/a/b`, `/a`): the paths
+    a tree at which `path` is or lies in could be recorded by — `path == tree` or
+    `path.startswith(tree + "/")`, as a handful of equality probes of an index."""
+    found = [path[:i] for i, c in enumerate(path) if c == "/" and i > 0]
+    return [*found, path] if path else found
+
+
 def deleted_tree_at(tx: Tx, *cwds: str) -> tuple[str, str, str] | None:
     """The tree of a deleted fork child (recorded `removing`: git could not remove it yet, or
     `removed`) that one of `cwds` (a Session's cwd as given and its real path: a tree is
     recorded by its real path) is or lies in: its path, the fork operation that made it and
     its state; None when there is none. Read in the creating transaction, so no Session
     starts in a tree the daemon removes or removed (`session.create` refuses it: the worktree
-    law, docs/design/workspace.md)."""
-    for op_id, raw, state in tx.all(
-        "SELECT operation_id, workspace_json, workspace_state FROM fork_operations"
-        " WHERE status = ? AND workspace_state IN (?, ?)",
-        (ForkStatus.COMMITTED.value, REMOVING, REMOVED),
-    ):
-        plan = loads(raw) if raw else None
-        path = str(plan.get("path") or "") if isinstance(plan, Mapping) else ""
-        if path and any(cwd == path or cwd.startswith(path + "/") for cwd in cwds):
-            return path, str(op_id), str(state)
-    return None
+    law, docs/design/workspace.md). Each ancestor of each cwd is probed in
+    `fork_operations_deleted_trees` (schema v25), which holds only the deleted children's
+    trees: a few index lookups however many there are (it decoded the plan of every one)."""
+    probes = sorted({p for cwd in cwds for p in ancestors(cwd)})
+    if not probes:
+        return None
+    row = tx.one(
+        "SELECT deleted_tree_path, operation_id, workspace_state FROM fork_operations"
+        " INDEXED BY fork_operations_deleted_trees"
+        f" WHERE deleted_tree_path IN ({', '.join('?' * len(probes))})"
+        " AND status = ? AND workspace_state IN (?, ?) ORDER BY op_seq LIMIT 1",
+        (*probes, ForkStatus.COMMITTED.value, REMOVING, REMOVED),
+    )
+    return None if row is None else (str(row[0]), str(row[1]), str(row[2]))
+
+
+# A live Session's path as known (schema v25): its real cwd where it differs from the cwd it
+# was given, else that cwd.
+_REAL = "coalesce(real_cwd, cwd)"
 
 
 def tree_users_in(
     rows: Callable[[str, Sequence[Any]], list[Row]], ws: str, sid: str, path: str
 ) -> list[str]:
     """`ForkWorkspace.tree_users` read through `rows` (the store's reader, or a write
-    transaction's `all`: the delete that marks the tree `removing` asks again in its own)."""
+    transaction's `all`: the delete that marks the tree `removing` asks again in its own).
+    Compared by real path (`path` is one: a tree is recorded by its real path): a Session's
+    `real_cwd`, kept by `session.create` when its cwd was spelled otherwise (a symlink, `..`,
+    a doubled slash), else its cwd. A fork child carries its source's cwd as spelled, not its
+    real path: so a Session is a user too when its cwd is spelled as any Session's (live or
+    deleted) whose real path is in the tree."""
+    # The spellings: through `sessions_real_cwd` (schema v25), which holds only the Sessions
+    # started by another spelling; "in the tree" as a range of it (`/` + 1 is `0`).
     users = [
         str(r[0])
         for r in rows(
             "SELECT session_id FROM sessions WHERE deleted = 0"
-            " AND NOT (workspace_id = ? AND session_id = ?)"
-            " AND (cwd = ? OR substr(cwd, 1, ?) = ?) ORDER BY created_at_ms, session_id",
-            (ws, sid, path, len(path) + 1, path + "/"),
+            " AND NOT (workspace_id = ?4 AND session_id = ?5)"
+            f" AND ({_REAL} = ?1 OR substr({_REAL}, 1, ?2) = ?3 OR cwd IN (SELECT cwd FROM"
+            " sessions INDEXED BY sessions_real_cwd WHERE real_cwd IS NOT NULL"
+            " AND (real_cwd = ?1 OR (real_cwd >= ?3 AND real_cwd < ?6))))"
+            " ORDER BY created_at_ms, session_id",
+            (path, len(path) + 1, path + "/", ws, sid, path + "0"),
         )
     ]
     pending = sorted(s.value for s in ACTIVE | {ForkStatus.UNKNOWN})

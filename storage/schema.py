@@ -11,7 +11,9 @@ witness: a fenced source's history rows counted as SQLite changes them, so the c
 the boundary unchanged without re-reading it; v14–v16 CHECKs and indexes; v17 the boundary
 digests prepare kept, each deleted by SQLite with the first change of its Session's history;
 v18 a Session row's version, one more at every change of the row; v19–v20 the fork status's
-indexes and comparisons; v21 three indexes a query no longer needs, each a WAL frame per fork.
+indexes and comparisons; v21 three indexes a query no longer needs, each a WAL frame per fork;
+v22–v23 the barrier and the stage as columns; v24 a Turn the provider never got; v25 a
+Session's real cwd and a deleted fork child's tree path, indexed.
 """
 
 from __future__ import annotations
@@ -806,6 +808,47 @@ def _v24(conn: apsw.Connection) -> None:
         conn.execute(_V24)
 
 
+# v25: who works in a tree, and whether a cwd lies in a deleted fork child's tree, by real path
+# (docs/design/workspace.md "Deleting a fork's tree"). `sessions.real_cwd`: the real path
+# (`os.path.realpath`) of the cwd `session.create` was given, kept only when it differs from
+# it (a symlink, `..`, a doubled or trailing slash); NULL when the cwd is its real path, on a
+# fork child (its cwd is its source's, spelled the same, or its tree's real path) and on every
+# row before v25 (their cwd, as given, is all that is known: a migration reads no file system).
+# `fork_operations.deleted_tree_path`: the tree's path (its plan's `path`, a real path), set in
+# the transaction that marks a committed fork's tree `removing` (its child's delete) and kept
+# when it becomes `removed`; NULL on every other row. `session.create` probes it by equality,
+# once for each ancestor of its cwd, through a partial index that holds only those rows, where
+# it decoded the plan of every deleted child's tree under the write lock; `sessions_real_cwd`
+# holds only the Sessions that have a real cwd (written by no fork: a child has none), so
+# `tree_users` finds the spellings that reach a tree without a second pass over every
+# Session. The back-fill sets the path on the rows already `removing`/`removed` (found through
+# v10's `fork_operations_worktrees`).
+# One transaction, as every step: a crash or an error mid-way leaves the store at v24, whole.
+# A store that has the columns already (the steps re-run over a newer store) gets the rest.
+_V25_FILL = (
+    "UPDATE fork_operations INDEXED BY fork_operations_worktrees"
+    " SET deleted_tree_path = json_extract(workspace_json, '$.path')"
+    " WHERE status = 'committed' AND workspace_state IN ('removing', 'removed')"
+    " AND deleted_tree_path IS NULL"
+)
+_V25_INDEX = (
+    "CREATE INDEX IF NOT EXISTS fork_operations_deleted_trees"
+    " ON fork_operations (deleted_tree_path) WHERE deleted_tree_path IS NOT NULL;"
+    " CREATE INDEX IF NOT EXISTS sessions_real_cwd ON sessions (real_cwd)"
+    " WHERE real_cwd IS NOT NULL"
+)
+
+
+def _v25(conn: apsw.Connection) -> None:
+    if "real_cwd" not in {str(r[1]) for r in conn.execute("PRAGMA table_info(sessions)")}:
+        conn.execute("ALTER TABLE sessions ADD COLUMN real_cwd TEXT")
+    columns = {str(r[1]) for r in conn.execute("PRAGMA table_info(fork_operations)")}
+    if "deleted_tree_path" not in columns:
+        conn.execute("ALTER TABLE fork_operations ADD COLUMN deleted_tree_path TEXT")
+    conn.execute(_V25_FILL)
+    conn.execute(_V25_INDEX)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -831,6 +874,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v22,
     _v23,
     _v24,
+    _v25,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

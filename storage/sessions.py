@@ -84,6 +84,8 @@ class SessionStore:
             raise InvalidArgument("kind", f"unknown session kind {kind!r}")
         settings = require_mapping("settings", settings)
         # A tree is recorded by its real path: a cwd reaching it by a symlink or `..` is in it.
+        # Kept beside the cwd as given when they differ (`sessions.real_cwd`, schema v25), so
+        # who works in a tree is asked by real path (`tree_users_in`).
         real_cwd = os.path.realpath(cwd)
         with self._write(ws) as tx:
             tx.execute(
@@ -115,8 +117,8 @@ class SessionStore:
                 "INSERT INTO sessions (workspace_id, session_id, kind, provider,"
                 " provider_session_id, title, cwd, settings_json, runtime_context_json, model,"
                 " pinned, deleted, goal, parent_session_id, parent_turn_id, rail_placement,"
-                " visibility, created_at_ms, updated_at_ms)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?, ?, ?, ?, ?, ?)",
+                " visibility, created_at_ms, updated_at_ms, real_cwd)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, 0, 0, NULL, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     ws,
                     session_id,
@@ -134,6 +136,7 @@ class SessionStore:
                     visibility,
                     tx.now_ms,
                     tx.now_ms,
+                    None if real_cwd == cwd else real_cwd,
                 ),
             )
             return written(tx, require_session(tx.conn, ws, session_id))
@@ -296,6 +299,7 @@ class SessionStore:
                 (tx.now_ms, ws, sid),
             )
             users: list[str] = []
+            path = ""
             if removing_tree is not None:
                 row = tx.one(
                     "SELECT workspace_json FROM fork_operations WHERE workspace_id = ?"
@@ -307,11 +311,13 @@ class SessionStore:
                 path = str(plan.get("path") or "") if isinstance(plan, Mapping) else ""
                 users = tree_users_in(tx.all, ws, sid, path) if path else []
             if removing_tree is not None and not users:
+                # Its path kept beside, indexed: `session.create` refuses a cwd in it
+                # (`deleted_tree_at`).
                 tx.execute(
-                    "UPDATE fork_operations SET workspace_state = 'removing' WHERE"
-                    " workspace_id = ? AND operation_id = ? AND target_session_id = ?"
-                    " AND workspace_state = 'made'",
-                    (ws, removing_tree, sid),
+                    "UPDATE fork_operations SET workspace_state = 'removing',"
+                    " deleted_tree_path = ? WHERE workspace_id = ? AND operation_id = ?"
+                    " AND target_session_id = ? AND workspace_state = 'made'",
+                    (path or None, ws, removing_tree, sid),
                 )
             tx.emit(SessionChanged(ws, sid, removed=True))
             return users

@@ -43,15 +43,29 @@ def run_status(args: argparse.Namespace, client: Client) -> int:
 
 
 def removals_line(r: Mapping[str, Any] | None) -> str:
-    """The deleted forks' trees git could not remove yet, which the daemon keeps trying (none,
-    or an older daemon: nothing)."""
+    """The deleted forks' trees the daemon has not removed yet and keeps trying, each with why
+    (none, or an older daemon: nothing; one that does not say why: the paths alone)."""
     if not r or not r.get("pending"):
         return ""
-    paths = ", ".join(str(p) for p in r.get("paths") or [])
-    return (
-        f"\nworktrees being removed: {r['pending']} (git could not yet; the daemon tries again"
-        f" in the background): {paths}"
-    )
+    head = f"\nworktrees being removed: {r['pending']} (the daemon tries again in the background)"
+    trees = r.get("trees")
+    if not isinstance(trees, list):
+        return f"{head}: {', '.join(str(p) for p in r.get('paths') or [])}"
+    return head + "".join(f"\n  {t.get('path')}: {_why_left(t)}" for t in trees)
+
+
+def _why_left(tree: Mapping[str, Any]) -> str:
+    reason = tree.get("reason")
+    if reason == "in_use":
+        users = ", ".join(str(u) for u in tree.get("inUseBy") or [])
+        return f"kept while another session works in it ({users})"
+    if reason == "git_failed":
+        return f"git could not remove it yet: {tree.get('error') or 'see the daemon log'}"
+    if reason == "not_recorded":
+        return f"removed, its record not yet written: {tree.get('error') or 'see the daemon log'}"
+    if reason == "not_tried":
+        return "not tried yet"
+    return str(reason)
 
 
 def checkpoints_line(c: Mapping[str, Any] | None) -> str:

@@ -149,8 +149,57 @@ def test_delete_says_when_git_could_not_remove_the_worktree(
         status = cli(home, ws, "status")
         assert status.returncode == 0, status.stderr
         assert (
-            "worktrees being removed: 1 (git could not yet; the daemon tries again in the"
-            f" background): {tree}"
+            "worktrees being removed: 1 (the daemon tries again in the background)\n"
+            f"  {tree}: git could not remove it yet: "
         ) in status.stdout, status.stdout
     finally:
         undo()
+
+
+def test_status_says_why_each_worktree_is_still_being_removed(tmp_path: Path) -> None:
+    """Two trees left `removing`: one a session works in (started there while its child's
+    tree was kept, then left `removing` as a kill mid-delete leaves it: the start keeps it),
+    one git cannot remove (a file in it nothing can unlink). `agenthost status` names each
+    with its reason — the session working there, git's error. Before, both read "git could
+    not yet", which for the first was untrue and sent a person after the wrong cause."""
+    import apsw
+
+    from tests.support.worktree_repos import make_unremovable
+
+    ws = "ws-status"
+    d = DaemonProcess(tmp_path / "home").start()
+    try:
+        home = d.home
+        sid = parser_source(home, ws, tmp_path)
+        used, used_tree = fork_child(home, ws, sid)
+        assert cli(home, ws, "delete", used, "--yes", "--worktree", "keep").returncode == 0
+        user = as_json(home, ws, "new", "--title", "There", "--cwd", str(used_tree))["session"][
+            "agentSessionId"
+        ]
+        d.kill()
+        with apsw.Connection(str(home / "store.sqlite3")) as conn:
+            conn.execute(
+                "UPDATE fork_operations SET workspace_state = 'removing', deleted_tree_path = ?"
+                " WHERE target_session_id = ?",
+                (str(used_tree), used),
+            )
+        d.start()
+        pinned, pinned_tree = fork_child(home, ws, sid)
+        undo = make_unremovable(pinned_tree / "src" / "app.py")
+        try:
+            done = cli(home, ws, "delete", pinned, "--yes", "--worktree", "remove")
+            assert done.returncode == 0, done.stderr
+            status = cli(home, ws, "status")
+        finally:
+            undo()
+        assert status.returncode == 0, status.stderr
+        lines = status.stdout.splitlines()
+        head = "worktrees being removed: 2 (the daemon tries again in the background)"
+        assert head in lines, status.stdout
+        at = lines.index(head)
+        why = dict(line.strip().split(": ", 1) for line in lines[at + 1 : at + 3])
+        assert why[str(used_tree)] == f"kept while another session works in it ({user})", why
+        error = why[str(pinned_tree)].removeprefix("git could not remove it yet: ")
+        assert error != why[str(pinned_tree)] and "app.py" in error, why
+    finally:
+        d.stop()

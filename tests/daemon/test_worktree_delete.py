@@ -191,7 +191,8 @@ def left_removing(
     daemon.kill()
     conn = apsw.Connection(str(daemon.home / "store.sqlite3"))
     conn.execute(
-        "UPDATE fork_operations SET workspace_state = 'removing' WHERE target_session_id = ?",
+        "UPDATE fork_operations SET workspace_state = 'removing',"
+        " deleted_tree_path = json_extract(workspace_json, '$.path') WHERE target_session_id = ?",
         (child,),
     )
     conn.close()
@@ -371,6 +372,9 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
             assert pinned.is_file() and tree_state(d, child) == "removing"
             removals = c.call("host.status")["worktreeRemovals"]
             assert (removals["pending"], removals["paths"]) == (1, [str(tree)]), removals
+            (why,) = removals["trees"]
+            assert (why["path"], why["reason"]) == (str(tree), "git_failed"), why
+            assert "app.py" in why["error"], why
             refused_in(c, where["cwd"], tree, "removing")
         finally:
             undo()
@@ -417,7 +421,9 @@ def test_the_live_retry_never_removes_a_tree_a_session_works_in(
         assert retries.retry_left() == 1
         assert wait_for(lambda: retries.rounds >= 2, 30)
         assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
-        assert retries.status()["pending"] == 1
+        assert retries.status()["trees"] == [
+            {"path": where["path"], "reason": "in_use", "inUseBy": users}
+        ]
         store.sessions.delete_session(WS, users[0])
         retries.retry_left()
         assert wait_for(lambda: tree_state(daemon, child) == "removed", 30)
@@ -591,3 +597,102 @@ def test_a_session_started_in_the_tree_during_the_removing_delete_keeps_the_tree
     finally:
         store.close()
     assert_invariants(daemon.home)
+
+
+def test_a_session_in_the_tree_by_another_spelling_keeps_it(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """Sessions an API client started in a fork's tree by spellings other than its recorded
+    real path — a symlink to the tree, a doubled slash before it, `..` through a sibling —
+    and a shared-workspace fork of the one by the symlink (its cwd the same spelling) all work
+    in the tree: removing the child's tree keeps it and names them. Before, the delete compared
+    the cwds as given with the tree's real path, saw none of them, and removed the folder under
+    all four (state 'removed')."""
+    repo = make_repo(tmp_path / "project")
+    c = daemon.client(timeout=60)
+    child, where = fork_child(c, repo)
+    tree = Path(where["path"])
+    link = tmp_path / "to-the-tree"
+    link.symlink_to(tree, target_is_directory=True)
+    spellings = [
+        str(link),
+        str(tree.parent) + "//" + tree.name,
+        str(repo / ".." / tree.parent.name / tree.name / "src"),
+    ]
+    users = [create_session(c, title="elsewhere", cwd=s)["agentSessionId"] for s in spellings]
+    for sid, cwd in zip(users, spellings, strict=True):
+        got = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"]
+        assert got["cwd"] == cwd  # stored as given: only the compare resolves it
+    turn = run_turn(c, users[0], "/write linked.txt through the link")
+    shared = c.call(
+        "fork.create",
+        {
+            "workspaceId": WS,
+            "agentSessionId": users[0],
+            "requestId": str(uuid.uuid4()),
+            "targetAgentSessionId": str(uuid.uuid4()),
+            "point": {"type": "throughTurn", "turnId": turn["turnId"]},
+        },
+    )["operation"]
+    assert shared["status"] == "committed", shared
+    fork = str(shared["targetAgentSessionId"])
+    assert c.call("session.get", {"workspaceId": WS, "agentSessionId": fork})["session"][
+        "cwd"
+    ] == str(link)
+    delete(c, users[0])  # the fork's source gone: the fork is found by its own row
+
+    done = delete(c, child, worktree="remove", force=True)
+    assert done["worktree"]["state"] == "kept", done
+    assert sorted(done["worktree"]["inUseBy"]) == sorted([*users[1:], fork]), done
+    assert tree.is_dir() and tree_state(daemon, child) == "made"
+    assert run_turn(c, fork, "/write still.txt here")["outcome"] == "completed"
+    assert (tree / "still.txt").is_file()
+    assert_invariants(daemon.home)
+
+    # The law the checker keeps, by real path too: the tree recorded removed and gone while
+    # these Sessions work in it by their spellings is reported for each of them.
+    daemon.stop()
+    shutil.rmtree(tree)
+    with apsw.Connection(str(daemon.home / "store.sqlite3")) as conn:
+        conn.execute(
+            "UPDATE fork_operations SET workspace_state = 'removed'"
+            " WHERE workspace_mode = 'worktree'"
+        )
+    report = check_invariants(daemon.home)
+    for user in [*users[1:], fork]:
+        assert any(
+            v.law is Law.WORKTREE and f"{user} works in it" in v.detail for v in report.violations
+        ), (user, report.violations)
+
+
+def test_a_tree_kept_for_a_session_is_removed_once_that_session_is_deleted(
+    tmp_path: Path,
+) -> None:
+    """A tree left `removing` that a Session works in is kept, in use (`host.status` says so
+    and names it); deleting that Session has the live daemon try the tree at once, not at
+    its next doubling wait (here `tree_retry_s` = 1 hour: before, no round came)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 3600\n")
+    d = DaemonProcess(home).start()
+    users: list[str] = []
+
+    def start_one(c: Client, cwd: str) -> None:
+        users.append(create_session(c, title="in the tree", cwd=cwd)["agentSessionId"])
+
+    try:
+        repo, child, where = left_removing(d, tmp_path, start_one)
+        d.start()
+        c = d.client(timeout=60)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert removals["trees"] == [
+            {"path": where["path"], "reason": "in_use", "inUseBy": users}
+        ], removals
+        delete(c, users[0])
+        assert wait_for(lambda: tree_state(d, child) == "removed", 30), d.tail_log(5000)
+        assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert (removals["pending"], removals["rounds"], removals["removed"]) == (0, 1, 1)
+        assert_invariants(home)
+    finally:
+        d.stop()

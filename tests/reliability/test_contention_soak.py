@@ -28,9 +28,12 @@ soak's own in the tree immutable, so git cannot remove it: the delete answers `r
 pin is lifted 1-5 s later, and the live daemon must remove and record every such tree by
 itself (`TreePins`; its retries from `[workspace] tree_retry_s` = 1 s): none is left
 `removing` once the chaos is over (a run whose chaos pinned none pins a live worktree child's
-tree after it, if one is left). After the chaos the daemon's ipc listeners come down to the
-current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT` per endpoint),
-whatever the number of re-binds.
+tree after it, if one is left). Before some `remove` deletes a person starts a Session in the
+child's tree through a symlink to it (`start_by_a_link`; a run whose chaos started none starts
+one after it): the delete must keep the tree and name that Session (`kept_for_the_link`),
+which works there to the end (the worktree law). After the chaos the daemon's ipc listeners
+come down to the current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT`
+per endpoint), whatever the number of re-binds.
 
 The clients restore folders and read diffs in the same chaos (`workspace.restore` to a Turn's
 `before` or `after` or the undo of the last restore, `force` at times; `session.workspaceDiff`),
@@ -347,6 +350,66 @@ def refuse_a_session_in(t: Tally, c: Client, cwd: str) -> None:
                 t.failures.append(f"session.create in the removing tree {where} was not refused")
 
 
+def start_by_a_link(t: Tally, c: Client, child: str) -> None:
+    """A person's Session started in a worktree child's tree through a symlink to it (what an
+    API client may send: `session.create` keeps the cwd as given). It works in the tree: the
+    child's `remove` delete must keep the tree and name it (`tree_users` compares real paths);
+    the Session stays, so the end's check sees its folder too (the worktree law)."""
+    try:
+        cwd = c.call("session.get", {"workspaceId": WS, "agentSessionId": child})["session"]["cwd"]
+    except Exception:  # noqa: BLE001 - gone, busy: none this time
+        return
+    if ".agenthost" not in cwd or not Path(cwd).is_dir():
+        return
+    t.links.mkdir(exist_ok=True)
+    link = t.links / f"tree-{uuid.uuid4().hex[:8]}"
+    link.symlink_to(cwd, target_is_directory=True)
+    made = t.call(
+        c, "session.create", {"workspaceId": WS, "provider": "tutti-agent", "cwd": str(link)}
+    )
+    if made is not None:
+        with t.lock:
+            t.linked[child] = str(made["session"]["agentSessionId"])
+            t.calls["session.create in a child's tree by a link"] += 1
+
+
+def kept_for_the_link(t: Tally, child: str, got: dict[str, Any] | None) -> None:
+    """The answer to `child`'s delete when a Session works in its tree by a link: the tree
+    kept, that Session named; any other answer removed (or is removing) it under that Session."""
+    with t.lock:
+        user = t.linked.get(child)
+    tree = (got or {}).get("worktree")
+    if user is None or tree is None:
+        return
+    if tree.get("state") != "kept" or user not in tree.get("inUseBy", []):
+        with t.lock:
+            t.failures.append(f"delete of {child}: {tree} though {user} works in it by a link")
+
+
+def link_one(t: Tally, c: Client) -> None:
+    """None started by a link in the chaos (few deletes in the short profile): one now, in the
+    tree of a live worktree child if the chaos left one, whose forced `remove` delete must
+    keep the tree and name it."""
+    with t.lock:
+        children = list(t.children)
+    for child in reversed(children):
+        start_by_a_link(t, c, child)
+        with t.lock:
+            if child not in t.linked:
+                continue
+            t.children.remove(child)
+        got = t.call(
+            c,
+            "session.delete",
+            {"workspaceId": WS, "agentSessionId": child, "worktree": "remove", "force": True},
+        )
+        state = (got or {}).get("worktree", {}).get("state")
+        with t.lock:
+            t.calls[f"session.delete worktree {state} (by a link, after the chaos)"] += 1
+        kept_for_the_link(t, child, got)
+        return
+
+
 def removing_trees(home: Path) -> list[str]:
     """The operations whose tree is recorded `removing`, read beside the daemon."""
     import apsw
@@ -380,6 +443,10 @@ class Tally:
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.pins = TreePins()
         """Files made immutable in trees a forced `remove` deletes (`TreePins`)."""
+        self.links = home.parent / "tree-links"
+        """Symlinks to worktree children's trees, a person's other spelling of them."""
+        self.linked: dict[str, str] = {}
+        """Worktree child → a Session started in its tree through a symlink (`start_by_a_link`)."""
 
     def provider_of(self, sid: str) -> str:
         return CLAUDE if sid in self.claude else CODEX if sid in self.codex else "tutti-agent"
@@ -499,12 +566,16 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
                 how["force"] = True
             pin = None
             if how.get("worktree") == "remove" and rng.random() < 0.5:
+                start_by_a_link(t, c, victim)  # a Session in its tree by another spelling
+            if how.get("worktree") == "remove" and rng.random() < 0.5:
                 how["force"] = True  # the pin is a file no checkpoint holds
                 pin = t.pins.pin(c, victim)  # git cannot remove its tree for a moment
             got = t.call(c, "session.delete", {"workspaceId": WS, "agentSessionId": victim} | how)
             if got and "worktree" in got:
                 with t.lock:
                     t.calls[f"session.delete worktree {got['worktree']['state']}"] += 1
+                if how.get("worktree") == "remove":
+                    kept_for_the_link(t, victim, got)
             if pin is not None:
                 removing = bool(got) and got.get("worktree", {}).get("state") == "removing"
                 if removing:
@@ -1145,6 +1216,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             # None in the chaos (few deletes in the short profile): one now, of a live
             # worktree child if the chaos left one.
             t.pins.delete_one(c, t)
+        if not t.linked:
+            link_one(t, c)
         t.pins.lift_all()
         try:
             wait_for(lambda: not removing_trees(home), 120, interval=0.5)

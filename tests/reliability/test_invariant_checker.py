@@ -432,6 +432,26 @@ def test_a_stage_not_the_status_is_reported(base: Base, tmp_path: Path) -> None:
     assert Law.STAGE_COLUMN in laws(home)
 
 
+def test_a_deleted_tree_path_not_the_deleted_trees_is_reported(base: Base, tmp_path: Path) -> None:
+    """Schema v25: a path `session.create` would refuse on a fork that deleted no tree, and a
+    tree recorded `removed` without its path (a Session could start in it)."""
+    op = base.committed["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE fork_operations SET deleted_tree_path = '/t/x' WHERE operation_id = '{op}'",
+    )
+    assert Law.DELETED_TREE_PATH in laws(home)
+    home = tampered(
+        base,
+        tmp_path / "2",
+        "UPDATE fork_operations SET workspace_mode = 'worktree',"
+        " workspace_json = '{\"path\": \"/t/x\"}', workspace_state = 'removed'"
+        f" WHERE operation_id = '{op}'",
+    )
+    assert Law.DELETED_TREE_PATH in laws(home)
+
+
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
     op = base.unknown["operationId"]
     # The child stays, its operation is recorded as having never dispatched a fork.

@@ -335,8 +335,10 @@ def test_a_v22_store_migrates_keeping_every_row(tmp_path: Path) -> None:
     ]
     assert migrate(conn) == 22 and user_version(conn) == SCHEMA_VERSION
     after = conn.execute("SELECT * FROM fork_operations ORDER BY op_seq").fetchall()
-    assert [r[:-1] for r in after] == before  # every row, every column; the stage appended
-    assert [r[-1] for r in after] == [stage_of(s) for s in statuses]
+    width = len(before[0])  # every row, every column; the stage (and later columns) appended
+    assert [r[:width] for r in after] == before
+    stages = [r[0] for r in conn.execute("SELECT stage FROM fork_operations ORDER BY op_seq")]
+    assert stages == [stage_of(s) for s in statuses]
     _agree(conn)
     current = apsw.Connection(":memory:")
     migrate(current)

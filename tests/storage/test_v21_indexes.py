@@ -18,6 +18,12 @@ from storage.rows import SESSION_SELECT
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
 
+# Schema v25 undone on a v25 store: the real cwd, the deleted tree's path and its index gone.
+TO_V24 = (
+    "DROP INDEX fork_operations_deleted_trees; DROP INDEX sessions_real_cwd;"
+    " ALTER TABLE fork_operations DROP COLUMN deleted_tree_path;"
+    " ALTER TABLE sessions DROP COLUMN real_cwd; PRAGMA user_version = 24;"
+)
 # Schema v24 undone on a v24 store: the Turns' `host_only` (and its CHECK) gone.
 TO_V23 = "ALTER TABLE turns DROP COLUMN host_only; PRAGMA user_version = 23;"
 # A v22 store made a v21 one: v22's flag (and its CHECK) gone, the barrier's index as v20 made it.
@@ -109,6 +115,7 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         "SELECT sql FROM sqlite_master WHERE name = 'fork_lineage_by_source'"
     ).fetchone()
     conn.execute(f"{by_source};")
+    conn.execute(TO_V24)
     conn.execute(TO_V23)
     conn.execute(TO_V22)
     conn.execute(TO_V21)

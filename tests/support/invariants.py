@@ -116,6 +116,12 @@ class Law(StrEnum):
     2 active, 1 committed or `unknown`, 0 failed or abandoned): `fork_operations_by_source`,
     keyed on it, would let a fenced write past an active operation or fence a settled source
     (law 3), or miscount the source's forks (the child's title, the provider child's owners)."""
+    DELETED_TREE_PATH = "deleted_tree_path"
+    """A committed fork's tree recorded `removing`/`removed` (its child deleted with it) whose
+    `deleted_tree_path` (schema v25) is not its plan's `path`, or any other operation with
+    one: `session.create` finds a deleted child's tree only through that column's index
+    (`deleted_tree_at`), so a Session could start in a tree the daemon removes or removed (the
+    worktree law), or be refused where no tree was deleted."""
     CHILD_OWNED = "child_owned"
     """A provider child in a provider home belongs to no operation that may own it, or its
     Turns are no such operation's frozen prefix (law 9)."""
@@ -310,6 +316,7 @@ STORE_LAWS = frozenset(
         Law.BOUNDARY_BARRIER,
         Law.BARRIER_FLAG,
         Law.STAGE_COLUMN,
+        Law.DELETED_TREE_PATH,
         Law.HOST_ONLY_TURN,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
@@ -977,6 +984,24 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
                 Law.STAGE_COLUMN,
                 f"operation {o['operation_id']} ({o['status']}): stage {o['stage']!r},"
                 f" the status's {stage}",
+            )
+
+    # Schema v25: the deleted trees' paths `session.create` probes are exactly theirs.
+    for o in ops:
+        if "deleted_tree_path" not in o:  # a store before v25
+            continue
+        deleted = o["status"] == "committed" and o.get("workspace_state") in (
+            "removing",
+            "removed",
+        )
+        plan = json.loads(o["workspace_json"]) if o.get("workspace_json") else {}
+        want = plan.get("path") if deleted and isinstance(plan, dict) else None
+        if o["deleted_tree_path"] != want:
+            ctx.fail(
+                Law.DELETED_TREE_PATH,
+                f"operation {o['operation_id']} ({o['status']}, tree"
+                f" {o.get('workspace_state')}): deleted_tree_path {o['deleted_tree_path']!r},"
+                f" its deleted tree's path {want!r}",
             )
 
 
