@@ -206,7 +206,7 @@ def main() -> None:
         if mode == "hold_end":
             end_after[0] = int(count) / 1000 if count else 0.0
             hold_end.set()
-        if b'"turn/interrupt"' in line:
+        if hold_end.is_set() and b'"turn/interrupt"' in line:
             with contextlib.suppress(ValueError), lock:
                 request = json.loads(line)
                 if isinstance(request, dict):
