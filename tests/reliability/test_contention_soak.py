@@ -445,7 +445,7 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
-            if faults.random() < 0.05:
+            if faults.random() < 0.02:
                 # That Turn (or the next warm one of any Session) settles `failed`, never left
                 # `active` (`active_turn_worked`, live, at the end).
                 t.call(
