@@ -18,7 +18,7 @@ from actors import runtime_dirs
 from actors.messages import Interrupt, Mutate, Respond
 from actors.ports import WorkerFailed
 from actors.provider_errors import control_error
-from actors.session_base import RETRY_FIRST_S, RETRY_MAX_S, SessionCore
+from actors.session_base import RETRY_FIRST_S, RETRY_MAX_S, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
 from domain.errors import Conflict, HostError, TurnNotFound
@@ -137,6 +137,20 @@ class SessionControls:
                 ):
                     msg.reply(control_error(exc, "interrupt failed"))
                     return
+                if isinstance(exc, WorkerFailed) and exc.error.get("code") == "conflict":
+                    # The provider answered that it runs no such Turn: it ended there (its
+                    # `turn/completed` can follow the answer, or came first), or its runtime is
+                    # gone (whose end fails it). Not hung: its end is awaited, within the
+                    # interrupt's bound, and answered; stopping a live runtime would record a
+                    # Turn the provider completed as `interrupted`.
+                    if state.settling:
+                        self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
+                        return
+                    state.settle_waiters.append(_answer)
+                    self._core.after(
+                        self._core.ctx.timeouts.interrupt_s, partial(self._no_end, state, msg.why)
+                    )
+                    return
                 # The runtime did not take the interrupt (hung, gone, timed out): stop it
                 # and settle the Turn here, so an interrupt always ends the Turn.
                 log.warning(
@@ -150,6 +164,20 @@ class SessionControls:
             )
 
         self._core.later(fut, _done, msg.reply)
+
+    def _no_end(self, state: TurnState, why: str | None) -> None:
+        """An interrupted Turn whose provider said it runs no such Turn sent no end within the
+        interrupt's bound: as a hung one, its runtime is stopped and it is settled here (the
+        waiting interrupt answered with it)."""
+        if state.settling:
+            return
+        log.warning(
+            "session %s: turn %s: no end after the provider ran no such turn; stopping runtime",
+            self._core.key,
+            state.turn_id,
+        )
+        self._runtime.stop_runtime()
+        self._turns.settle(state, "interrupted", error=why)
 
     def on_respond(self, msg: Respond) -> None:
         turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)

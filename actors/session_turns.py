@@ -44,6 +44,7 @@ from domain.turn_events import (
 )
 from domain.worker_messages import TurnAccepted, TurnStart
 from storage.models import Message, NewMessage, Session, Turn, TurnBound
+from storage.sqlite import host_error_of
 
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
@@ -137,6 +138,23 @@ class TurnRunner:
         state = TurnState(turn.turn_id, image=turn, image_losses=self._writes.losses)
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
+        try:
+            self._begin(state, msg.text, read, early)
+        except Exception as exc:  # noqa: BLE001 - the claim is answered: the Turn must still end
+            # Nothing else would end it: the watchdog waits for a Turn not yet at its provider.
+            failed = host_error_of(exc, f"session {self._core.key}: starting a turn", logger=log)
+            self.settle(state, "failed", error=f"turn start failed: {failed.message}")
+
+    def _begin(
+        self,
+        state: TurnState,
+        text: str,
+        read: tuple[Session, bool] | None,
+        early: tuple[str, str, Future[Capture]] | None,
+    ) -> None:
+        """A claimed Turn's start: its `before` capture, then `turn.start` on the warm runtime,
+        or the runtime's preparation first (`read`, `early`: what `on_submit` read and began
+        before the claim)."""
         session, unbound = read if read is not None else (self._core.session(), None)
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
@@ -154,10 +172,10 @@ class TurnRunner:
         # unchanged: no `session.start` round trip before this Turn.
         warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
         if warm is None:
-            self._prepare(state, msg.text, session, started)
+            self._prepare(state, text, session, started)
             return
         self._core.ctx.failpoints.hit("host.turn.before_warm_start")
-        self._start(state, msg.text, session, started, warm, True)
+        self._start(state, text, session, started, warm, True)
 
     def _start(
         self,

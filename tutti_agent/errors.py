@@ -120,3 +120,12 @@ class InternalError(AppServerError):
 
 class ModelError(Exception):
     """The model backend failed; the turn ends `failed` with this message."""
+
+
+class RolloutUnwritten(Exception):
+    """A turn's line could not be appended to its thread's rollout (a full disk, a failing
+    one): the turn ends `failed` with this message, never left running."""
+
+    def __init__(self, cause: OSError) -> None:
+        super().__init__(f"tutti-agent could not write the thread's rollout: {cause}")
+        self.message = str(self)

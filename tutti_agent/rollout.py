@@ -805,12 +805,26 @@ class RolloutWriter:
         return self._next
 
     def append(self, item: RolloutItem) -> RolloutLine:
+        """Append one line, durable on return. A line the disk refuses (full, failing) is cut
+        off again before the error is raised, and nothing of it is kept to be written later:
+        the next append starts where this one did, under the same ordinal (a buffered write
+        kept the refused bytes and wrote them ahead of the next line, two lines under one
+        ordinal)."""
         with self._lock:
             line = RolloutLine(self._next, now_iso(), item, 0)
             data = (line.to_json() + "\n").encode()
-            self._file.write(data)
-            self._file.flush()
-            os.fsync(self._file.fileno())
+            fd = self._file.fileno()
+            try:
+                view = memoryview(data)
+                at = self._offset
+                while view:  # at its own offset: no file position, no buffer between
+                    written = os.pwrite(fd, view, at)
+                    view, at = view[written:], at + written
+                os.fsync(fd)
+            except BaseException:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, self._offset)
+                raise
             self._offset += len(data)
             self._next += 1
             return RolloutLine(line.ordinal, line.timestamp, item, self._offset)

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from tutti_agent.errors import ModelError, NoActiveTurn, ThreadBusy
+from tutti_agent.errors import ModelError, NoActiveTurn, RolloutUnwritten, ThreadBusy
 from tutti_agent.history import (
     InterruptedMarker,
     TurnStatus,
@@ -139,6 +139,9 @@ class LiveThread:
     def append(self, item: RolloutItem) -> None:
         try:
             self.writer.append(item)
+        except OSError as exc:
+            self._context = None
+            raise RolloutUnwritten(exc) from exc
         except BaseException:
             self._context = None
             raise
@@ -206,84 +209,95 @@ class LiveThread:
         status = TurnStatus.COMPLETED
         error: str | None = None
         try:
-            self.append(
-                RolloutItem(
-                    LineType.EVENT_MSG,
-                    {"type": "task_started", "turn_id": turn.turn_id, "started_at": started_at},
-                )
-            )
-            self.peer.notify(
-                "thread/status/changed",
-                {"threadId": self.thread_id, "status": {"type": "active", "activeFlags": []}},
-            )
-            self.peer.notify(
-                "turn/started",
-                {
-                    "threadId": self.thread_id,
-                    "turn": _turn_wire(
-                        turn.turn_id, [], "inProgress", None, started_at, None, None
-                    ),
-                },
-            )
-            if not self._has_env_context:
-                # Like Codex: the first turn carries the environment context, model-visible but
-                # never a user turn (it must not count for Nth-user truncation).
-                self.append(_env_context_item(self.cwd))
-                self._has_env_context = True
-            self.append(_message_item("user", "input_text", text))
-            io.emit_item(
-                {
-                    "type": "userMessage",
-                    "id": uuid7(),
-                    "clientId": None,
-                    "content": [{"type": "text", "text": text, "text_elements": []}],
-                }
-            )
             try:
-                self.model.run(text, io)
-            except TurnCancelled:
-                status = TurnStatus.INTERRUPTED
-            except ModelError as exc:
-                status, error = TurnStatus.FAILED, str(exc)
-            except Exception as exc:  # noqa: BLE001 - any model crash fails only this turn
-                status, error = TurnStatus.FAILED, f"{type(exc).__name__}: {exc}"
+                self.append(
+                    RolloutItem(
+                        LineType.EVENT_MSG,
+                        {"type": "task_started", "turn_id": turn.turn_id, "started_at": started_at},
+                    )
+                )
+                self.peer.notify(
+                    "thread/status/changed",
+                    {"threadId": self.thread_id, "status": {"type": "active", "activeFlags": []}},
+                )
+                self.peer.notify(
+                    "turn/started",
+                    {
+                        "threadId": self.thread_id,
+                        "turn": _turn_wire(
+                            turn.turn_id, [], "inProgress", None, started_at, None, None
+                        ),
+                    },
+                )
+                if not self._has_env_context:
+                    # Like Codex: the first turn carries the environment context, model-visible but
+                    # never a user turn (it must not count for Nth-user truncation).
+                    self.append(_env_context_item(self.cwd))
+                    self._has_env_context = True
+                self.append(_message_item("user", "input_text", text))
+                io.emit_item(
+                    {
+                        "type": "userMessage",
+                        "id": uuid7(),
+                        "clientId": None,
+                        "content": [{"type": "text", "text": text, "text_elements": []}],
+                    }
+                )
+            except RolloutUnwritten as exc:
+                # The rollout cannot be written (a full disk, a failing one): the model is not
+                # asked, and the turn still ends, or its client would wait for an end that never
+                # comes (the host until its inactivity limit, the Session refusing turns).
+                status, error = TurnStatus.FAILED, exc.message
+            else:
+                try:
+                    self.model.run(text, io)
+                except TurnCancelled:
+                    status = TurnStatus.INTERRUPTED
+                except (ModelError, RolloutUnwritten) as exc:
+                    status, error = TurnStatus.FAILED, str(exc)
+                except Exception as exc:  # noqa: BLE001 - any model crash fails only this turn
+                    status, error = TurnStatus.FAILED, f"{type(exc).__name__}: {exc}"
             if status == TurnStatus.COMPLETED and turn.cancelled.is_set():
                 status = TurnStatus.INTERRUPTED
             completed_at = int(time.time())
             duration_ms = int((time.monotonic() - t0) * 1000)
-            if status == TurnStatus.INTERRUPTED:
-                marker = interrupted_marker_item(InterruptedMarker.CONTEXTUAL_USER)
-                if marker is not None:
-                    self.append(marker)
-                self.append(
-                    turn_aborted_item(
-                        turn.turn_id,
-                        started_at,
-                        completed_at=completed_at,
-                        duration_ms=duration_ms,
+            try:
+                if status == TurnStatus.INTERRUPTED:
+                    marker = interrupted_marker_item(InterruptedMarker.CONTEXTUAL_USER)
+                    if marker is not None:
+                        self.append(marker)
+                    self.append(
+                        turn_aborted_item(
+                            turn.turn_id,
+                            started_at,
+                            completed_at=completed_at,
+                            duration_ms=duration_ms,
+                        )
                     )
-                )
-            else:
-                if error is not None:
+                else:
+                    if error is not None:
+                        self.append(
+                            RolloutItem(
+                                LineType.EVENT_MSG,
+                                {"type": "error", "turn_id": turn.turn_id, "message": error},
+                            )
+                        )
                     self.append(
                         RolloutItem(
                             LineType.EVENT_MSG,
-                            {"type": "error", "turn_id": turn.turn_id, "message": error},
+                            {
+                                "type": "task_complete",
+                                "turn_id": turn.turn_id,
+                                "last_agent_message": io.last_agent_message,
+                                "started_at": started_at,
+                                "completed_at": completed_at,
+                                "duration_ms": duration_ms,
+                            },
                         )
                     )
-                self.append(
-                    RolloutItem(
-                        LineType.EVENT_MSG,
-                        {
-                            "type": "task_complete",
-                            "turn_id": turn.turn_id,
-                            "last_agent_message": io.last_agent_message,
-                            "started_at": started_at,
-                            "completed_at": completed_at,
-                            "duration_ms": duration_ms,
-                        },
-                    )
-                )
+            except RolloutUnwritten as exc:
+                # Its end is not in the rollout: the turn failed, whatever it had come to.
+                status, error = TurnStatus.FAILED, error or exc.message
             with self._lock:
                 self.active = None
             self.peer.notify(

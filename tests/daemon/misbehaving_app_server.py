@@ -15,6 +15,11 @@ relay's pid) and does what it says:
 - `close_mid` — as `close`, once it has relayed the provider's `turn/started` (a Turn running);
 - `notobject` — the request goes on, after notifications whose params are no object (the
   Turn's `turn/started` and `turn/completed` among them);
+- `hold_end` — the request goes on, and the provider's `turn/completed` (with every line after
+  it) is held back until the relay has passed on the answer to a `turn/interrupt` sent after it,
+  or for 10 s at most: the answer to an interrupt that reached the provider as its Turn ended
+  overtakes that Turn's end, as it can when the provider writes the two from two threads;
+  `hold_end N`: the end follows the answer N ms later (without, at once);
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
@@ -39,13 +44,18 @@ The provider stays real: only what the driver reads is changed.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import sys
 import threading
 import time
+
+HOLD_END_S = 10.0
+"""`hold_end`: how long a held `turn/completed` waits for an interrupt's answer at most."""
 
 GARBAGE = (
     b"not json at all\n",
@@ -120,6 +130,29 @@ def main() -> None:
     lock = threading.Lock()
     silenced = threading.Event()
     close_after_start = threading.Event()
+    hold_end = threading.Event()
+    held: list[bytes] = []
+    end_after = [0.0]  # `hold_end N`: seconds between the interrupt's answer and the end
+    interrupts: set[object] = set()  # the ids of the `turn/interrupt` requests passed on
+
+    def release() -> None:  # under the lock
+        hold_end.clear()
+        out.writelines(held)
+        out.flush()
+        held.clear()
+
+    def release_late() -> None:
+        time.sleep(HOLD_END_S)
+        with lock:
+            if held:
+                release()
+
+    def answers_interrupt(line: bytes) -> bool:
+        try:
+            msg = json.loads(line)
+        except ValueError:
+            return False
+        return isinstance(msg, dict) and "method" not in msg and msg.get("id") in interrupts
 
     def close() -> None:  # under the lock
         silenced.set()
@@ -131,6 +164,18 @@ def main() -> None:
         for line in child.stdout:
             with lock:
                 if silenced.is_set():
+                    continue
+                if held and answers_interrupt(line):
+                    out.write(line)  # the interrupt's answer first, then the Turn's end
+                    out.flush()
+                    if end_after[0]:
+                        time.sleep(end_after[0])  # (the lock held: nothing overtakes the end)
+                    release()
+                    continue
+                if hold_end.is_set() and (held or b'"turn/completed"' in line):
+                    if not held:
+                        threading.Thread(target=release_late, daemon=True).start()
+                    held.append(line)
                     continue
                 out.write(line)
                 out.flush()
@@ -158,6 +203,14 @@ def main() -> None:
                 close()
         if mode == "close_mid":
             close_after_start.set()
+        if mode == "hold_end":
+            end_after[0] = int(count) / 1000 if count else 0.0
+            hold_end.set()
+        if hold_end.is_set() and b'"turn/interrupt"' in line:
+            with contextlib.suppress(ValueError), lock:
+                request = json.loads(line)
+                if isinstance(request, dict):
+                    interrupts.add(request.get("id"))
         if mode in ("garbage", "notobject"):
             with lock:
                 out.writelines(garbage if mode == "garbage" else not_objects)

@@ -111,3 +111,18 @@ def test_hang_holds_until_the_point_is_disarmed() -> None:
     assert not passed.wait(0.3)
     fp.set({"p": "off"})
     assert passed.wait(5)
+
+
+def test_a_once_point_whose_state_dir_was_removed_still_fires_typed(tmp_path: Path) -> None:
+    # The daemon's `run/` (the state dir's parent) removed under it, as a cleaner of /tmp does:
+    # the point fires once in this process, typed (it raised a bare FileNotFoundError where a
+    # Turn's start hit it), and makes no directory (`run/` is the daemon's to make, 0700).
+    state = tmp_path / "run" / "failpoints-host"
+    state.mkdir(parents=True)
+    fp = Failpoints({"x": "once:error"}, state_dir=state)
+    (tmp_path / "run" / "failpoints-host").rmdir()
+    (tmp_path / "run").rmdir()
+    with pytest.raises(FailpointError):
+        fp.hit("x")
+    fp.hit("x")
+    assert not (tmp_path / "run").exists()

@@ -9,8 +9,9 @@ submits a Turn, waits for it to settle, then runs the Session's next Turn, and k
 saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
 within its bound (`failed` with a typed reason where the pipe broke, `completed` where the
 reader skips the lines), the broken runtime killed, the next Turn on a new one, the worker's
-peak RSS within `FAULT_RSS_BOUND_KIB`. A round a kill, a restart or a SIGSTOP of the soak's
-own met is kept as disturbed: only its settlement is judged."""
+peak RSS within `FAULT_RSS_BOUND_KIB`. A round a kill, a restart, a SIGSTOP or the contention
+soak's one-shot start failpoint of the soak's own met is kept as disturbed: only its settlement
+is judged."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -222,6 +223,7 @@ class ProviderChaos:
                 what
                 for what, met in (
                     ("a SIGSTOP", stopped),
+                    ("a start failpoint", _start_failed(turn)),
                     ("a stopped worker", held),
                     ("a new worker", after != worker),
                     ("a restart", generation() != began),
@@ -241,6 +243,8 @@ class ProviderChaos:
                     disturbed, by = True, ["a kill after it"]
                 elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
                     disturbed, by = True, ["a SIGSTOP of the next Turn's runtime"]
+                elif nxt is not None and _start_failed(nxt[0]):
+                    disturbed, by = True, ["a start failpoint of the next Turn"]
             if not in_bound and turn is not None and next_s is not None:
                 in_bound = settle_s <= FAULT_BOUND_S + LOAD_ALLOWANCE * next_s
                 if in_bound:
@@ -458,3 +462,12 @@ def _peak_rss_kib(pid: int | None) -> int | None:
     except OSError:
         return None
     return next((int(x.split()[1]) for x in lines if x.startswith("VmHWM:")), None)
+
+
+START_FAILPOINT = "failpoint host.turn.before_warm_start fired"
+"""What a Turn whose start the contention soak's own one-shot failpoint failed says (its
+`error`): such a round, or its next Turn, met a fault of the soak's, not the provider's."""
+
+
+def _start_failed(turn: Mapping[str, Any] | None) -> bool:
+    return turn is not None and START_FAILPOINT in str(turn.get("error") or "")

@@ -1,7 +1,8 @@
 """Contention soak: many Sessions, concurrent turns, forks of both point kinds (some into a
 worktree: half the Sessions work in a git repository made here), ACKs,
-`fork.resolve` of unknown forks (some forced by a one-shot failpoint) and deletes of fork
-children and, rarely, of sources, from several clients,
+`fork.resolve` of unknown forks (some forced by a one-shot failpoint), submits whose start
+fails on the host after the claim (`host.turn.before_warm_start` armed `once:error`: the Turn
+settles `failed`) and deletes of fork children and, rarely, of sources, from several clients,
 while an external process takes SQLite's write lock on the store at random (a real fault,
 `tests/support/store_lock.py`) and the daemon's busy budget is short. Every request is
 answered (no client timeout), none with status 500; once the lock is gone for good every Turn
@@ -482,6 +483,9 @@ class Tally:
 
 def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threading.Event) -> None:
     rng = random.Random(n)
+    # A draw of its own (the client's `rng` draws as before): a submit whose start fails on the
+    # host after its claim, the typed error where the warm `turn.start` goes.
+    faults = random.Random(f"warm-start-{n}")
     c = d.client(timeout=60)
     while not stop.is_set():
         sid = rng.choice(sids)
@@ -508,6 +512,14 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
         )[0]
         if action == "submit":
             text = rng.choice(["hello", "/slow 200 slow", "/tool grep x", "/write notes.md x"])
+            if faults.random() < 0.02:
+                # That Turn (or the next warm one of any Session) settles `failed`, never left
+                # `active` (`active_turn_worked`, live, at the end).
+                t.call(
+                    c,
+                    "debug.failpoints",
+                    {"points": {"host.turn.before_warm_start": "once:error"}},
+                )
             body = t.call(
                 c,
                 "turn.submit",
@@ -1235,7 +1247,15 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         # A client's one-shot `worker.fork.after_provider_call=error` that no fork reached in the
         # chaos stays armed: off, so the burst's forks meet no fault (one made the burst's only
         # Codex fork `unknown`, and the "a Codex fork committed" check failed, 0 violations).
-        c.call("debug.failpoints", {"points": {"worker.fork.after_provider_call": "off"}})
+        c.call(
+            "debug.failpoints",
+            {
+                "points": {
+                    "worker.fork.after_provider_call": "off",
+                    "host.turn.before_warm_start": "off",
+                }
+            },
+        )
         burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex, repo)
         t.claude |= claude
         t.codex |= codex

@@ -64,7 +64,9 @@ A full disk among the faults: every fifth round from the 5th (the 5th, 10th, ...
 the daemon's disk full at a random moment while the clients run — its RLIMIT_FSIZE set to
 `FULL_DISK_BYTES`, so every write past that offset of a file (the store's write-ahead log's
 next frames within a few commits at most) fails with EFBIG, as on a full file system (and the
-processes it starts meanwhile inherit the limit). At the round's end
+processes it starts meanwhile inherit the limit); each tutti-agent app-server already running
+gets the size of the smallest rollout it holds open as its limit, so its next rollout append
+fails too (its Turn must end `failed`, not stay active). At the round's end
 either the daemon is SIGKILLed with the disk still full (`full_disk_kill`: a start under
 the same limit first, which must fail at once saying the disk holding the store is full, no
 "deferred" busy retry, or serve if it had nothing to write past it: `full_disk_start`;
@@ -1145,10 +1147,26 @@ def new_session(w: World, c: Client, provider: str) -> str:
 
 def fill_disk(w: World) -> None:
     """The daemon's disk is full: a write by the daemon (or by a process it starts from now on)
-    past `FULL_DISK_BYTES` of a file fails with EFBIG."""
+    past `FULL_DISK_BYTES` of a file fails with EFBIG; and so does every rollout append of a
+    tutti-agent app-server already running (its limit the size of the smallest rollout it has
+    open): its Turn must still end, `failed` (docs/tutti-agent.md, `turn/start`), or it stays
+    active past `full_disk_settles`."""
     assert w.daemon.proc is not None
     _, hard = resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE)
     resource.prlimit(w.daemon.proc.pid, resource.RLIMIT_FSIZE, (FULL_DISK_BYTES, hard))
+    with contextlib.suppress(psutil.Error):
+        for proc in psutil.Process(w.daemon.proc.pid).children(recursive=True):
+            with contextlib.suppress(psutil.Error, OSError):
+                if "tutti-agent" not in " ".join(proc.cmdline()):
+                    continue
+                sizes = [
+                    os.path.getsize(f.path)
+                    for f in proc.open_files()
+                    if os.path.basename(f.path).startswith("rollout-")
+                ]
+                if sizes:
+                    _, hard = resource.prlimit(proc.pid, resource.RLIMIT_FSIZE)
+                    resource.prlimit(proc.pid, resource.RLIMIT_FSIZE, (min(sizes), hard))
 
 
 def full_disk_start(w: World) -> str:

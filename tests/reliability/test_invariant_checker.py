@@ -305,6 +305,50 @@ def test_a_child_copy_that_lost_its_source_turns_mark_is_reported(
     assert Law.HOST_ONLY_TURN not in laws(both)
 
 
+def test_a_claim_left_active_behind_its_settled_turn_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # The source's claims were finished by their Turns' binds: one set back to `active` would
+    # refuse every fork of the Session (`source_submit_claim_active`) for good.
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE submit_claims SET status = 'active', finished_at_ms = NULL"
+        f" WHERE session_id = '{base.source}'",
+    )
+    assert Law.TURN_CLAIM in laws(home)
+
+
+def test_two_active_turns_of_one_session_are_reported(base: Base, tmp_path: Path) -> None:
+    one = tampered(
+        base,
+        tmp_path / "one",
+        "UPDATE turns SET phase = 'active', outcome = NULL, settled_at_ms = NULL"
+        f" WHERE session_id = '{base.source}' AND sequence = 2",
+    )
+    # One active Turn, its claim finished by its bind: what a kill mid-Turn leaves.
+    assert Law.TURN_CLAIM not in laws(one)
+    two = tampered(
+        base,
+        tmp_path / "two",
+        "UPDATE turns SET phase = 'active', outcome = NULL, settled_at_ms = NULL"
+        f" WHERE session_id = '{base.source}'",
+    )
+    assert Law.TURN_CLAIM in laws(two)
+
+
+def test_an_active_turn_of_a_deleted_session_is_reported(base: Base, tmp_path: Path) -> None:
+    child = base.committed["targetAgentSessionId"]
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE sessions SET deleted = 1 WHERE session_id = '{child}';"
+        "UPDATE turns SET phase = 'active', outcome = NULL, settled_at_ms = NULL"
+        f" WHERE session_id = '{child}' AND sequence = 1",
+    )
+    assert Law.TURN_CLAIM in laws(home)
+
+
 def test_active_turn_nothing_works_on_is_reported_when_live(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,

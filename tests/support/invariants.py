@@ -147,6 +147,13 @@ class Law(StrEnum):
     `completed` (only the provider completes a Turn); or a committed child's copy of a boundary
     Turn is host-only when its source Turn is not, or the other way round (the fork's provider
     prefix left out exactly the source's host-only Turns, so the child's are the same ones)."""
+    TURN_CLAIM = "turn_claim"
+    """A Session has two `active` Turns (the submit claim reads the active Turn inside its own
+    write: a second would be a claim that raced past it), a deleted Session has an `active`
+    Turn (the delete refuses one in its own write; start-up recovery settles any an older
+    daemon left), or a submit claim is `active` while its Turn is settled or bound (the
+    provider's bind and the settlement finish it in their own write): a claim left `active`
+    refuses every fork of its Session (`source_submit_claim_active`) for good."""
     ACTIVE_TURN_WORKED = "active_turn_worked"
     """A Turn is `active` with nothing written for it past the grace period and no pending
     interaction: no live runtime works on it (checked on a live, quiescent daemon only)."""
@@ -318,6 +325,7 @@ STORE_LAWS = frozenset(
         Law.STAGE_COLUMN,
         Law.DELETED_TREE_PATH,
         Law.HOST_ONLY_TURN,
+        Law.TURN_CLAIM,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -1365,6 +1373,40 @@ def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
             Law.HOST_ONLY_TURN,
             f"child {t['target_session_id']} turn {t['sequence']}: host_only {t['child']},"
             f" its source Turn's {t['source']}",
+        )
+
+
+def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, and a
+    submit claim `active` only while its Turn is active and unbound. Holds after any kill: each
+    is decided inside one write (the claim, the delete, the bind, the settlement)."""
+    for t in _rows(
+        conn,
+        "SELECT session_id, COUNT(*) AS n, group_concat(turn_id) AS turns FROM turns"
+        " WHERE phase = 'active' GROUP BY workspace_id, session_id HAVING COUNT(*) > 1",
+    ):
+        ctx.fail(Law.TURN_CLAIM, f"session {t['session_id']}: {t['n']} active turns ({t['turns']})")
+    for t in _rows(
+        conn,
+        "SELECT t.session_id, t.turn_id FROM turns t JOIN sessions s"
+        " USING (workspace_id, session_id) WHERE t.phase = 'active' AND s.deleted <> 0",
+    ):
+        ctx.fail(
+            Law.TURN_CLAIM,
+            f"session {t['session_id']} turn {t['turn_id']}: active on a deleted session",
+        )
+    for c in _rows(
+        conn,
+        "SELECT c.session_id, c.request_id, c.turn_id, t.phase, t.root_provider_turn_id"
+        " FROM submit_claims c LEFT JOIN turns t USING (workspace_id, session_id, turn_id)"
+        " WHERE c.status = 'active' AND (t.phase IS NOT 'active'"
+        " OR t.root_provider_turn_id IS NOT NULL)",
+    ):
+        ctx.fail(
+            Law.TURN_CLAIM,
+            f"session {c['session_id']} claim {c['request_id']}: active while its turn"
+            f" {c['turn_id']} is {c['phase'] or 'missing'}"
+            f" (provider turn {c['root_provider_turn_id']!r})",
         )
 
 
@@ -2612,6 +2654,7 @@ def check_invariants(
             _check_schema(ctx, conn)
             _check_completed_turns(ctx, conn)
             _check_host_only_turns(ctx, conn)
+            _check_turn_claims(ctx, conn)
             _check_interactions(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,6 +77,48 @@ def test_torn_last_line_is_ignored_and_cut_before_the_next_append(store: ThreadS
     writer.close()
     lines = read_rollout(path)
     assert [line.ordinal for line in lines] == list(range(6))
+    assert path.read_bytes().endswith(b"\n")
+
+
+_REFUSED_APPEND = """
+import resource, sys
+from tests.tutti_agent.items import user_msg
+from tutti_agent.rollout import RolloutWriter
+path, size = sys.argv[1], int(sys.argv[2])
+writer = RolloutWriter(__import__("pathlib").Path(path), 5, create=False)
+_, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+resource.setrlimit(resource.RLIMIT_FSIZE, (size + 10, hard))  # the disk fills mid-line
+try:
+    writer.append(user_msg("refused"))
+except OSError:
+    pass
+else:
+    sys.exit("the append past the limit was not refused")
+resource.setrlimit(resource.RLIMIT_FSIZE, (hard, hard))  # space returns
+writer.append(user_msg("next"))
+writer.close()
+"""
+
+
+def test_an_append_the_disk_refuses_leaves_no_line_to_glue_onto_the_next(
+    store: ThreadStore,
+) -> None:
+    # In a process of its own: the file size limit (EFBIG past it, as on a full file system,
+    # 10 bytes of the line written first) is the whole process's.
+    tid = write_root(store, explicit_turn("t1", "u1", "a1"))
+    path = store.path_of(tid)
+    size = path.stat().st_size
+    ran = subprocess.run(
+        [sys.executable, "-c", _REFUSED_APPEND, str(path), str(size)],
+        cwd=Path(__file__).resolve().parents[2],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert ran.returncode == 0, ran.stderr
+    lines = read_rollout(path)
+    assert [line.ordinal for line in lines] == list(range(6))
+    assert lines[-1].item.payload["content"][0]["text"] == "next"
     assert path.read_bytes().endswith(b"\n")
 
 
