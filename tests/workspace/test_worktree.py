@@ -308,3 +308,52 @@ def test_remove_of_a_made_tree_whose_repository_root_is_gone_takes_its_branch_to
         for line in git(repo, "worktree", "list", "--porcelain").splitlines()
         if line.startswith("worktree ")
     )
+
+
+def _symlink_swap_repo(tmp_path: Path, committed_link: bool) -> tuple[Path, Path]:
+    """A repository whose `data` is, at HEAD, a directory (or a symlink to the person's
+    folder `outside`, when `committed_link`), and in the working tree the other one; the
+    person's `outside` holds files named as `data`'s are."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (outside / name).write_text(f"the person's own {name}\n")
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "keep.txt").write_text("k\n")
+    data = repo / "data"
+    if committed_link:
+        data.symlink_to(outside)
+    else:
+        data.mkdir()
+        for name in ("a.txt", "b.txt"):
+            (data / name).write_text(f"committed {name}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    if committed_link:
+        data.unlink()
+        data.mkdir()
+        (data / "a.txt").write_text("the turn's a.txt\n")
+    else:
+        shutil.rmtree(data)
+        data.symlink_to(outside)
+    return repo, outside
+
+
+@pytest.mark.parametrize("committed_link", [False, True], ids=["dir_to_link", "link_to_dir"])
+def test_a_fork_never_removes_a_file_through_a_symlink_to_the_persons_folder(
+    tmp_path: Path, store: ShadowStore, committed_link: bool
+) -> None:
+    """A directory of HEAD that the Turn replaced by a symlink out of the tree (or the
+    reverse): the tree's files are removed or replaced in the tree, never through the
+    symlink. Before, each HEAD file of the old directory was unlinked through the new
+    symlink (or each checkpoint file through HEAD's), deleting the person's own files."""
+    repo, outside = _symlink_swap_repo(tmp_path, committed_link)
+    theirs = tree_files(outside)
+    checkpoint, expected = checkpointed(store, repo)
+    tree = Worktrees(store).make(plan_tree(checkpoint, operation_id=OP, title="t"))
+    assert tree_files(outside) == theirs
+    child = tree_files(tree)
+    assert child == expected
+    assert (tree / "data").is_symlink() != committed_link
