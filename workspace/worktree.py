@@ -298,6 +298,14 @@ class Worktrees:
             return
         # Found before the half-made tree goes: it may be the only way left to the repository.
         home = _git_home(self._git(), plan) if plan.in_repository else None
+        if home is not None:
+            # A `worktree add` killed mid-checkout (past its bound, or with its daemon) leaves
+            # its registration locked `initializing`, which `prune` never takes; `remove -f -f`
+            # does (and says no more when the add got no further than the directory).
+            work = partial / Path(plan.path).name
+            self._git().run(
+                ["worktree", "remove", "--force", "--force", str(work)], cwd=home, check=False
+            )
         shutil.rmtree(partial, ignore_errors=True)
         if home is not None and home.is_dir():
             self._git().run(["worktree", "prune"], cwd=home, check=False)

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.worktree_repos import BIG, git, make_repo, repo_state, tree_files
+from workspace.git import GitUnavailable
 from workspace.shadow import Checkpoint, ShadowStore
 from workspace.worktree import TreePlan, TreeRefused, Worktrees, plan_tree, slug
 
@@ -357,3 +358,29 @@ def test_a_fork_never_removes_a_file_through_a_symlink_to_the_persons_folder(
     child = tree_files(tree)
     assert child == expected
     assert (tree / "data").is_symlink() != committed_link
+
+
+def test_a_worktree_add_killed_at_its_bound_leaves_no_registration_in_the_repository(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`git worktree add` killed mid-checkout (past its bound: here a smudge filter of the
+    person's repository that stalls, as a network-bound LFS can) leaves its registration
+    locked `initializing`, which `git worktree prune` never takes. The failed fork's removal
+    takes it: the person's repository is as before, no stale worktree listed and its branch
+    free to delete. Before, the registration stayed for good, holding the fork's branch."""
+    repo = make_repo(tmp_path / "project")
+    (repo / ".gitattributes").write_text("src/*.py filter=slow\n")
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", "attributes")
+    git(repo, "config", "filter.slow.smudge", "sleep 60; cat")
+    checkpoint, _ = checkpointed(store, repo)
+    before = repo_state(repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store, timeout_s=1.0)
+    with pytest.raises(GitUnavailable):
+        trees.make(plan)
+    trees.remove(plan)
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert not list((repo / ".git" / "worktrees").glob("*"))
+    assert fork_branches(repo) == []
+    assert repo_state(repo) == before
