@@ -899,6 +899,12 @@ class CheckpointJanitor:
                 dropped += (
                     self.locks.now_or_parked(self.pool, where, self._drop, where, deleted) or 0
                 )
+        # A folder gone (a removed worktree fork's tree) whose refs are all dropped: its
+        # shadow repository goes (a collection keeps what its shadow index names).
+        self.shadow.clear_discarded()
+        gone = [str(w) for w in self.shadow.workdirs() if not os.path.lexists(w)]
+        for where in gone:
+            self.locks.now_or_parked(self.pool, where, self._discard, where)
         collected = self._collect()
         capped = self._cap() if self.max_bytes > 0 else 0
         self._size = None
@@ -914,6 +920,22 @@ class CheckpointJanitor:
         for cwd in sorted(dirty):
             collected += self.locks.now_or_parked(self.pool, cwd, self._gc, cwd) or 0
         return collected
+
+    def _discard(self, cwd: str) -> int:
+        """Holding `cwd`'s lock, its folder gone: remove its shadow repository if no ref is
+        left in it (`ShadowStore.discard`); 1 when it went."""
+        try:
+            with self.locks.holding(self.shadow, cwd):
+                if os.path.lexists(cwd) or not self.shadow.discard(Path(cwd)):
+                    return 0
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("removing the checkpoints of gone %s failed: %s", cwd, exc)
+            return 0
+        finally:
+            self._retire_if_gone(cwd)
+        with self._guard:
+            self._dirty.discard(cwd)
+        return 1
 
     def _gc(self, cwd: str) -> int:
         """Holding `cwd`'s lock: `git gc` its store (kept dirty on a failure)."""

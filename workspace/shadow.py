@@ -67,6 +67,10 @@ RACY_MARGIN_NS = 2 * 10**9
 little behind this one) could leave such an entry's stat as it was."""
 
 
+GONE_INFIX = ".gone-"
+"""A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
+
+
 class ChangeKind(StrEnum):
     ADDED = "added"
     MODIFIED = "modified"
@@ -1022,6 +1026,35 @@ class ShadowStore:
             input_bytes="".join(f"delete {REF_ROOT}/{n}\n" for n in names).encode(),
         )
         return len(names)
+
+    def discard(self, cwd: Path) -> bool:
+        """Remove `cwd`'s shadow repository when it holds no ref at all (nothing any record
+        names is there): renamed to a hidden name first (never listed by `workdirs`, so a kill
+        leaves no half-removed repository in use), then removed. For a folder that is gone —
+        its shadow index still names its last state, which a collection keeps. True when it
+        went. The caller holds the directory's lock and forgets its caches (`forget`)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return False
+        out = self._git().out(
+            ["for-each-ref", "--count=1", "--format=%(refname)"], env={"GIT_DIR": str(repo)}
+        )
+        if out:
+            return False
+        gone = repo.with_name(f".{repo.name}{GONE_INFIX}{uuid.uuid4().hex}")
+        os.rename(repo, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
+
+    def clear_discarded(self) -> int:
+        """Remove what a `discard` killed between its rename and its removal left (a hidden
+        directory nothing reads); returns how many."""
+        if not self.root.is_dir():
+            return 0
+        left = [p for p in self.root.iterdir() if p.name.startswith(".") and GONE_INFIX in p.name]
+        for path in left:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(left)
 
     def gc(self, cwd: Path) -> None:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""
