@@ -336,8 +336,7 @@ class Worktrees:
                 git.run(["update-ref", "-d", ref, tip], cwd=repo, check=False)
         elif top.exists():
             shutil.rmtree(top)
-        with contextlib.suppress(OSError):
-            top.parent.rmdir()  # the `.agenthost` directory, once it holds no tree
+        _drop_beside(plan)
 
     # -- a child's tree at its Session's delete ---------------------------------------------
 
@@ -409,8 +408,7 @@ class Worktrees:
                     )
         elif top.exists():
             shutil.rmtree(top)
-        with contextlib.suppress(OSError):
-            top.parent.rmdir()
+        _drop_beside(plan)
         return kept
 
 
@@ -426,6 +424,17 @@ class Unsaved:
     @property
     def clean(self) -> bool:
         return not self.uncaptured and self.commits == 0
+
+
+def _drop_beside(plan: TreePlan) -> None:
+    """Remove the `<repository>.agenthost` directory the host made beside the repository (or
+    the directory outside one) once it holds no tree — never a configured `worktrees_dir`,
+    which is the person's (found emptied, it stays, as they made it)."""
+    base = plan.repo_root if plan.in_repository else plan.source_cwd
+    parent = Path(plan.path).parent
+    if str(parent) == f"{base}.agenthost":
+        with contextlib.suppress(OSError):
+            parent.rmdir()
 
 
 def _unlink_in(top: Path, rel: str) -> None:

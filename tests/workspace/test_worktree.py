@@ -384,3 +384,26 @@ def test_a_worktree_add_killed_at_its_bound_leaves_no_registration_in_the_reposi
     assert not list((repo / ".git" / "worktrees").glob("*"))
     assert fork_branches(repo) == []
     assert repo_state(repo) == before
+
+
+def test_removing_the_last_tree_keeps_the_persons_worktrees_dir(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`worktrees_dir` is the person's directory: removing the last tree under it (a failed
+    fork's, a deleted child's) leaves it, as it leaves the repository; only the
+    `<repository>.agenthost` directory the host made beside the repository goes once empty.
+    Before, the person's directory was removed with the last tree."""
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    mine = tmp_path / "trees"
+    mine.mkdir(mode=0o750)
+    trees = Worktrees(store)
+    for i, op in enumerate((OP, "1f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")):
+        plan = plan_tree(checkpoint, operation_id=op, title="t", worktrees_dir=str(mine))
+        trees.make(plan)
+        trees.remove(plan) if i == 0 else trees.remove_child(plan)
+        assert mine.is_dir() and list(mine.iterdir()) == []
+    beside = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees.make(beside)
+    trees.remove(beside)
+    assert not Path(beside.path).parent.exists()
