@@ -127,7 +127,7 @@ def plan_tree(
     parent = (
         Path(os.path.realpath(os.path.expanduser(worktrees_dir)))
         if worktrees_dir
-        else Path(base + ".agenthost")
+        else Path(os.path.realpath(base + ".agenthost"))  # a link a person made there too
     )
     top = parent / short
     rel = os.path.relpath(cwd, base) if inside else "."

@@ -407,3 +407,23 @@ def test_removing_the_last_tree_keeps_the_persons_worktrees_dir(
     trees.make(beside)
     trees.remove(beside)
     assert not Path(beside.path).parent.exists()
+
+
+def test_a_tree_beside_the_repository_is_recorded_by_its_real_path_through_a_linked_dir(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`<repository>.agenthost` a symlink the person made (the trees kept on another disk): the
+    tree is recorded by its real path, as under a linked `worktrees_dir` — the spelling a
+    resolved `cwd` shows, which the checks of who works in a tree compare. Before, the link's
+    path was recorded."""
+    repo = make_repo(tmp_path / "project")
+    elsewhere = tmp_path / "disk" / "trees"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "project.agenthost").symlink_to(elsewhere)
+    checkpoint, expected = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    assert plan.path == str(elsewhere.resolve() / "0f1e2d3c")
+    tree = Worktrees(store).make(plan)
+    assert os.path.realpath(tree) == plan.path
+    child = tree_files(tree)
+    assert {k: v for k, v in child.items() if k in expected} == expected
