@@ -67,6 +67,11 @@ RACY_MARGIN_NS = 2 * 10**9
 little behind this one) could leave such an entry's stat as it was."""
 
 
+ADD_TRIES = 3
+"""A capture's listing and `add`, tried again this many times in all while a file the listing
+named is gone by the `add` (a folder written while it is captured)."""
+_VANISHED = "did not match any files"
+
 GONE_INFIX = ".gone-"
 """A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
 
@@ -693,45 +698,55 @@ class ShadowStore:
         # index (deleted ones too; git's racy-index rule compares the content of a file
         # changed within the index's own timestamp) and untracked ones; the rest is in the
         # index as it is.
-        candidates = _split_nul(
-            git.run(
-                ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
-                env=env,
-                cwd=cwd,
-            ).stdout
-        )
-        if not candidates:
-            # Nothing differs from the index: the tree is the one it last wrote, if the
-            # index is byte for byte the one that tree was written from.
-            cached = self._trees.get(repo)
-            key = _index_key(index)
-            if cached is not None and key is not None and cached[0] == key:
-                self._snapshot(repo, real, index, cached[1], racy_from_ns)
-                return cached[1], []
-        too_large = self._too_large(cwd, candidates)
-        left_out = set(too_large)
-        keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
-        if too_large:
-            git.run(
-                [
-                    "rm",
-                    "-q",
-                    "--cached",
-                    "--ignore-unmatch",
-                    "--pathspec-from-file=-",
-                    "--pathspec-file-nul",
-                ],
-                env=env,
-                cwd=cwd,
-                input_bytes=_nul([f":(literal){p}" for p in too_large]),
+        for attempt in range(ADD_TRIES):
+            candidates = _split_nul(
+                git.run(
+                    ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
+                    env=env,
+                    cwd=cwd,
+                ).stdout
             )
-        if keep:
-            git.run(
-                ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                env=env,
-                cwd=cwd,
-                input_bytes=_nul([f":(literal){p}" for p in keep]),
-            )
+            if not candidates:
+                # Nothing differs from the index: the tree is the one it last wrote, if the
+                # index is byte for byte the one that tree was written from.
+                cached = self._trees.get(repo)
+                key = _index_key(index)
+                if cached is not None and key is not None and cached[0] == key:
+                    self._snapshot(repo, real, index, cached[1], racy_from_ns)
+                    return cached[1], []
+            too_large = self._too_large(cwd, candidates)
+            left_out = set(too_large)
+            keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
+            if too_large:
+                git.run(
+                    [
+                        "rm",
+                        "-q",
+                        "--cached",
+                        "--ignore-unmatch",
+                        "--pathspec-from-file=-",
+                        "--pathspec-file-nul",
+                    ],
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in too_large]),
+                )
+            if keep:
+                try:
+                    git.run(
+                        ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                        env=env,
+                        cwd=cwd,
+                        input_bytes=_nul([f":(literal){p}" for p in keep]),
+                    )
+                except GitUnavailable as exc:
+                    # An untracked file listed above and gone by now (a build's temp file,
+                    # an editor's swap file) fails its pathspec, the index untouched: list
+                    # again, without it.
+                    if attempt + 1 < ADD_TRIES and _VANISHED in str(exc):
+                        continue
+                    raise
+            break
         self._trees.pop(repo, None)
         tree = git.out(["write-tree"], env=env, cwd=cwd)
         # Keyed after `write-tree`, which stores the tree in the index (rewriting it).

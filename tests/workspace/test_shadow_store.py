@@ -229,3 +229,56 @@ def test_lock_files_a_killed_process_left_are_cleared(repo: Path, store: ShadowS
     assert not index_lock.exists() and not ref_lock.exists()
     last = store.capture(repo)
     assert isinstance(last, Checkpoint) and last.tree != again.tree
+
+
+_VANISHING_GIT = """#!/bin/sh
+# The real git, except that the next `add` of a shadow repository first sees the file named
+# in {arm} deleted (as a build's temp file or an editor's swap file goes between the listing
+# and the add); once.
+for a in "$@"; do
+  case "$a" in -c) skip=1; continue ;; esac
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  sub="$a"; break
+done
+if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r doomed < "{arm}"
+  rm -f "{arm}" "$doomed"
+fi
+exec "{real}" "$@"
+"""
+
+
+def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An untracked file listed by the capture's `ls-files` and gone by its `add` (a build's
+    temp file, an editor's swap file: the folder is live while a Turn settles) is simply not
+    in the checkpoint. Before, `add` failed on its pathspec ("did not match any files") and
+    the whole checkpoint was `unavailable: git_failed` — a Turn's `after` lost, no worktree
+    fork through it."""
+    import shutil as _shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    assert isinstance(store.capture(work), Checkpoint)
+    (work / "b.txt").write_text("b\n")
+    (work / "swap.tmp").write_text("a moment\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    script = bin_dir / "git"
+    script.write_text(_VANISHING_GIT.format(arm=arm, real=real))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text(f"{work / 'swap.tmp'}\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    cp = store.capture(work)
+    assert not arm.exists(), "the wrapper never ran: the test proves nothing"
+    assert isinstance(cp, Checkpoint), cp
+    assert sorted(os.listdir(store.materialize(work, cp.tree, tmp_path / "out"))) == [
+        "a.txt",
+        "b.txt",
+    ]
