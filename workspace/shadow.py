@@ -117,6 +117,27 @@ def _missing(cwd: Path) -> Unavailable:
     return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
 
 
+def unlink_in(top: Path, rel: str) -> None:
+    """Remove the file or symlink at `rel` in the tree `top` (a fork's tree, a restored folder),
+    only if it is in the tree: every directory on its way is a real directory (`lstat`), never
+    a symlink, which may lead out of the tree — to the person's own folder, whose files are
+    never touched through it. A path with a symlink on its way names nothing of the tree
+    (`checkout-index -f` replaces that symlink by a directory itself)."""
+    path = top
+    parts = rel.split("/")
+    for part in parts[:-1]:
+        path = path / part
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return
+        except FileNotFoundError:
+            return
+    path = path / parts[-1]
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            path.unlink()
+
+
 def _prune_empty(directory: Path, stop: Path) -> None:
     """Remove now-empty directories from `directory` up to (not including) `stop`."""
     while directory != stop and stop in directory.parents:
@@ -1187,14 +1208,11 @@ class ShadowStore:
             for change in changes:
                 if change.kind is ChangeKind.DELETED:
                     target = cwd / change.path
-                    if target.is_symlink() or target.is_file():
-                        target.unlink()
+                    unlink_in(cwd, change.path)
                     _prune_empty(target.parent, cwd)
             if wanted:
                 for path in wanted:
-                    target = cwd / path
-                    if target.is_symlink() or target.is_file():
-                        target.unlink()  # a symlink or file is replaced, never written through
+                    unlink_in(cwd, path)  # a symlink or file is replaced, never written through
                 git.run(
                     ["checkout-index", "-f", "-z", "--stdin"],
                     env=env,

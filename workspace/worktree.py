@@ -15,14 +15,13 @@ import contextlib
 import os
 import re
 import shutil
-import stat
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from workspace.git import Git, GitUnavailable
-from workspace.shadow import Checkpoint, ShadowStore, _nul, _split_nul
+from workspace.shadow import Checkpoint, ShadowStore, _nul, _split_nul, unlink_in
 
 BRANCH_PREFIX = "agenthost/"
 PARTIAL_PREFIX = ".partial-"
@@ -241,7 +240,7 @@ class Worktrees:
                 git.run(["read-tree", plan.checkpoint], env=env, cwd=target)
                 # Replace, never write through: a symlink or file in the way is removed first.
                 for path_rel in differ:
-                    _unlink_in(target, path_rel)
+                    unlink_in(target, path_rel)
                 git.run(
                     ["checkout-index", "-f", "-z", "--stdin"],
                     env=env,
@@ -264,7 +263,7 @@ class Worktrees:
                 for path_rel in missing:
                     if path_rel in ignored:
                         continue  # never captured: HEAD's version stays
-                    _unlink_in(target, path_rel)
+                    unlink_in(target, path_rel)
         finally:
             index.unlink(missing_ok=True)
 
@@ -435,27 +434,6 @@ def _drop_beside(plan: TreePlan) -> None:
     if str(parent) == f"{base}.agenthost":
         with contextlib.suppress(OSError):
             parent.rmdir()
-
-
-def _unlink_in(top: Path, rel: str) -> None:
-    """Remove the file or symlink at `rel` in the tree `top`, only if it is in the tree: every
-    directory on its way is a real directory (`lstat`), never a symlink, which may lead out of
-    the tree — to the person's own folder, whose files a fork must never touch. A path with a
-    symlink on its way names nothing of the tree (`checkout-index -f` replaces that symlink by
-    a directory itself)."""
-    path = top
-    parts = rel.split("/")
-    for part in parts[:-1]:
-        path = path / part
-        try:
-            if not stat.S_ISDIR(os.lstat(path).st_mode):
-                return
-        except FileNotFoundError:
-            return
-    path = path / parts[-1]
-    with contextlib.suppress(FileNotFoundError):
-        if not stat.S_ISDIR(os.lstat(path).st_mode):
-            path.unlink()
 
 
 def _drop_worktree(git: Git, repo: Path, top: Path) -> None:

@@ -282,3 +282,57 @@ def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_captur
         "a.txt",
         "b.txt",
     ]
+
+
+_SWAPPING_GIT = """#!/bin/sh
+# The real git, except that the next `read-tree` of a shadow repository first sees the
+# directory named in {arm} replaced by a symlink to {outside} (someone else writing the folder
+# while a restore runs); once.
+for a in "$@"; do
+  case "$a" in -c) skip=1; continue ;; esac
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  sub="$a"; break
+done
+if [ "$sub" = read-tree ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r swapped < "{arm}"
+  rm -rf "{arm}" "$swapped"
+  ln -s "{outside}" "$swapped"
+fi
+exec "{real}" "$@"
+"""
+
+
+def test_a_restore_never_removes_a_file_through_a_symlink_made_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory replaced by a symlink to a folder of the person's after the restore's own
+    checkpoint (a tool, a forced restore beside another Session's Turn): the files the restore
+    removes are removed in the folder, never through that symlink. Before, the restore
+    unlinked the person's file of the same name in the symlink's target."""
+    import shutil as _shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("k\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.txt").write_text("the person's own\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    target = store.capture(work)
+    assert isinstance(target, Checkpoint)
+    (work / "d").mkdir()
+    (work / "d" / "x.txt").write_text("to be undone\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    script = bin_dir / "git"
+    script.write_text(_SWAPPING_GIT.format(arm=arm, real=real, outside=outside))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text(f"{work / 'd'}\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    undo = store.restore(work, target.commit, "s/restore-1/before")
+    assert not arm.exists(), "the wrapper never ran: the test proves nothing"
+    assert isinstance(undo, Checkpoint), undo
+    assert (outside / "x.txt").read_text() == "the person's own\n"
