@@ -454,12 +454,20 @@ def _git_home(git: Git, plan: TreePlan) -> Path | None:
     root = Path(str(plan.repo_root))
     if root.is_dir():
         return root
-    for left in (Path(plan.path), plan.partial):
+    # The tree itself, whole or half-made (`.partial-<short>/<short>`): only its own `.git`
+    # names the repository — asked in a directory that is no worktree top (the `.partial-`
+    # one above the tree), git would find whatever repository encloses it.
+    for left in (Path(plan.path), plan.partial / Path(plan.path).name):
         if not left.is_dir():
             continue
-        done = git.run(["rev-parse", "--git-common-dir"], cwd=left, check=False)
-        common = (left / done.stdout.decode().strip()).resolve()
-        if done.returncode == 0 and common.is_dir():
+        done = git.run(["rev-parse", "--show-toplevel", "--git-common-dir"], cwd=left, check=False)
+        lines = done.stdout.decode(errors="surrogateescape").splitlines()
+        if done.returncode != 0 or len(lines) < 2:
+            continue
+        if os.path.realpath(lines[0]) != os.path.realpath(left):
+            continue  # another repository's directory: the tree's `.git` is gone
+        common = (left / lines[1]).resolve()
+        if common.is_dir():
             return common
     return None
 

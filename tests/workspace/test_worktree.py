@@ -427,3 +427,37 @@ def test_a_tree_beside_the_repository_is_recorded_by_its_real_path_through_a_lin
     assert os.path.realpath(tree) == plan.path
     child = tree_files(tree)
     assert {k: v for k, v in child.items() if k in expected} == expected
+
+
+@pytest.mark.parametrize("enclosed", [False, True], ids=["alone", "in_another_repository"])
+def test_a_half_made_tree_whose_repository_root_is_gone_leaves_nothing_in_the_repository(
+    tmp_path: Path, store: ShadowStore, enclosed: bool
+) -> None:
+    """A fork of a fork's tree killed half-made (whole in its `.partial-` directory), then the
+    source's tree (the plan's repository root) removed with its Session: the failed fork's
+    removal finds the repository through what is left of the half-made tree and takes its
+    registration and its branch. Before, it asked git in the `.partial-` directory above that
+    tree, which is no worktree: nothing was found (the registration and branch stayed for good)
+    or, with the trees inside another repository (a home kept in git), that repository was
+    found and pruned instead."""
+    outer_before = ""
+    if enclosed:
+        git(tmp_path, "init", "-q", "-b", "main")
+        outer_before = git(tmp_path, "worktree", "list", "--porcelain")
+    repo, trees, plan1, plan2 = _fork_of_a_fork(tmp_path, store)
+
+    def crash(name: str) -> None:
+        if name == "host.workspace.after_materialize":
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        trees.make(plan2, crash)
+    assert trees.partial_exists(plan2) and plan2.branch in fork_branches(repo)
+    trees.remove(plan1)
+    assert not Path(str(plan2.repo_root)).exists()
+    trees.remove(plan2)
+    assert not trees.partial_exists(plan2) and not Path(plan2.path).exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert plan2.branch not in fork_branches(repo)
+    if enclosed:
+        assert git(tmp_path, "worktree", "list", "--porcelain") == outer_before
