@@ -906,6 +906,12 @@ class CheckpointJanitor:
         for where in gone:
             self.locks.now_or_parked(self.pool, where, self._discard, where)
         collected = self._collect()
+        # Every other store is packed once git's own thresholds say so: one that lost no
+        # refs (a long-lived Session's folder) kept each capture's objects loose for good.
+        for workdir in self.shadow.workdirs():
+            where = str(workdir)
+            if os.path.lexists(where):
+                self.locks.now_or_parked(self.pool, where, self._pack, where)
         capped = self._cap() if self.max_bytes > 0 else 0
         self._size = None
         self.sweeps += 1
@@ -936,6 +942,16 @@ class CheckpointJanitor:
         with self._guard:
             self._dirty.discard(cwd)
         return 1
+
+    def _pack(self, cwd: str) -> None:
+        """Holding `cwd`'s lock: `ShadowStore.pack` (the next sweep tries again on a failure)."""
+        try:
+            with self.locks.holding(self.shadow, cwd):
+                self.shadow.pack(Path(cwd))
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("packing checkpoints of %s failed: %s", cwd, exc)
+        finally:
+            self._retire_if_gone(cwd)
 
     def _gc(self, cwd: str) -> int:
         """Holding `cwd`'s lock: `git gc` its store (kept dirty on a failure)."""

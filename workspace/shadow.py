@@ -67,6 +67,9 @@ RACY_MARGIN_NS = 2 * 10**9
 little behind this one) could leave such an entry's stat as it was."""
 
 
+PACK_LOOSE = 6_700
+"""A store with more loose objects than this is packed by the sweep (git's `gc.auto`)."""
+
 ADD_TRIES = 3
 """A capture's listing and `add`, tried again this many times in all while a file the listing
 named is gone by the `add` (a folder written while it is captured)."""
@@ -1091,6 +1094,20 @@ class ShadowStore:
         for path in left:
             shutil.rmtree(path, ignore_errors=True)
         return len(left)
+
+    def pack(self, cwd: Path) -> None:
+        """Pack `cwd`'s store once git's own thresholds say so (`gc --auto`: loose objects past
+        `gc.auto`, packs past `gc.autoPackLimit`; below them one cheap count), in the
+        foreground: never a `gc` detached past the caller's hold of the directory's lock."""
+        repo = self.repo_dir(cwd)
+        if (repo / "HEAD").is_file():
+            # `gc.auto` is 0 for every other call (no git of the store packs on its own).
+            self._git().run(
+                ["-c", f"gc.auto={PACK_LOOSE}", "-c", "gc.autoDetach=false"]
+                + ["gc", "--auto", "--quiet"],
+                env={"GIT_DIR": str(repo)},
+                timeout_s=self.long_timeout_s,
+            )
 
     def gc(self, cwd: Path) -> None:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""

@@ -174,3 +174,46 @@ def test_removed_worktree_trees_leave_no_shadow_repository_on_disk(
     assert janitor.shadow.refs(real)
     janitor.sweep()
     assert janitor.shadow.workdirs() == [real]
+
+
+LOOSE_FILES = 7_000
+"""More than git's `gc.auto` (6,700 loose objects): the count past which a store is packed."""
+
+
+def test_a_live_sessions_loose_checkpoint_objects_are_packed_by_the_sweep(
+    running: tuple[Daemon, Client], tmp_path: Path
+) -> None:
+    """A store no Session's delete ever dirties (a long-lived Session, its folder busy) keeps
+    every capture's objects loose — one file each, never packed, walked by each size reading
+    — unless the sweep packs it once git's own threshold is passed (`gc --auto`). Before,
+    only a store that lost refs was ever collected."""
+    import subprocess
+
+    daemon, client = running
+    janitor = daemon.ctx.checkpoint_janitor
+    assert janitor is not None
+    work = tmp_path / "big"
+    work.mkdir()
+    for i in range(LOOSE_FILES):
+        (work / f"f{i:05d}.txt").write_text(f"file {i}\n")
+    sid = create_session(client, WS, cwd=str(work))["agentSessionId"]
+    turn = run_turn(client, sid, "/write a.txt one more", WS)
+    assert turn["workspace"].get("after"), turn["workspace"]
+    repo = janitor.shadow.repo_dir(work)
+
+    def loose() -> int:
+        out = subprocess.run(
+            ["git", "count-objects", "-v"],
+            env={"GIT_DIR": str(repo), "PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return int(next(line for line in out.splitlines() if line.startswith("count:"))[7:])
+
+    assert loose() > LOOSE_FILES
+    janitor.sweep()
+    # A collection the sweep found busy runs parked, after it: waited for.
+    wait_for(lambda: loose() < 100, timeout=60.0)
+    # Every checkpoint still reads whole.
+    assert janitor.shadow.has(work, turn["workspace"]["after"])
