@@ -970,7 +970,7 @@ class CheckpointJanitor:
     def _retire_if_gone(self, cwd: str) -> None:
         """Holding `cwd`'s lock: a folder gone (a removed worktree fork's tree, whose drop
         follows its Session's delete) keeps no lock or cache entry (`retire_held`); its
-        shadow repository stays (its refs until dropped, its objects until collected)."""
+        shadow repository stays until a sweep finds no ref left in it (`_discard`)."""
         if not os.path.lexists(cwd):
             self.locks.retire_held(self.shadow, cwd)
 
