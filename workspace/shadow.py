@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -416,6 +416,9 @@ class ShadowStore:
         # a directory too large to walk is remembered as such.
         self._snapshots: dict[Path, _StatSnapshot] = {}
         self._too_big: set[Path] = set()
+        # Repositories whose exclude file this store rewrote: their next capture drops what
+        # the new rules ignore from the shadow index.
+        self._rules_changed: set[Path] = set()
         # Per shadow repository: how many captures skip the walk after a wasted one (doubled
         # by each wasted walk, reset by a snapshot used), and how many are still to skip.
         self._backoff: dict[Path, int] = {}
@@ -473,6 +476,9 @@ class ShadowStore:
             patterns.append(f"/{inside}/")  # never checkpoint the checkpoints themselves
         wanted = "\n".join(patterns) + "\n"
         if not exclude.is_file() or exclude.read_text() != wanted:
+            if exclude.is_file():  # changed rules: a new repository's index holds nothing
+                with self._guard:
+                    self._rules_changed.add(repo)
             exclude.parent.mkdir(exist_ok=True)
             exclude.write_text(wanted)
         signature = _signature(exclude)
@@ -630,6 +636,7 @@ class ShadowStore:
             self._trees.pop(repo, None)
             self._snapshots.pop(repo, None)
             self._too_big.discard(repo)
+            self._rules_changed.discard(repo)
             self._backoff.pop(repo, None)
             self._skip_walks.pop(repo, None)
             self._young_until.pop(repo, None)
@@ -739,21 +746,26 @@ class ShadowStore:
                     self._snapshot(repo, real, index, cached[1], racy_from_ns)
                     return cached[1], []
             too_large = self._too_large(cwd, candidates)
-            left_out = set(too_large)
+            ignored = self._newly_ignored(git, repo, env, cwd, candidates)
+            left_out = set(too_large) | set(ignored)
             keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
-            if too_large:
+            if too_large or ignored:
                 git.run(
                     [
                         "rm",
                         "-q",
                         "--cached",
+                        # The shadow index has no HEAD: without `-f` git refuses a file whose
+                        # captured content differs from the file's (a file grown past the
+                        # limit), and every capture of the folder failed while it stayed so.
+                        "-f",
                         "--ignore-unmatch",
                         "--pathspec-from-file=-",
                         "--pathspec-file-nul",
                     ],
                     env=env,
                     cwd=cwd,
-                    input_bytes=_nul([f":(literal){p}" for p in too_large]),
+                    input_bytes=_nul([f":(literal){p}" for p in too_large + ignored]),
                 )
             if keep:
                 try:
@@ -780,6 +792,26 @@ class ShadowStore:
             if not too_large:
                 self._snapshot(repo, real, index, tree, racy_from_ns)
         return tree, too_large
+
+    def _newly_ignored(
+        self, git: Git, repo: Path, env: Mapping[str, str], cwd: Path, candidates: Sequence[str]
+    ) -> list[str]:
+        """The files the shadow index holds that the ignore rules now ignore — asked only when
+        those rules may have changed since the last capture: a `.gitignore` among the changed
+        paths, or this store's excludes rewritten. The shadow index tracks what it captured,
+        and git keeps capturing a tracked file whatever ignores it: a file ignored after its
+        first capture stayed in every checkpoint, as no file ignored from the start does."""
+        with self._guard:
+            rewritten = repo in self._rules_changed
+            self._rules_changed.discard(repo)
+        if not rewritten and not any(
+            p == ".gitignore" or p.endswith("/.gitignore") for p in candidates
+        ):
+            return []
+        out = git.run(
+            ["ls-files", "-z", "--cached", "--ignored", "--exclude-standard"], env=env, cwd=cwd
+        ).stdout
+        return _split_nul(out)
 
     def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
         out = []

@@ -336,3 +336,52 @@ def test_a_restore_never_removes_a_file_through_a_symlink_made_while_it_runs(
     assert not arm.exists(), "the wrapper never ran: the test proves nothing"
     assert isinstance(undo, Checkpoint), undo
     assert (outside / "x.txt").read_text() == "the person's own\n"
+
+
+def test_a_captured_file_grown_past_the_size_limit_is_left_out_not_failing_every_capture(
+    tmp_path: Path,
+) -> None:
+    """A file captured while small that grows past the size limit (a database, a log the
+    Turn's program writes) leaves the next checkpoints and is listed `tooLarge`. Before,
+    `git rm --cached` refused it (the shadow index has no HEAD: its captured content differs
+    from both) and every capture of the folder was `unavailable: git_failed` while it stayed
+    that large."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "app.db").write_bytes(b"x" * 500)
+    store = ShadowStore(tmp_path / "home" / "checkpoints", size_limit=1024)
+    first = store.capture(work)
+    assert isinstance(first, Checkpoint)
+    (work / "app.db").write_bytes(b"y" * 2000)
+    (work / "a.txt").write_text("a2\n")
+    for _ in range(2):
+        cp = store.capture(work)
+        assert isinstance(cp, Checkpoint), cp
+        assert cp.too_large == ("app.db",) or "app.db" in cp.too_large
+        changes = {(c.path, c.kind) for c in store.changed_files(work, first.tree, cp.tree)}
+        assert changes == {("a.txt", ChangeKind.MODIFIED), ("app.db", ChangeKind.DELETED)}
+
+
+def test_a_file_ignored_after_its_first_capture_leaves_the_next_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """The person's `.gitignore` respected for a file it names only after a checkpoint took
+    it (as for one ignored from the start): it leaves the next checkpoints. Before, the
+    shadow index kept it tracked and every later checkpoint captured its new contents."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "secret.json").write_text("v1\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    first = store.capture(work)
+    assert isinstance(first, Checkpoint)
+    (work / ".gitignore").write_text("secret.json\n")
+    (work / "secret.json").write_text("v2\n")
+    cp = store.capture(work)
+    assert isinstance(cp, Checkpoint), cp
+    changes = {(c.path, c.kind) for c in store.changed_files(work, first.tree, cp.tree)}
+    assert changes == {(".gitignore", ChangeKind.ADDED), ("secret.json", ChangeKind.DELETED)}
+    (work / "secret.json").write_text("v3\n")
+    again = store.capture(work)
+    assert isinstance(again, Checkpoint) and again.tree == cp.tree
