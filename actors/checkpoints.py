@@ -899,7 +899,19 @@ class CheckpointJanitor:
                 dropped += (
                     self.locks.now_or_parked(self.pool, where, self._drop, where, deleted) or 0
                 )
+        # A folder gone (a removed worktree fork's tree) whose refs are all dropped: its
+        # shadow repository goes (a collection keeps what its shadow index names).
+        self.shadow.clear_discarded()
+        gone = [str(w) for w in self.shadow.workdirs() if not os.path.lexists(w)]
+        for where in gone:
+            self.locks.now_or_parked(self.pool, where, self._discard, where)
         collected = self._collect()
+        # Every other store is packed once git's own thresholds say so: one that lost no
+        # refs (a long-lived Session's folder) kept each capture's objects loose for good.
+        for workdir in self.shadow.workdirs():
+            where = str(workdir)
+            if os.path.lexists(where):
+                self.locks.now_or_parked(self.pool, where, self._pack, where)
         capped = self._cap() if self.max_bytes > 0 else 0
         self._size = None
         self.sweeps += 1
@@ -914,6 +926,32 @@ class CheckpointJanitor:
         for cwd in sorted(dirty):
             collected += self.locks.now_or_parked(self.pool, cwd, self._gc, cwd) or 0
         return collected
+
+    def _discard(self, cwd: str) -> int:
+        """Holding `cwd`'s lock, its folder gone: remove its shadow repository if no ref is
+        left in it (`ShadowStore.discard`); 1 when it went."""
+        try:
+            with self.locks.holding(self.shadow, cwd):
+                if os.path.lexists(cwd) or not self.shadow.discard(Path(cwd)):
+                    return 0
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("removing the checkpoints of gone %s failed: %s", cwd, exc)
+            return 0
+        finally:
+            self._retire_if_gone(cwd)
+        with self._guard:
+            self._dirty.discard(cwd)
+        return 1
+
+    def _pack(self, cwd: str) -> None:
+        """Holding `cwd`'s lock: `ShadowStore.pack` (the next sweep tries again on a failure)."""
+        try:
+            with self.locks.holding(self.shadow, cwd):
+                self.shadow.pack(Path(cwd))
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            log.warning("packing checkpoints of %s failed: %s", cwd, exc)
+        finally:
+            self._retire_if_gone(cwd)
 
     def _gc(self, cwd: str) -> int:
         """Holding `cwd`'s lock: `git gc` its store (kept dirty on a failure)."""
@@ -932,7 +970,7 @@ class CheckpointJanitor:
     def _retire_if_gone(self, cwd: str) -> None:
         """Holding `cwd`'s lock: a folder gone (a removed worktree fork's tree, whose drop
         follows its Session's delete) keeps no lock or cache entry (`retire_held`); its
-        shadow repository stays (its refs until dropped, its objects until collected)."""
+        shadow repository stays until a sweep finds no ref left in it (`_discard`)."""
         if not os.path.lexists(cwd):
             self.locks.retire_held(self.shadow, cwd)
 

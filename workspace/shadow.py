@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -65,6 +65,18 @@ RACY_MARGIN_NS = 2 * 10**9
 """A stat snapshot holds no entry changed (ctime or mtime) this close before the capture's
 `ls-files` began: a later change within the filesystem clock's granularity (or a clock a
 little behind this one) could leave such an entry's stat as it was."""
+
+
+PACK_LOOSE = 6_700
+"""A store with more loose objects than this is packed by the sweep (git's `gc.auto`)."""
+
+ADD_TRIES = 3
+"""A capture's listing and `add`, tried again this many times in all while a file the listing
+named is gone by the `add` (a folder written while it is captured)."""
+_VANISHED = "did not match any files"
+
+GONE_INFIX = ".gone-"
+"""A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
 
 
 class ChangeKind(StrEnum):
@@ -106,6 +118,27 @@ class Unavailable:
 
 def _missing(cwd: Path) -> Unavailable:
     return Unavailable("cwd_missing", f"the working directory {cwd} does not exist")
+
+
+def unlink_in(top: Path, rel: str) -> None:
+    """Remove the file or symlink at `rel` in the tree `top` (a fork's tree, a restored folder),
+    only if it is in the tree: every directory on its way is a real directory (`lstat`), never
+    a symlink, which may lead out of the tree — to the person's own folder, whose files are
+    never touched through it. A path with a symlink on its way names nothing of the tree
+    (`checkout-index -f` replaces that symlink by a directory itself)."""
+    path = top
+    parts = rel.split("/")
+    for part in parts[:-1]:
+        path = path / part
+        try:
+            if not stat.S_ISDIR(os.lstat(path).st_mode):
+                return
+        except FileNotFoundError:
+            return
+    path = path / parts[-1]
+    with contextlib.suppress(FileNotFoundError):
+        if not stat.S_ISDIR(os.lstat(path).st_mode):
+            path.unlink()
 
 
 def _prune_empty(directory: Path, stop: Path) -> None:
@@ -383,6 +416,9 @@ class ShadowStore:
         # a directory too large to walk is remembered as such.
         self._snapshots: dict[Path, _StatSnapshot] = {}
         self._too_big: set[Path] = set()
+        # Repositories whose exclude file this store rewrote: their next capture drops what
+        # the new rules ignore from the shadow index.
+        self._rules_changed: set[Path] = set()
         # Per shadow repository: how many captures skip the walk after a wasted one (doubled
         # by each wasted walk, reset by a snapshot used), and how many are still to skip.
         self._backoff: dict[Path, int] = {}
@@ -440,6 +476,9 @@ class ShadowStore:
             patterns.append(f"/{inside}/")  # never checkpoint the checkpoints themselves
         wanted = "\n".join(patterns) + "\n"
         if not exclude.is_file() or exclude.read_text() != wanted:
+            if exclude.is_file():  # changed rules: a new repository's index holds nothing
+                with self._guard:
+                    self._rules_changed.add(repo)
             exclude.parent.mkdir(exist_ok=True)
             exclude.write_text(wanted)
         signature = _signature(exclude)
@@ -597,6 +636,7 @@ class ShadowStore:
             self._trees.pop(repo, None)
             self._snapshots.pop(repo, None)
             self._too_big.discard(repo)
+            self._rules_changed.discard(repo)
             self._backoff.pop(repo, None)
             self._skip_walks.pop(repo, None)
             self._young_until.pop(repo, None)
@@ -689,45 +729,60 @@ class ShadowStore:
         # index (deleted ones too; git's racy-index rule compares the content of a file
         # changed within the index's own timestamp) and untracked ones; the rest is in the
         # index as it is.
-        candidates = _split_nul(
-            git.run(
-                ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
-                env=env,
-                cwd=cwd,
-            ).stdout
-        )
-        if not candidates:
-            # Nothing differs from the index: the tree is the one it last wrote, if the
-            # index is byte for byte the one that tree was written from.
-            cached = self._trees.get(repo)
-            key = _index_key(index)
-            if cached is not None and key is not None and cached[0] == key:
-                self._snapshot(repo, real, index, cached[1], racy_from_ns)
-                return cached[1], []
-        too_large = self._too_large(cwd, candidates)
-        left_out = set(too_large)
-        keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
-        if too_large:
-            git.run(
-                [
-                    "rm",
-                    "-q",
-                    "--cached",
-                    "--ignore-unmatch",
-                    "--pathspec-from-file=-",
-                    "--pathspec-file-nul",
-                ],
-                env=env,
-                cwd=cwd,
-                input_bytes=_nul([f":(literal){p}" for p in too_large]),
+        for attempt in range(ADD_TRIES):
+            candidates = _split_nul(
+                git.run(
+                    ["ls-files", "-z", "--modified", "--others", "--exclude-standard"],
+                    env=env,
+                    cwd=cwd,
+                ).stdout
             )
-        if keep:
-            git.run(
-                ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                env=env,
-                cwd=cwd,
-                input_bytes=_nul([f":(literal){p}" for p in keep]),
-            )
+            if not candidates:
+                # Nothing differs from the index: the tree is the one it last wrote, if the
+                # index is byte for byte the one that tree was written from.
+                cached = self._trees.get(repo)
+                key = _index_key(index)
+                if cached is not None and key is not None and cached[0] == key:
+                    self._snapshot(repo, real, index, cached[1], racy_from_ns)
+                    return cached[1], []
+            too_large = self._too_large(cwd, candidates)
+            ignored = self._newly_ignored(git, repo, env, cwd, candidates)
+            left_out = set(too_large) | set(ignored)
+            keep = list(dict.fromkeys(p for p in candidates if p not in left_out))
+            if too_large or ignored:
+                git.run(
+                    [
+                        "rm",
+                        "-q",
+                        "--cached",
+                        # The shadow index has no HEAD: without `-f` git refuses a file whose
+                        # captured content differs from the file's (a file grown past the
+                        # limit), and every capture of the folder failed while it stayed so.
+                        "-f",
+                        "--ignore-unmatch",
+                        "--pathspec-from-file=-",
+                        "--pathspec-file-nul",
+                    ],
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in too_large + ignored]),
+                )
+            if keep:
+                try:
+                    git.run(
+                        ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
+                        env=env,
+                        cwd=cwd,
+                        input_bytes=_nul([f":(literal){p}" for p in keep]),
+                    )
+                except GitUnavailable as exc:
+                    # An untracked file listed above and gone by now (a build's temp file,
+                    # an editor's swap file) fails its pathspec, the index untouched: list
+                    # again, without it.
+                    if attempt + 1 < ADD_TRIES and _VANISHED in str(exc):
+                        continue
+                    raise
+            break
         self._trees.pop(repo, None)
         tree = git.out(["write-tree"], env=env, cwd=cwd)
         # Keyed after `write-tree`, which stores the tree in the index (rewriting it).
@@ -737,6 +792,26 @@ class ShadowStore:
             if not too_large:
                 self._snapshot(repo, real, index, tree, racy_from_ns)
         return tree, too_large
+
+    def _newly_ignored(
+        self, git: Git, repo: Path, env: Mapping[str, str], cwd: Path, candidates: Sequence[str]
+    ) -> list[str]:
+        """The files the shadow index holds that the ignore rules now ignore — asked only when
+        those rules may have changed since the last capture: a `.gitignore` among the changed
+        paths, or this store's excludes rewritten. The shadow index tracks what it captured,
+        and git keeps capturing a tracked file whatever ignores it: a file ignored after its
+        first capture stayed in every checkpoint, as no file ignored from the start does."""
+        with self._guard:
+            rewritten = repo in self._rules_changed
+            self._rules_changed.discard(repo)
+        if not rewritten and not any(
+            p == ".gitignore" or p.endswith("/.gitignore") for p in candidates
+        ):
+            return []
+        out = git.run(
+            ["ls-files", "-z", "--cached", "--ignored", "--exclude-standard"], env=env, cwd=cwd
+        ).stdout
+        return _split_nul(out)
 
     def _too_large(self, cwd: Path, paths: Sequence[str]) -> list[str]:
         out = []
@@ -1023,6 +1098,49 @@ class ShadowStore:
         )
         return len(names)
 
+    def discard(self, cwd: Path) -> bool:
+        """Remove `cwd`'s shadow repository when it holds no ref at all (nothing any record
+        names is there): renamed to a hidden name first (never listed by `workdirs`, so a kill
+        leaves no half-removed repository in use), then removed. For a folder that is gone —
+        its shadow index still names its last state, which a collection keeps. True when it
+        went. The caller holds the directory's lock and forgets its caches (`forget`)."""
+        repo = self.repo_dir(cwd)
+        if not (repo / "HEAD").is_file():
+            return False
+        out = self._git().out(
+            ["for-each-ref", "--count=1", "--format=%(refname)"], env={"GIT_DIR": str(repo)}
+        )
+        if out:
+            return False
+        gone = repo.with_name(f".{repo.name}{GONE_INFIX}{uuid.uuid4().hex}")
+        os.rename(repo, gone)
+        shutil.rmtree(gone, ignore_errors=True)
+        return True
+
+    def clear_discarded(self) -> int:
+        """Remove what a `discard` killed between its rename and its removal left (a hidden
+        directory nothing reads); returns how many."""
+        if not self.root.is_dir():
+            return 0
+        left = [p for p in self.root.iterdir() if p.name.startswith(".") and GONE_INFIX in p.name]
+        for path in left:
+            shutil.rmtree(path, ignore_errors=True)
+        return len(left)
+
+    def pack(self, cwd: Path) -> None:
+        """Pack `cwd`'s store once git's own thresholds say so (`gc --auto`: loose objects past
+        `gc.auto`, packs past `gc.autoPackLimit`; below them one cheap count), in the
+        foreground: never a `gc` detached past the caller's hold of the directory's lock."""
+        repo = self.repo_dir(cwd)
+        if (repo / "HEAD").is_file():
+            # `gc.auto` is 0 for every other call (no git of the store packs on its own).
+            self._git().run(
+                ["-c", f"gc.auto={PACK_LOOSE}", "-c", "gc.autoDetach=false"]
+                + ["gc", "--auto", "--quiet"],
+                env={"GIT_DIR": str(repo)},
+                timeout_s=self.long_timeout_s,
+            )
+
     def gc(self, cwd: Path) -> None:
         """Collect what no ref keeps (a dropped Session's checkpoints)."""
         repo = self.repo_dir(cwd)
@@ -1139,14 +1257,11 @@ class ShadowStore:
             for change in changes:
                 if change.kind is ChangeKind.DELETED:
                     target = cwd / change.path
-                    if target.is_symlink() or target.is_file():
-                        target.unlink()
+                    unlink_in(cwd, change.path)
                     _prune_empty(target.parent, cwd)
             if wanted:
                 for path in wanted:
-                    target = cwd / path
-                    if target.is_symlink() or target.is_file():
-                        target.unlink()  # a symlink or file is replaced, never written through
+                    unlink_in(cwd, path)  # a symlink or file is replaced, never written through
                 git.run(
                     ["checkout-index", "-f", "-z", "--stdin"],
                     env=env,

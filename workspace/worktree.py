@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from workspace.git import Git, GitUnavailable
-from workspace.shadow import Checkpoint, ShadowStore, _nul, _split_nul
+from workspace.shadow import Checkpoint, ShadowStore, _nul, _split_nul, unlink_in
 
 BRANCH_PREFIX = "agenthost/"
 PARTIAL_PREFIX = ".partial-"
@@ -126,7 +126,7 @@ def plan_tree(
     parent = (
         Path(os.path.realpath(os.path.expanduser(worktrees_dir)))
         if worktrees_dir
-        else Path(base + ".agenthost")
+        else Path(os.path.realpath(base + ".agenthost"))  # a link a person made there too
     )
     top = parent / short
     rel = os.path.relpath(cwd, base) if inside else "."
@@ -240,9 +240,7 @@ class Worktrees:
                 git.run(["read-tree", plan.checkpoint], env=env, cwd=target)
                 # Replace, never write through: a symlink or file in the way is removed first.
                 for path_rel in differ:
-                    path = target / path_rel
-                    if path.is_symlink() or path.is_file():
-                        path.unlink()
+                    unlink_in(target, path_rel)
                 git.run(
                     ["checkout-index", "-f", "-z", "--stdin"],
                     env=env,
@@ -265,9 +263,7 @@ class Worktrees:
                 for path_rel in missing:
                     if path_rel in ignored:
                         continue  # never captured: HEAD's version stays
-                    path = target / path_rel
-                    if path.is_symlink() or path.is_file():
-                        path.unlink()
+                    unlink_in(target, path_rel)
         finally:
             index.unlink(missing_ok=True)
 
@@ -301,6 +297,14 @@ class Worktrees:
             return
         # Found before the half-made tree goes: it may be the only way left to the repository.
         home = _git_home(self._git(), plan) if plan.in_repository else None
+        if home is not None:
+            # A `worktree add` killed mid-checkout (past its bound, or with its daemon) leaves
+            # its registration locked `initializing`, which `prune` never takes; `remove -f -f`
+            # does (and says no more when the add got no further than the directory).
+            work = partial / Path(plan.path).name
+            self._git().run(
+                ["worktree", "remove", "--force", "--force", str(work)], cwd=home, check=False
+            )
         shutil.rmtree(partial, ignore_errors=True)
         if home is not None and home.is_dir():
             self._git().run(["worktree", "prune"], cwd=home, check=False)
@@ -331,8 +335,7 @@ class Worktrees:
                 git.run(["update-ref", "-d", ref, tip], cwd=repo, check=False)
         elif top.exists():
             shutil.rmtree(top)
-        with contextlib.suppress(OSError):
-            top.parent.rmdir()  # the `.agenthost` directory, once it holds no tree
+        _drop_beside(plan)
 
     # -- a child's tree at its Session's delete ---------------------------------------------
 
@@ -404,8 +407,7 @@ class Worktrees:
                     )
         elif top.exists():
             shutil.rmtree(top)
-        with contextlib.suppress(OSError):
-            top.parent.rmdir()
+        _drop_beside(plan)
         return kept
 
 
@@ -421,6 +423,17 @@ class Unsaved:
     @property
     def clean(self) -> bool:
         return not self.uncaptured and self.commits == 0
+
+
+def _drop_beside(plan: TreePlan) -> None:
+    """Remove the `<repository>.agenthost` directory the host made beside the repository (or
+    the directory outside one) once it holds no tree — never a configured `worktrees_dir`,
+    which is the person's (found emptied, it stays, as they made it)."""
+    base = plan.repo_root if plan.in_repository else plan.source_cwd
+    parent = Path(plan.path).parent
+    if str(parent) == f"{base}.agenthost":
+        with contextlib.suppress(OSError):
+            parent.rmdir()
 
 
 def _drop_worktree(git: Git, repo: Path, top: Path) -> None:
@@ -441,12 +454,20 @@ def _git_home(git: Git, plan: TreePlan) -> Path | None:
     root = Path(str(plan.repo_root))
     if root.is_dir():
         return root
-    for left in (Path(plan.path), plan.partial):
+    # The tree itself, whole or half-made (`.partial-<short>/<short>`): only its own `.git`
+    # names the repository — asked in a directory that is no worktree top (the `.partial-`
+    # one above the tree), git would find whatever repository encloses it.
+    for left in (Path(plan.path), plan.partial / Path(plan.path).name):
         if not left.is_dir():
             continue
-        done = git.run(["rev-parse", "--git-common-dir"], cwd=left, check=False)
-        common = (left / done.stdout.decode().strip()).resolve()
-        if done.returncode == 0 and common.is_dir():
+        done = git.run(["rev-parse", "--show-toplevel", "--git-common-dir"], cwd=left, check=False)
+        lines = done.stdout.decode(errors="surrogateescape").splitlines()
+        if done.returncode != 0 or len(lines) < 2:
+            continue
+        if os.path.realpath(lines[0]) != os.path.realpath(left):
+            continue  # another repository's directory: the tree's `.git` is gone
+        common = (left / lines[1]).resolve()
+        if common.is_dir():
             return common
     return None
 

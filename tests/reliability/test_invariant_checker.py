@@ -496,6 +496,53 @@ def test_a_deleted_tree_path_not_the_deleted_trees_is_reported(base: Base, tmp_p
     assert Law.DELETED_TREE_PATH in laws(home)
 
 
+def test_a_failed_forks_worktree_left_registered_or_its_branch_left_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """A failed fork's tree recorded `removed` is gone from the person's repository too: a
+    worktree registration left (a `worktree add` killed mid-checkout leaves one locked, which
+    `git worktree prune` keeps) or its branch still at the commit it was made from is named;
+    the same record with neither is clean."""
+    repo = make_repo(tmp_path / "project")
+    head = git(repo, "rev-parse", "HEAD")
+    short = "abcd1234"
+    top = tmp_path / "project.agenthost" / short
+    work = top.parent / f".partial-{short}" / short
+    branch = f"agenthost/t-{short}"
+    plan = {
+        "operationId": base.unknown["operationId"],
+        "path": str(top),
+        "childCwd": str(top),
+        "branch": branch,
+        "sourceCwd": str(repo),
+        "checkpoint": head,
+        "headCommit": head,
+        "repoRoot": str(repo),
+    }
+
+    def worktree_laws(name: str) -> list[str]:
+        home = tampered(
+            base,
+            tmp_path / name,
+            "UPDATE fork_operations SET status = 'failed', completed_at_ms = 1,"
+            f" workspace_mode = 'worktree', workspace_json = '{json.dumps(plan)}',"
+            " workspace_state = 'removed', deleted_tree_path = NULL"
+            f" WHERE operation_id = '{base.unknown['operationId']}'",
+        )
+        return [v.detail for v in check_invariants(home).violations if v.law is Law.WORKTREE]
+
+    assert worktree_laws("clean") == []
+    git(repo, "branch", branch)
+    assert worktree_laws("branch") == [f"failed {plan['operationId']} left {branch} in {repo}"]
+    git(repo, "branch", "-D", branch)
+    git(repo, "worktree", "add", "-q", "-b", branch, str(work))
+    git(repo, "worktree", "lock", "--reason", "initializing", str(work))
+    shutil.rmtree(top.parent)
+    git(repo, "update-ref", "-d", f"refs/heads/{branch}")
+    found = worktree_laws("registered")
+    assert found == [f"failed {plan['operationId']} left {work} in {repo}"], found
+
+
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
     op = base.unknown["operationId"]
     # The child stays, its operation is recorded as having never dispatched a fork.

@@ -5,6 +5,7 @@ subscribes to — run N times leaves at most a constant behind, never one entry 
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -137,3 +138,82 @@ def test_removed_worktree_trees_leave_no_folder_state_behind(
     wait_for(lambda: _folder_state(daemon) == before, timeout=30.0)
     after = _folder_state(daemon)
     assert after["locks"] <= 1 and after["_repos"] <= 1, after
+
+
+def test_removed_worktree_trees_leave_no_shadow_repository_on_disk(
+    running: tuple[Daemon, Client], tmp_path: Path
+) -> None:
+    """The checkpoint store on disk: a removed tree's shadow repository (the child's Turns
+    captured there, and the delete's own check of the tree) is removed once no ref is left in
+    it and its folder is gone — the sweep's collection kept its newest state for good (the
+    shadow index names it), one whole copy of the captured files per fork ever removed."""
+    daemon, client = running
+    janitor = daemon.ctx.checkpoint_janitor
+    assert janitor is not None
+    repo = make_repo(tmp_path / "project")
+    sid = create_session(client, WS, cwd=str(repo))["agentSessionId"]
+    for i in range(2):
+        turn = run_turn(client, sid, f"/write a{i}.txt more", WS)
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4()), ws=WS
+        )
+        op = until_terminal(client, client.call("fork.create", params)["operation"], ws=WS)
+        assert op["status"] == "committed", op
+        child = op["session"]["agentSessionId"]
+        run_turn(client, child, f"/write b{i}.txt in the tree", WS)
+        done = client.call(
+            "session.delete", {"workspaceId": WS, "agentSessionId": child, "worktree": "remove"}
+        )
+        assert done["worktree"]["state"] == "removed", done
+    assert len(janitor.shadow.workdirs()) == 3  # the source's and each tree's
+    janitor.sweep()
+    real = Path(os.path.realpath(repo))
+    # A drop or collection the sweep found busy runs parked, after it: waited for.
+    wait_for(lambda: janitor.shadow.workdirs() == [real], timeout=30.0)
+    # The source keeps its checkpoints; another sweep changes nothing.
+    assert janitor.shadow.refs(real)
+    janitor.sweep()
+    assert janitor.shadow.workdirs() == [real]
+
+
+LOOSE_FILES = 7_000
+"""More than git's `gc.auto` (6,700 loose objects): the count past which a store is packed."""
+
+
+def test_a_live_sessions_loose_checkpoint_objects_are_packed_by_the_sweep(
+    running: tuple[Daemon, Client], tmp_path: Path
+) -> None:
+    """A store no Session's delete ever dirties (a long-lived Session, its folder busy) keeps
+    every capture's objects loose — one file each, never packed, walked by each size reading
+    — unless the sweep packs it once git's own threshold is passed (`gc --auto`). Before,
+    only a store that lost refs was ever collected."""
+    import subprocess
+
+    daemon, client = running
+    janitor = daemon.ctx.checkpoint_janitor
+    assert janitor is not None
+    work = tmp_path / "big"
+    work.mkdir()
+    for i in range(LOOSE_FILES):
+        (work / f"f{i:05d}.txt").write_text(f"file {i}\n")
+    sid = create_session(client, WS, cwd=str(work))["agentSessionId"]
+    turn = run_turn(client, sid, "/write a.txt one more", WS)
+    assert turn["workspace"].get("after"), turn["workspace"]
+    repo = janitor.shadow.repo_dir(work)
+
+    def loose() -> int:
+        out = subprocess.run(
+            ["git", "count-objects", "-v"],
+            env={"GIT_DIR": str(repo), "PATH": os.environ["PATH"], "HOME": str(tmp_path)},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        return int(next(line for line in out.splitlines() if line.startswith("count:"))[7:])
+
+    assert loose() > LOOSE_FILES
+    janitor.sweep()
+    # A collection the sweep found busy runs parked, after it: waited for.
+    wait_for(lambda: loose() < 100, timeout=60.0)
+    # Every checkpoint still reads whole.
+    assert janitor.shadow.has(work, turn["workspace"]["after"])

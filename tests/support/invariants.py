@@ -1830,6 +1830,20 @@ def _worktrees_of(repo: str, short: str) -> list[str]:
     return [p for p in paths if Path(p).name == short]
 
 
+def _tip(repo: str, branch: str) -> str:
+    import subprocess
+
+    done = subprocess.run(
+        ["git", "rev-parse", "--verify", "-q", f"refs/heads/{branch}"],
+        cwd=repo,
+        capture_output=True,
+        text=True,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "GIT_CONFIG_NOSYSTEM": "1", "HOME": "/nonexistent"},
+    )
+    return done.stdout.strip()
+
+
 WORKTREE_GRACE_MS = 10_000
 """How long a live daemon may take to remove a failed fork's tree after marking it failed (the
 saga removes it right after; a check may land between the two)."""
@@ -1892,8 +1906,16 @@ def _check_worktrees(
             ctx.fail(Law.WORKTREE, f"{op_id}: tree {top} lacks the child's cwd")
         repo = plan.get("repoRoot")
         if repo and plan.get("headCommit") and Path(repo).is_dir():
-            if len(_branches_of(repo, top.name)) > 1 or len(_worktrees_of(repo, top.name)) > 1:
+            branches, registered = _branches_of(repo, top.name), _worktrees_of(repo, top.name)
+            if len(branches) > 1 or len(registered) > 1:
                 ctx.fail(Law.WORKTREE, f"{op_id}: two trees or two branches in {repo}")
+            # Removed means removed from the repository too: no worktree of it still listed
+            # (a `worktree add` killed mid-checkout leaves one locked, which `prune` keeps),
+            # no branch of it left at the commit it was made from (it has none of its own).
+            if status == "failed" and state == "removed" and not settling:
+                at_head = [b for b in branches if _tip(repo, b) == plan["headCommit"]]
+                for left in registered + at_head:
+                    ctx.fail(Law.WORKTREE, f"failed {op_id} left {left} in {repo}")
             if here and state == "made" and not (top / ".git").is_file():
                 ctx.fail(Law.WORKTREE, f"{op_id}: {top} is not a worktree of {repo}")
 

@@ -179,7 +179,8 @@ def test_the_reused_tree_follows_any_change_of_the_shadow_index(
     store.excludes = (*store.excludes, "/b.txt")
     git_log.clear()
     later = capture(store, repo)
-    assert git_log.commands() == ["ls-files", "write-tree"]
+    # The second `ls-files`: the store's excludes changed, so what they now ignore is asked.
+    assert git_log.commands() == ["ls-files", "ls-files", "write-tree"]
     assert set(shadow_files(store, repo, later.tree)) == {"a.txt"}
     git_log.clear()
     assert capture(store, repo).tree == later.tree

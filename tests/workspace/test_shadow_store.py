@@ -229,3 +229,159 @@ def test_lock_files_a_killed_process_left_are_cleared(repo: Path, store: ShadowS
     assert not index_lock.exists() and not ref_lock.exists()
     last = store.capture(repo)
     assert isinstance(last, Checkpoint) and last.tree != again.tree
+
+
+_VANISHING_GIT = """#!/bin/sh
+# The real git, except that the next `add` of a shadow repository first sees the file named
+# in {arm} deleted (as a build's temp file or an editor's swap file goes between the listing
+# and the add); once.
+for a in "$@"; do
+  case "$a" in -c) skip=1; continue ;; esac
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  sub="$a"; break
+done
+if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r doomed < "{arm}"
+  rm -f "{arm}" "$doomed"
+fi
+exec "{real}" "$@"
+"""
+
+
+def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An untracked file listed by the capture's `ls-files` and gone by its `add` (a build's
+    temp file, an editor's swap file: the folder is live while a Turn settles) is simply not
+    in the checkpoint. Before, `add` failed on its pathspec ("did not match any files") and
+    the whole checkpoint was `unavailable: git_failed` — a Turn's `after` lost, no worktree
+    fork through it."""
+    import shutil as _shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    assert isinstance(store.capture(work), Checkpoint)
+    (work / "b.txt").write_text("b\n")
+    (work / "swap.tmp").write_text("a moment\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    script = bin_dir / "git"
+    script.write_text(_VANISHING_GIT.format(arm=arm, real=real))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text(f"{work / 'swap.tmp'}\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    cp = store.capture(work)
+    assert not arm.exists(), "the wrapper never ran: the test proves nothing"
+    assert isinstance(cp, Checkpoint), cp
+    assert sorted(os.listdir(store.materialize(work, cp.tree, tmp_path / "out"))) == [
+        "a.txt",
+        "b.txt",
+    ]
+
+
+_SWAPPING_GIT = """#!/bin/sh
+# The real git, except that the next `read-tree` of a shadow repository first sees the
+# directory named in {arm} replaced by a symlink to {outside} (someone else writing the folder
+# while a restore runs); once.
+for a in "$@"; do
+  case "$a" in -c) skip=1; continue ;; esac
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  sub="$a"; break
+done
+if [ "$sub" = read-tree ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r swapped < "{arm}"
+  rm -rf "{arm}" "$swapped"
+  ln -s "{outside}" "$swapped"
+fi
+exec "{real}" "$@"
+"""
+
+
+def test_a_restore_never_removes_a_file_through_a_symlink_made_while_it_runs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A directory replaced by a symlink to a folder of the person's after the restore's own
+    checkpoint (a tool, a forced restore beside another Session's Turn): the files the restore
+    removes are removed in the folder, never through that symlink. Before, the restore
+    unlinked the person's file of the same name in the symlink's target."""
+    import shutil as _shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "keep.txt").write_text("k\n")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x.txt").write_text("the person's own\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    target = store.capture(work)
+    assert isinstance(target, Checkpoint)
+    (work / "d").mkdir()
+    (work / "d" / "x.txt").write_text("to be undone\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    script = bin_dir / "git"
+    script.write_text(_SWAPPING_GIT.format(arm=arm, real=real, outside=outside))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text(f"{work / 'd'}\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    undo = store.restore(work, target.commit, "s/restore-1/before")
+    assert not arm.exists(), "the wrapper never ran: the test proves nothing"
+    assert isinstance(undo, Checkpoint), undo
+    assert (outside / "x.txt").read_text() == "the person's own\n"
+
+
+def test_a_captured_file_grown_past_the_size_limit_is_left_out_not_failing_every_capture(
+    tmp_path: Path,
+) -> None:
+    """A file captured while small that grows past the size limit (a database, a log the
+    Turn's program writes) leaves the next checkpoints and is listed `tooLarge`. Before,
+    `git rm --cached` refused it (the shadow index has no HEAD: its captured content differs
+    from both) and every capture of the folder was `unavailable: git_failed` while it stayed
+    that large."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "app.db").write_bytes(b"x" * 500)
+    store = ShadowStore(tmp_path / "home" / "checkpoints", size_limit=1024)
+    first = store.capture(work)
+    assert isinstance(first, Checkpoint)
+    (work / "app.db").write_bytes(b"y" * 2000)
+    (work / "a.txt").write_text("a2\n")
+    for _ in range(2):
+        cp = store.capture(work)
+        assert isinstance(cp, Checkpoint), cp
+        assert cp.too_large == ("app.db",) or "app.db" in cp.too_large
+        changes = {(c.path, c.kind) for c in store.changed_files(work, first.tree, cp.tree)}
+        assert changes == {("a.txt", ChangeKind.MODIFIED), ("app.db", ChangeKind.DELETED)}
+
+
+def test_a_file_ignored_after_its_first_capture_leaves_the_next_checkpoints(
+    tmp_path: Path,
+) -> None:
+    """The person's `.gitignore` respected for a file it names only after a checkpoint took
+    it (as for one ignored from the start): it leaves the next checkpoints. Before, the
+    shadow index kept it tracked and every later checkpoint captured its new contents."""
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "secret.json").write_text("v1\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    first = store.capture(work)
+    assert isinstance(first, Checkpoint)
+    (work / ".gitignore").write_text("secret.json\n")
+    (work / "secret.json").write_text("v2\n")
+    cp = store.capture(work)
+    assert isinstance(cp, Checkpoint), cp
+    changes = {(c.path, c.kind) for c in store.changed_files(work, first.tree, cp.tree)}
+    assert changes == {(".gitignore", ChangeKind.ADDED), ("secret.json", ChangeKind.DELETED)}
+    (work / "secret.json").write_text("v3\n")
+    again = store.capture(work)
+    assert isinstance(again, Checkpoint) and again.tree == cp.tree

@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from tests.support.worktree_repos import BIG, git, make_repo, repo_state, tree_files
+from workspace.git import GitUnavailable
 from workspace.shadow import Checkpoint, ShadowStore
 from workspace.worktree import TreePlan, TreeRefused, Worktrees, plan_tree, slug
 
@@ -308,3 +309,155 @@ def test_remove_of_a_made_tree_whose_repository_root_is_gone_takes_its_branch_to
         for line in git(repo, "worktree", "list", "--porcelain").splitlines()
         if line.startswith("worktree ")
     )
+
+
+def _symlink_swap_repo(tmp_path: Path, committed_link: bool) -> tuple[Path, Path]:
+    """A repository whose `data` is, at HEAD, a directory (or a symlink to the person's
+    folder `outside`, when `committed_link`), and in the working tree the other one; the
+    person's `outside` holds files named as `data`'s are."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    for name in ("a.txt", "b.txt"):
+        (outside / name).write_text(f"the person's own {name}\n")
+    repo = tmp_path / "project"
+    repo.mkdir()
+    git(repo, "init", "-q", "-b", "main")
+    (repo / "keep.txt").write_text("k\n")
+    data = repo / "data"
+    if committed_link:
+        data.symlink_to(outside)
+    else:
+        data.mkdir()
+        for name in ("a.txt", "b.txt"):
+            (data / name).write_text(f"committed {name}\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "first")
+    if committed_link:
+        data.unlink()
+        data.mkdir()
+        (data / "a.txt").write_text("the turn's a.txt\n")
+    else:
+        shutil.rmtree(data)
+        data.symlink_to(outside)
+    return repo, outside
+
+
+@pytest.mark.parametrize("committed_link", [False, True], ids=["dir_to_link", "link_to_dir"])
+def test_a_fork_never_removes_a_file_through_a_symlink_to_the_persons_folder(
+    tmp_path: Path, store: ShadowStore, committed_link: bool
+) -> None:
+    """A directory of HEAD that the Turn replaced by a symlink out of the tree (or the
+    reverse): the tree's files are removed or replaced in the tree, never through the
+    symlink. Before, each HEAD file of the old directory was unlinked through the new
+    symlink (or each checkpoint file through HEAD's), deleting the person's own files."""
+    repo, outside = _symlink_swap_repo(tmp_path, committed_link)
+    theirs = tree_files(outside)
+    checkpoint, expected = checkpointed(store, repo)
+    tree = Worktrees(store).make(plan_tree(checkpoint, operation_id=OP, title="t"))
+    assert tree_files(outside) == theirs
+    child = tree_files(tree)
+    assert child == expected
+    assert (tree / "data").is_symlink() != committed_link
+
+
+def test_a_worktree_add_killed_at_its_bound_leaves_no_registration_in_the_repository(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`git worktree add` killed mid-checkout (past its bound: here a smudge filter of the
+    person's repository that stalls, as a network-bound LFS can) leaves its registration
+    locked `initializing`, which `git worktree prune` never takes. The failed fork's removal
+    takes it: the person's repository is as before, no stale worktree listed and its branch
+    free to delete. Before, the registration stayed for good, holding the fork's branch."""
+    repo = make_repo(tmp_path / "project")
+    (repo / ".gitattributes").write_text("src/*.py filter=slow\n")
+    git(repo, "add", ".gitattributes")
+    git(repo, "commit", "-q", "-m", "attributes")
+    git(repo, "config", "filter.slow.smudge", "sleep 60; cat")
+    checkpoint, _ = checkpointed(store, repo)
+    before = repo_state(repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees = Worktrees(store, timeout_s=1.0)
+    with pytest.raises(GitUnavailable):
+        trees.make(plan)
+    trees.remove(plan)
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert not list((repo / ".git" / "worktrees").glob("*"))
+    assert fork_branches(repo) == []
+    assert repo_state(repo) == before
+
+
+def test_removing_the_last_tree_keeps_the_persons_worktrees_dir(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`worktrees_dir` is the person's directory: removing the last tree under it (a failed
+    fork's, a deleted child's) leaves it, as it leaves the repository; only the
+    `<repository>.agenthost` directory the host made beside the repository goes once empty.
+    Before, the person's directory was removed with the last tree."""
+    repo = make_repo(tmp_path / "project")
+    checkpoint, _ = checkpointed(store, repo)
+    mine = tmp_path / "trees"
+    mine.mkdir(mode=0o750)
+    trees = Worktrees(store)
+    for i, op in enumerate((OP, "1f1e2d3c-4b5a-6978-8796-a5b4c3d2e1f0")):
+        plan = plan_tree(checkpoint, operation_id=op, title="t", worktrees_dir=str(mine))
+        trees.make(plan)
+        trees.remove(plan) if i == 0 else trees.remove_child(plan)
+        assert mine.is_dir() and list(mine.iterdir()) == []
+    beside = plan_tree(checkpoint, operation_id=OP, title="t")
+    trees.make(beside)
+    trees.remove(beside)
+    assert not Path(beside.path).parent.exists()
+
+
+def test_a_tree_beside_the_repository_is_recorded_by_its_real_path_through_a_linked_dir(
+    tmp_path: Path, store: ShadowStore
+) -> None:
+    """`<repository>.agenthost` a symlink the person made (the trees kept on another disk): the
+    tree is recorded by its real path, as under a linked `worktrees_dir` — the spelling a
+    resolved `cwd` shows, which the checks of who works in a tree compare. Before, the link's
+    path was recorded."""
+    repo = make_repo(tmp_path / "project")
+    elsewhere = tmp_path / "disk" / "trees"
+    elsewhere.mkdir(parents=True)
+    (tmp_path / "project.agenthost").symlink_to(elsewhere)
+    checkpoint, expected = checkpointed(store, repo)
+    plan = plan_tree(checkpoint, operation_id=OP, title="t")
+    assert plan.path == str(elsewhere.resolve() / "0f1e2d3c")
+    tree = Worktrees(store).make(plan)
+    assert os.path.realpath(tree) == plan.path
+    child = tree_files(tree)
+    assert {k: v for k, v in child.items() if k in expected} == expected
+
+
+@pytest.mark.parametrize("enclosed", [False, True], ids=["alone", "in_another_repository"])
+def test_a_half_made_tree_whose_repository_root_is_gone_leaves_nothing_in_the_repository(
+    tmp_path: Path, store: ShadowStore, enclosed: bool
+) -> None:
+    """A fork of a fork's tree killed half-made (whole in its `.partial-` directory), then the
+    source's tree (the plan's repository root) removed with its Session: the failed fork's
+    removal finds the repository through what is left of the half-made tree and takes its
+    registration and its branch. Before, it asked git in the `.partial-` directory above that
+    tree, which is no worktree: nothing was found (the registration and branch stayed for good)
+    or, with the trees inside another repository (a home kept in git), that repository was
+    found and pruned instead."""
+    outer_before = ""
+    if enclosed:
+        git(tmp_path, "init", "-q", "-b", "main")
+        outer_before = git(tmp_path, "worktree", "list", "--porcelain")
+    repo, trees, plan1, plan2 = _fork_of_a_fork(tmp_path, store)
+
+    def crash(name: str) -> None:
+        if name == "host.workspace.after_materialize":
+            raise Crash(name)
+
+    with pytest.raises(Crash):
+        trees.make(plan2, crash)
+    assert trees.partial_exists(plan2) and plan2.branch in fork_branches(repo)
+    trees.remove(plan1)
+    assert not Path(str(plan2.repo_root)).exists()
+    trees.remove(plan2)
+    assert not trees.partial_exists(plan2) and not Path(plan2.path).exists()
+    assert git(repo, "worktree", "list", "--porcelain").count("worktree ") == 1
+    assert plan2.branch not in fork_branches(repo)
+    if enclosed:
+        assert git(tmp_path, "worktree", "list", "--porcelain") == outer_before
