@@ -11,7 +11,7 @@ context switches, read at the release and after the last fork. A thread that end
 window is lost (counted in `ended=`, 0 on a warm fork), one born in it counted from 0; children
 the workers reap are added at 10 ms ticks (`reaped=`). Prints one line per level:
 
-    probe=14ms load=5.33 clients=16 forks=640/640 | app-server=1.107ms daemon=2.531ms
+    probe=14ms load=5.33 clients=16 forks=640/640 before=48 | app-server=1.107ms daemon=2.531ms
     worker=1.623ms tree=5.261ms | cs:app-server=7.0 cs:daemon=35.4 cs:worker=34.7 | ended=0 …
 
 `--by-thread` adds the daemon's CPU and wake-ups per fork by thread (named through the tree's
@@ -24,7 +24,12 @@ shadow the standard library's for the script) measures any tree, old or new:
 
     cp bench/fork_cpu.py /tmp/fork_cpu.py
     cd $TREE && PYTHONPATH=$TREE build/venv/bin/python /tmp/fork_cpu.py \
-        [--clients 1,16] [--forks 200,40] [--by-thread] [--strace] [--spread-home]
+        [--clients 1,16] [--forks 200,40] [--by-thread] [--strace] [--spread-home] [--aged N]
+
+`--aged N` has each client fork its source N times before its window (`before=` counts them):
+the worker's exact lookup lists every child a source's home holds at every fork of it, so a
+source forked thousands of times before — as `bench.throughput`'s first four sources are by
+its levels 1 and 4 — costs its forks more than a fresh one.
 
 `--spread-home` makes the daemon's home in a block group of its own (`spread_parent`): each
 new inode a fork makes otherwise scans what other processes freed under the temp directory.
@@ -167,8 +172,10 @@ def _client(
     ready: Any,
     go: Any,
     results: Any,
+    warm: int = WARM_FORKS,
 ) -> None:
-    """One load client: `WARM_FORKS` forks, ready, then `forks` forks once released."""
+    """One load client: `warm` forks (at least `WARM_FORKS`), ready, then `forks` forks once
+    released."""
     from bench.loadgen import LeanClient, Waiter, request
 
     client = LeanClient(endpoint, timeout=120.0)
@@ -197,15 +204,14 @@ def _client(
         return str(op["status"])
 
     try:
-        for _ in range(WARM_FORKS):
-            fork()
+        before = sum(fork() == "committed" for _ in range(max(WARM_FORKS, warm)))
         ready.put(None)
         go.wait(300)
         committed = sum(fork() == "committed" for _ in range(forks))
-        results.put((committed, None))
+        results.put((committed, before, None))
     except Exception as exc:  # noqa: BLE001 - reported to the parent, which fails the run
         ready.put(None)
-        results.put((0, f"{type(exc).__name__}: {exc}"))
+        results.put((0, 0, f"{type(exc).__name__}: {exc}"))
     finally:
         waiter.close()
         client.close()
@@ -242,9 +248,11 @@ def measure(
     forks_each: int,
     strace_out: Path | None = None,
     by_thread: bool = False,
+    warm: int = WARM_FORKS,
 ) -> dict[str, float]:
     """`forks_each` warm forks by one client per source, released together: the tree's CPU
-    seconds and wake-ups by kind over them, and `forks` (committed) / `asked`; with
+    seconds and wake-ups by kind over them, and `forks` (committed) / `asked`, `before` the
+    forks committed before the window (`warm` a client, at least `WARM_FORKS`); with
     `strace_out`, the daemon's system calls by name over them (`sys:<name>`); with
     `by_thread`, its threads' CPU seconds (`t:<name>`) and wake-ups (`tcs:<name>`)."""
     ctx = mp.get_context("spawn")
@@ -252,7 +260,7 @@ def measure(
     procs = [
         ctx.Process(
             target=_client,
-            args=(daemon.api, daemon.events, WS, sid, turn, forks_each, ready, go, results),
+            args=(daemon.api, daemon.events, WS, sid, turn, forks_each, ready, go, results, warm),
             daemon=True,
         )
         for sid, turn in sources
@@ -273,11 +281,12 @@ def measure(
             p.join(10)
             if p.is_alive():
                 p.kill()
-    errors = [e for _, e in got if e]
+    errors = [e for _, _, e in got if e]
     if errors:
         raise RuntimeError("; ".join(errors))
     out = difference(before, after)
-    out["forks"] = float(sum(n for n, _ in got))
+    out["forks"] = float(sum(n for n, _, _ in got))
+    out["before"] = float(sum(n for _, n, _ in got))
     out["asked"] = float(forks_each * len(procs))
     out.update({f"sys:{name}": float(n) for name, n in calls.items()})
     for name, (cpu_s, wakes) in daemon_threads(before, after).items():
@@ -287,7 +296,7 @@ def measure(
 
 def line(probe: float, clients: int, m: dict[str, float]) -> str:
     n = max(1.0, m["forks"])
-    skip = {"forks", "asked", "ended", "reaped"}
+    skip = {"forks", "asked", "ended", "reaped", "before"}
     kinds = sorted(k for k in m if k not in skip and ":" not in k)
     ms = " ".join(f"{k}={1000 * m[k] / n:.3f}ms" for k in kinds)
     tree_ms = 1000 * (sum(m[k] for k in kinds) + m["reaped"]) / n
@@ -295,7 +304,8 @@ def line(probe: float, clients: int, m: dict[str, float]) -> str:
     return (
         (
             f"probe={probe:.0f}ms load={os.getloadavg()[0]:.2f} clients={clients}"
-            f" forks={m['forks']:.0f}/{m['asked']:.0f} | {ms} tree={tree_ms:.3f}ms | {cs}"
+            f" forks={m['forks']:.0f}/{m['asked']:.0f} before={m['before']:.0f}"
+            f" | {ms} tree={tree_ms:.3f}ms | {cs}"
             f" | ended={m['ended']:.0f} reaped={1000 * m['reaped'] / n:.2f}ms"
         )
         + _syscalls(m, n)
@@ -338,6 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="the home in a block group of its own (spread_parent), not the temp directory's",
     )
+    ap.add_argument(
+        "--aged",
+        type=int,
+        default=0,
+        help="forks each client makes before its window (its source's home then holds that"
+        " many children more: the children bench.throughput's earlier levels leave)",
+    )
     args = ap.parse_args(argv)
     levels = [int(x) for x in args.clients.split(",")]
     forks = [int(x) for x in args.forks.split(",")]
@@ -363,7 +380,7 @@ def main(argv: list[str] | None = None) -> int:
             for level, each in zip(levels, forks, strict=True):
                 probe = cpu_probe_ms()
                 trace = Path(tmp) / f"strace-{level}.txt" if args.strace else None
-                m = measure(daemon, sources[:level], each, trace, args.by_thread)
+                m = measure(daemon, sources[:level], each, trace, args.by_thread, args.aged)
                 print(line(probe, level, m), flush=True)
         finally:
             daemon.stop()

@@ -23,6 +23,25 @@ from transport.client import Client
 MODULE = "bench.throughput"
 SOURCE_TURNS = 3
 """Settled Turns in each forked source."""
+FRESH_SOURCES_ENV = "AGENTHOST_BENCH_FRESH_SOURCES"
+"""Set (non-empty): each level forks sources of its own, none forked before its window. By
+default the levels share theirs: the 16-client window's first four sources then hold every
+child levels 1 and 4 made of them (~3,500 and ~1,000 in a full run), and the worker's exact
+lookup lists each one at every fork of them (docs/design/drivers.md, "Exact lookup";
+docs/performance.md, forkcpu3)."""
+
+
+def level_sources(sids: Sequence[str], levels: Sequence[int], fresh: bool) -> list[list[str]]:
+    """The sources each level forks: the first `level` of `sids` (shared), or with `fresh` a
+    slice of its own (`sids` holds `sum(levels)`)."""
+    if not fresh:
+        return [list(sids[:level]) for level in levels]
+    out: list[list[str]] = []
+    start = 0
+    for level in levels:
+        out.append(list(sids[start : start + level]))
+        start += level
+    return out
 
 
 def name_bottleneck(
@@ -109,16 +128,21 @@ def run(mode: Mode) -> BenchResult:
         daemon = BenchDaemon(tmp / "home").start()
         try:
             c = daemon.client()
-            n = max(levels)
-            log(f"throughput: {n} sources, levels {levels}, {duration:.0f} s each")
+            fresh = bool(os.environ.get(FRESH_SOURCES_ENV))
+            n = sum(levels) if fresh else max(levels)
+            log(
+                f"throughput: {n} sources, levels {levels}, {duration:.0f} s each"
+                + (" (each level its own sources)" if fresh else "")
+            )
             boundaries = fork_sources(c, n)
             sids = list(boundaries)
-            for level in levels:
+            per_level = level_sources(sids, levels, fresh)
+            for level, level_sids in zip(levels, per_level, strict=True):
                 # The measured window runs without the sampler: py-spy takes CPU from the
                 # same two cores. A missed target gets its profile from a second run below.
                 flat, profile = fork_window(
                     daemon,
-                    {sid: boundaries[sid] for sid in sids[:level]},
+                    {sid: boundaries[sid] for sid in level_sids},
                     duration,
                     tmp / f"throughput-{level}.pyspy.txt",
                 )
@@ -176,7 +200,7 @@ def run(mode: Mode) -> BenchResult:
                     daemon.api,
                     [
                         ClientSpec("fork", {"ws": WS, "sid": sid, "turn_id": boundaries[sid]})
-                        for sid in sids[: max(levels)]
+                        for sid in per_level[levels.index(max(levels))]
                     ],
                     duration / 2,
                     events=daemon.events,

@@ -113,6 +113,18 @@ def test_a_real_daemons_fixed_forks_all_commit_and_are_counted(
     lines = capsys.readouterr().out.splitlines()
     assert [ln.split()[2] for ln in lines] == ["clients=1", "clients=2"]
     assert "forks=3/3" in lines[0] and "forks=4/4" in lines[1]
+    # Each client's warm-up: three forks before its window (the first level's source made
+    # them again at the second level).
+    assert " before=3 " in lines[0] and " before=6 " in lines[1]
     for ln in lines:
         assert "daemon=" in ln and "worker=" in ln and "app-server=" in ln
         assert " ended=0 " in ln  # a warm fork ends no thread of the tree
+
+
+@pytest.mark.timeout(300)
+def test_an_aged_source_is_forked_that_many_times_before_the_window(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main(["--clients", "1", "--forks", "2", "--aged", "7"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert " forks=2/2 before=7 " in line
