@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from workspace.git import Git, GitUnavailable, LeftGits
+from workspace.git import Git, GitUnavailable, LeftGits, failed
 
 DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".git/",
@@ -73,7 +73,26 @@ PACK_LOOSE = 6_700
 ADD_TRIES = 3
 """A capture's listing and `add`, tried again this many times in all while a file the listing
 named is gone by the `add` (a folder written while it is captured)."""
-_VANISHED = "did not match any files"
+_VANISHED = b"did not match any files"
+# git's `add` finding a file it had listed gone when it reads it (its `lstat`; LC_ALL=C).
+_STAT_GONE = re.compile(
+    rb"^fatal: unable to stat '(.+)': (?:No such file or directory|Not a directory)$"
+)
+
+
+def _vanished(cwd: Path, stderr: bytes) -> bool:
+    """Whether a failed `add` in `cwd` failed only on a file gone since the listing: its
+    pathspec matched nothing (gone before the add began), or git could not `lstat` a file it
+    had found (gone while it ran) and that file is indeed gone now — anything else (a file
+    unreadable, a full disk) is a real failure."""
+    if _VANISHED in stderr:
+        return True
+    for line in stderr.splitlines():
+        match = _STAT_GONE.match(line)
+        if match is not None:
+            return not os.path.lexists(os.path.join(cwd, os.fsdecode(match.group(1))))
+    return False
+
 
 GONE_INFIX = ".gone-"
 """A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
@@ -768,20 +787,20 @@ class ShadowStore:
                     input_bytes=_nul([f":(literal){p}" for p in too_large + ignored]),
                 )
             if keep:
-                try:
-                    git.run(
-                        ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                        env=env,
-                        cwd=cwd,
-                        input_bytes=_nul([f":(literal){p}" for p in keep]),
-                    )
-                except GitUnavailable as exc:
-                    # An untracked file listed above and gone by now (a build's temp file,
-                    # an editor's swap file) fails its pathspec, the index untouched: list
-                    # again, without it.
-                    if attempt + 1 < ADD_TRIES and _VANISHED in str(exc):
+                add = ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]
+                done = git.run(
+                    add,
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in keep]),
+                    check=False,
+                )
+                if done.returncode != 0:
+                    # A file listed above and gone by now (a build's temp file, an editor's
+                    # swap file) fails the add, the index untouched: list again, without it.
+                    if attempt + 1 < ADD_TRIES and _vanished(cwd, done.stderr):
                         continue
-                    raise
+                    raise failed(add, done)
             break
         self._trees.pop(repo, None)
         tree = git.out(["write-tree"], env=env, cwd=cwd)
