@@ -26,7 +26,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -96,6 +96,49 @@ def _vanished(cwd: Path, stderr: bytes) -> bool:
 
 GONE_INFIX = ".gone-"
 """A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
+INIT_PREFIX = ".init-"
+"""A shadow repository is made as `.init-<pid>-<id>` (the pid of the process making it), then
+renamed into place whole (`ShadowStore._repo`)."""
+
+# The `.init-` directories this process is making now (`_creating`): what
+# `ShadowStore.clear_leftovers` must never remove.
+_CREATING: set[Path] = set()
+_CREATING_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _creating(tmp: Path) -> Iterator[None]:
+    """`tmp` is being made by this process while the block runs (entered before it exists,
+    left once it is renamed or removed)."""
+    with _CREATING_GUARD:
+        _CREATING.add(tmp)
+    try:
+        yield
+    finally:
+        with _CREATING_GUARD:
+            _CREATING.discard(tmp)
+
+
+def _init_left(path: Path) -> bool:
+    """Whether the `.init-` directory `path` is a leftover: made by a process that is gone (a
+    kill during a repository's creation), or by this one and not being made now. One made by
+    another live process is kept (only the daemon holding the home makes them; a pid used
+    again keeps a leftover only until that process ends); a name with no pid is an older
+    build's, gone."""
+    pid_text = path.name[len(INIT_PREFIX) :].partition("-")[0]
+    if not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        with _CREATING_GUARD:
+            return path not in _CREATING
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
 
 
 class ChangeKind(StrEnum):
@@ -481,13 +524,18 @@ class ShadowStore:
         repo = self.root / _real_key(real)
         if not (repo / "HEAD").is_file():
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.root / f".init-{uuid.uuid4().hex}"
-            git.run(["init", "-q", "--bare", str(tmp)])
-            (tmp / "agenthost-workdir").write_text(real + "\n")
-            try:
-                os.rename(tmp, repo)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
+            tmp = self.root / f"{INIT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+            with _creating(tmp):
+                try:
+                    git.run(["init", "-q", "--bare", str(tmp)])
+                    (tmp / "agenthost-workdir").write_text(real + "\n")
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)  # a failed (or timed-out) init
+                    raise
+                try:
+                    os.rename(tmp, repo)
+                except OSError:
+                    shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
         exclude = repo / "info" / "exclude"
         patterns = list(self.excludes)
         inside = os.path.relpath(os.path.realpath(self.root), real)
@@ -1136,12 +1184,19 @@ class ShadowStore:
         shutil.rmtree(gone, ignore_errors=True)
         return True
 
-    def clear_discarded(self) -> int:
-        """Remove what a `discard` killed between its rename and its removal left (a hidden
-        directory nothing reads); returns how many."""
+    def clear_leftovers(self) -> int:
+        """Remove the hidden directories a kill left, which nothing reads: a `discard`'s
+        between its rename and its removal (`.<key>.gone-<id>`), and a shadow repository's
+        creation before its rename into place (`.init-<pid>-<id>`, unless this process is
+        making it now: `_init_left`); returns how many."""
         if not self.root.is_dir():
             return 0
-        left = [p for p in self.root.iterdir() if p.name.startswith(".") and GONE_INFIX in p.name]
+        left = [
+            p
+            for p in self.root.iterdir()
+            if p.name.startswith(".")
+            and (GONE_INFIX in p.name or (p.name.startswith(INIT_PREFIX) and _init_left(p)))
+        ]
         for path in left:
             shutil.rmtree(path, ignore_errors=True)
         return len(left)
