@@ -899,9 +899,10 @@ class CheckpointJanitor:
                 dropped += (
                     self.locks.now_or_parked(self.pool, where, self._drop, where, deleted) or 0
                 )
-        # A folder gone (a removed worktree fork's tree) whose refs are all dropped: its
-        # shadow repository goes (a collection keeps what its shadow index names).
-        self.shadow.clear_discarded()
+        # What a kill left half-made or half-removed goes; a folder gone (a removed worktree
+        # fork's tree) whose refs are all dropped: its shadow repository goes (a collection
+        # keeps what its shadow index names).
+        self.shadow.clear_leftovers()
         gone = [str(w) for w in self.shadow.workdirs() if not os.path.lexists(w)]
         for where in gone:
             self.locks.now_or_parked(self.pool, where, self._discard, where)

@@ -143,16 +143,21 @@ class Git:
             raise
         done = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
         if check and done.returncode != 0:
-            err = done.stderr.decode(errors="replace").strip().splitlines()
-            raise GitUnavailable(
-                "git_failed",
-                f"git {args[0]} failed: {err[-1] if err else done.returncode}",
-                stale_locks=done.returncode < 0 or _refused_on_lock(done.stderr),
-            )
+            raise failed(args, done)
         return done
 
     def out(self, args: Sequence[str], **kw: object) -> str:
         return self.run(args, **kw).stdout.decode(errors="surrogateescape").strip()  # type: ignore[arg-type]
+
+
+def failed(args: Sequence[str], done: subprocess.CompletedProcess[bytes]) -> GitUnavailable:
+    """What `Git.run` raises for the finished call `done` (of `args`) that failed."""
+    err = done.stderr.decode(errors="replace").strip().splitlines()
+    return GitUnavailable(
+        "git_failed",
+        f"git {args[0]} failed: {err[-1] if err else done.returncode}",
+        stale_locks=done.returncode < 0 or _refused_on_lock(done.stderr),
+    )
 
 
 def _kill_group(proc: subprocess.Popen[bytes], bound: float) -> None:

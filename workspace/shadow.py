@@ -26,12 +26,12 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from workspace.git import Git, GitUnavailable, LeftGits
+from workspace.git import Git, GitUnavailable, LeftGits, failed
 
 DEFAULT_EXCLUDES: tuple[str, ...] = (
     ".git/",
@@ -73,10 +73,72 @@ PACK_LOOSE = 6_700
 ADD_TRIES = 3
 """A capture's listing and `add`, tried again this many times in all while a file the listing
 named is gone by the `add` (a folder written while it is captured)."""
-_VANISHED = "did not match any files"
+_VANISHED = b"did not match any files"
+# git's `add` finding a file it had listed gone when it reads it (its `lstat`; LC_ALL=C).
+_STAT_GONE = re.compile(
+    rb"^fatal: unable to stat '(.+)': (?:No such file or directory|Not a directory)$"
+)
+
+
+def _vanished(cwd: Path, stderr: bytes) -> bool:
+    """Whether a failed `add` in `cwd` failed only on a file gone since the listing: its
+    pathspec matched nothing (gone before the add began), or git could not `lstat` a file it
+    had found (gone while it ran) and that file is indeed gone now — anything else (a file
+    unreadable, a full disk) is a real failure."""
+    if _VANISHED in stderr:
+        return True
+    for line in stderr.splitlines():
+        match = _STAT_GONE.match(line)
+        if match is not None:
+            return not os.path.lexists(os.path.join(cwd, os.fsdecode(match.group(1))))
+    return False
+
 
 GONE_INFIX = ".gone-"
 """A shadow repository being removed (`ShadowStore.discard`) is renamed `.<key>.gone-<id>`."""
+INIT_PREFIX = ".init-"
+"""A shadow repository is made as `.init-<pid>-<id>` (the pid of the process making it), then
+renamed into place whole (`ShadowStore._repo`)."""
+
+# The `.init-` directories this process is making now (`_creating`): what
+# `ShadowStore.clear_leftovers` must never remove.
+_CREATING: set[Path] = set()
+_CREATING_GUARD = threading.Lock()
+
+
+@contextlib.contextmanager
+def _creating(tmp: Path) -> Iterator[None]:
+    """`tmp` is being made by this process while the block runs (entered before it exists,
+    left once it is renamed or removed)."""
+    with _CREATING_GUARD:
+        _CREATING.add(tmp)
+    try:
+        yield
+    finally:
+        with _CREATING_GUARD:
+            _CREATING.discard(tmp)
+
+
+def _init_left(path: Path) -> bool:
+    """Whether the `.init-` directory `path` is a leftover: made by a process that is gone (a
+    kill during a repository's creation), or by this one and not being made now. One made by
+    another live process is kept (only the daemon holding the home makes them; a pid used
+    again keeps a leftover only until that process ends); a name with no pid is an older
+    build's, gone."""
+    pid_text = path.name[len(INIT_PREFIX) :].partition("-")[0]
+    if not pid_text.isdigit():
+        return True
+    pid = int(pid_text)
+    if pid == os.getpid():
+        with _CREATING_GUARD:
+            return path not in _CREATING
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # alive, another user's
+    return False
 
 
 class ChangeKind(StrEnum):
@@ -462,13 +524,18 @@ class ShadowStore:
         repo = self.root / _real_key(real)
         if not (repo / "HEAD").is_file():
             self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
-            tmp = self.root / f".init-{uuid.uuid4().hex}"
-            git.run(["init", "-q", "--bare", str(tmp)])
-            (tmp / "agenthost-workdir").write_text(real + "\n")
-            try:
-                os.rename(tmp, repo)
-            except OSError:
-                shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
+            tmp = self.root / f"{INIT_PREFIX}{os.getpid()}-{uuid.uuid4().hex}"
+            with _creating(tmp):
+                try:
+                    git.run(["init", "-q", "--bare", str(tmp)])
+                    (tmp / "agenthost-workdir").write_text(real + "\n")
+                except BaseException:
+                    shutil.rmtree(tmp, ignore_errors=True)  # a failed (or timed-out) init
+                    raise
+                try:
+                    os.rename(tmp, repo)
+                except OSError:
+                    shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
         exclude = repo / "info" / "exclude"
         patterns = list(self.excludes)
         inside = os.path.relpath(os.path.realpath(self.root), real)
@@ -768,20 +835,20 @@ class ShadowStore:
                     input_bytes=_nul([f":(literal){p}" for p in too_large + ignored]),
                 )
             if keep:
-                try:
-                    git.run(
-                        ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"],
-                        env=env,
-                        cwd=cwd,
-                        input_bytes=_nul([f":(literal){p}" for p in keep]),
-                    )
-                except GitUnavailable as exc:
-                    # An untracked file listed above and gone by now (a build's temp file,
-                    # an editor's swap file) fails its pathspec, the index untouched: list
-                    # again, without it.
-                    if attempt + 1 < ADD_TRIES and _VANISHED in str(exc):
+                add = ["add", "-A", "--pathspec-from-file=-", "--pathspec-file-nul"]
+                done = git.run(
+                    add,
+                    env=env,
+                    cwd=cwd,
+                    input_bytes=_nul([f":(literal){p}" for p in keep]),
+                    check=False,
+                )
+                if done.returncode != 0:
+                    # A file listed above and gone by now (a build's temp file, an editor's
+                    # swap file) fails the add, the index untouched: list again, without it.
+                    if attempt + 1 < ADD_TRIES and _vanished(cwd, done.stderr):
                         continue
-                    raise
+                    raise failed(add, done)
             break
         self._trees.pop(repo, None)
         tree = git.out(["write-tree"], env=env, cwd=cwd)
@@ -1117,12 +1184,19 @@ class ShadowStore:
         shutil.rmtree(gone, ignore_errors=True)
         return True
 
-    def clear_discarded(self) -> int:
-        """Remove what a `discard` killed between its rename and its removal left (a hidden
-        directory nothing reads); returns how many."""
+    def clear_leftovers(self) -> int:
+        """Remove the hidden directories a kill left, which nothing reads: a `discard`'s
+        between its rename and its removal (`.<key>.gone-<id>`), and a shadow repository's
+        creation before its rename into place (`.init-<pid>-<id>`, unless this process is
+        making it now: `_init_left`); returns how many."""
         if not self.root.is_dir():
             return 0
-        left = [p for p in self.root.iterdir() if p.name.startswith(".") and GONE_INFIX in p.name]
+        left = [
+            p
+            for p in self.root.iterdir()
+            if p.name.startswith(".")
+            and (GONE_INFIX in p.name or (p.name.startswith(INIT_PREFIX) and _init_left(p)))
+        ]
         for path in left:
             shutil.rmtree(path, ignore_errors=True)
         return len(left)

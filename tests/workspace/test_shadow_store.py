@@ -284,6 +284,73 @@ def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_captur
     ]
 
 
+_FILTERING_GIT = """#!/bin/sh
+# The real git, except that the next `add` of a shadow repository runs with the clean filter
+# `vanish` (which the folder's .gitattributes names for first.txt) set to {filter}: while git
+# indexes first.txt, the file named in {arm} is deleted, after git listed it and before it
+# reads it (a folder written while it is captured); once.
+for a in "$@"; do
+  case "$a" in -c) skip=1; continue ;; esac
+  if [ "$skip" = 1 ]; then skip=0; continue; fi
+  sub="$a"; break
+done
+if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  exec "{real}" -c filter.vanish.clean="{filter}" "$@"
+fi
+exec "{real}" "$@"
+"""
+
+_VANISH_FILTER = """#!/bin/sh
+if [ -e "{arm}" ]; then
+  read -r doomed < "{arm}"
+  rm -f "{arm}" "$doomed"
+fi
+exec cat
+"""
+
+
+@pytest.mark.parametrize("tracked", [False, True], ids=["untracked", "tracked"])
+def test_a_file_deleted_while_the_add_runs_does_not_fail_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tracked: bool
+) -> None:
+    """A file the capture's `add` found (listed, matched) and that is gone when git reads it
+    — deleted while the `add` runs — is simply not in the checkpoint (a tracked one recorded
+    deleted). Before, git stopped on it ("unable to stat ...: No such file or directory") and
+    the whole checkpoint was `unavailable: git_failed`."""
+    import shutil as _shutil
+
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / ".gitattributes").write_text("first.txt filter=vanish\n")
+    if tracked:
+        (work / "first.txt").write_text("1\n")
+        (work / "z-doomed.txt").write_text("z\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    assert isinstance(store.capture(work), Checkpoint)
+    (work / "first.txt").write_text("first, now\n")
+    (work / "z-doomed.txt").write_text("a moment\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    vanish = tmp_path / "vanish.sh"
+    vanish.write_text(_VANISH_FILTER.format(arm=arm))
+    vanish.chmod(0o755)
+    script = bin_dir / "git"
+    script.write_text(_FILTERING_GIT.format(arm=arm, real=real, filter=vanish))
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text(f"{work / 'z-doomed.txt'}\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    cp = store.capture(work)
+    assert not arm.exists(), "the filter never ran: the test proves nothing"
+    assert isinstance(cp, Checkpoint), cp
+    out = store.materialize(work, cp.tree, tmp_path / "out")
+    assert sorted(os.listdir(out)) == [".gitattributes", "a.txt", "first.txt"]
+    assert (out / "first.txt").read_text() == "first, now\n"
+
+
 _SWAPPING_GIT = """#!/bin/sh
 # The real git, except that the next `read-tree` of a shadow repository first sees the
 # directory named in {arm} replaced by a symlink to {outside} (someone else writing the folder
