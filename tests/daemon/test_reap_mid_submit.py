@@ -3,7 +3,9 @@ its worker and a real tutti-agent app-server: the submit's claim is held on the 
 thread past `idle_actor_seconds` (`host.turn.before_claim` armed `sleep`), and the Turn's
 `turn.start` is held in the worker (`worker.turn.before_start` armed `sleep`) so that an
 interrupt comes while it may still reach the provider. The Turn the interrupt ends is never
-marked host-only (its start may have been sent: the provider ran it)."""
+marked host-only (its start may have been sent: the provider ran it), and the reaper leaves
+the actor alone while it handles the submit: the actor that claimed the Turn follows it, its
+start's answer comes back to it, and the interrupt reaches the provider (the Turn bound)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, submit
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, settle, submit
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -37,15 +39,19 @@ def test_an_interrupt_of_a_turn_whose_start_may_have_left_never_marks_it_host_on
                 }
             },
         )
-        turn = submit(c, sid, "second")
+        turn = submit(c, sid, "/slow 30000 second")
         assert turn["phase"] == "active"
         time.sleep(0.5)  # the start is in the worker, held
-        got = c.call(
+        c.call(
             "turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": turn["turnId"]}
-        )["turn"]
-        assert got["phase"] == "settled", got
+        )
+        got = settle(c, sid, turn["turnId"], timeout=30)
         assert got["outcome"] == "interrupted", got
         assert got.get("hostOnly") is not True, got
+        # The actor that claimed it still tracks it (the reaper waits for the message it
+        # handles): the interrupt waited for the start's answer and reached the provider.
+        assert got["rootProviderTurnId"], got
+        assert "gone before a driver answer" not in d.tail_log(), d.tail_log()
         assert run_turn(c, sid, "third")["outcome"] == "completed"
     finally:
         d.stop()
