@@ -240,6 +240,10 @@ class ProviderChaos:
                 next_s = time.monotonic() - began_next
                 if nxt is None:
                     self._count(f"{name} next Turn refused")
+                elif nxt[0].get("outcome") != "completed":
+                    # What the law reports only as "failed": its words, for the summary.
+                    said = f"{nxt[0].get('errorReason')} {str(nxt[0].get('error'))[:100]}"
+                    self._count(f"{name} next Turn {nxt[0].get('outcome')}: {said}")
                 if generation() != began or _worker_pid(c, provider) != worker:
                     disturbed, by = True, ["a kill after it"]
                 elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":
