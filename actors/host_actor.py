@@ -28,6 +28,7 @@ import pykka
 
 from actors.context import HostContext, parse_runtime_key
 from actors.messages import DriverEvent, ForkAdvance, ForkReply, Reply, RuntimeLost
+from actors.pool import handling
 from actors.session_actor import SessionActor
 from actors.store_ports import HostActorStore
 from domain.errors import HostError
@@ -306,13 +307,16 @@ class SessionRoutes:
             return len(self._entries)
 
     def reap(self, idle_after_s: float) -> list[tuple[Key, pykka.Future[Any]]]:
-        """Stop every actor neither busy nor used for `idle_after_s`; each one's stop is queued
+        """Stop every actor neither busy nor used for `idle_after_s`, nor handling a message
+        (`handling`: one told longer ago than that may still be queued or in hand — a submit
+        whose claim waits on the store — and would run ahead of the stop: its Turn started by
+        an actor that stops at once, nothing left to follow it); each one's stop is queued
         before the lock is released, so no direct message lands behind it."""
         now = time.monotonic()
         stopped: list[tuple[Key, pykka.Future[Any]]] = []
         with self._lock:
             for key, entry in list(self._entries.items()):
-                if entry.busy or now - entry.last_used < idle_after_s:
+                if entry.busy or now - entry.last_used < idle_after_s or handling(entry.ref):
                     continue
                 del self._entries[key]
                 stopped.append((key, entry.ref.stop(block=False)))

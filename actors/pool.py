@@ -282,6 +282,12 @@ class _PooledInbox:
         with self._lock:
             return not self._items
 
+    def idle(self) -> bool:
+        """No message queued and no slice queued or running: the actor handles nothing now
+        (a message it is in the middle of keeps its slice scheduled)."""
+        with self._lock:
+            return not self._scheduled and not self._items
+
     def take_or_idle(self) -> Envelope[Any] | None:
         """The next envelope, or None after marking the actor unscheduled (atomically).
 
@@ -432,4 +438,10 @@ class PooledActor(pykka.Actor, abc.ABC):
             ActorRegistry.stop_all()
 
 
-__all__ = ["DEFAULT_ACTOR_THREADS", "ActorPool", "PooledActor"]
+def handling(ref: pykka.ActorRef[Any]) -> bool:
+    """Whether a pooled actor has a message queued or in hand (False for any other actor)."""
+    inbox = ref.actor_inbox
+    return isinstance(inbox, _PooledInbox) and not inbox.idle()
+
+
+__all__ = ["DEFAULT_ACTOR_THREADS", "ActorPool", "PooledActor", "handling"]

@@ -98,9 +98,13 @@ class SessionControls:
         state = self._turns.get(turn.turn_id)
         if state is None:
             # Nothing in this process works on it: settle it here (with what the store has).
+            # Whether its `turn.start` left is not known here (the actor that started it is
+            # gone): it may have, so it is never marked host-only (the re-bind from the
+            # provider's history decides it), and its runtime is stopped even while it is
+            # unbound — the provider may run it, and nothing here could stop it later.
             state = self._turns.track(turn.turn_id, turn.root_provider_turn_id)
-            if turn.root_provider_turn_id:
-                self._runtime.stop_runtime()
+            state.start_maybe_sent = True
+            self._runtime.stop_runtime()
             self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
             return
         if state.settling:

@@ -37,6 +37,7 @@ from drivers.app_server.fork import (
 )
 from drivers.app_server.items import thread_of, user_text
 from drivers.app_server.process import (
+    PROVIDER_PROTOCOL_ERROR,
     AppServerClosed,
     AppServerFailure,
     AppServerTimeout,
@@ -332,6 +333,7 @@ class AppServerDriver:
             return self._turn_started(
                 session,
                 runtime,
+                turn_id,
                 lambda: runtime.proc.answer("turn/start", fut, timeout=self.request_timeout),
             )
 
@@ -371,13 +373,16 @@ class AppServerDriver:
                 session.op_lock.release()
         with self._lock:
             self._turn_starts[fut] = (runtime, time.monotonic() + self.request_timeout)
-        fut.add_done_callback(functools.partial(self._turn_answered, session, runtime, answer))
+        fut.add_done_callback(
+            functools.partial(self._turn_answered, session, runtime, turn_id, answer)
+        )
         return True
 
     def _turn_answered(
         self,
         session: SessionState,
         runtime: Runtime,
+        turn_id: str,
         answer: TurnAnswer,
         fut: Future[dict[str, Any]],
     ) -> None:
@@ -385,7 +390,7 @@ class AppServerDriver:
         with self._lock:
             self._turn_starts.pop(fut, None)
         try:
-            result = self._turn_started(session, runtime, lambda: fut.result(0))
+            result = self._turn_started(session, runtime, turn_id, lambda: fut.result(0))
         except Exception as exc:  # noqa: BLE001 - answered, typed, by the worker
             session.op_lock.release()
             answer(None, exc)
@@ -397,10 +402,15 @@ class AppServerDriver:
         self,
         session: SessionState,
         runtime: Runtime,
+        turn_id: str,
         wait: Callable[[], dict[str, Any]],
     ) -> dict[str, Any]:
-        """A `turn/start`'s answer (`wait()`) made the Turn's start: its provider id claimed
-        (`turn.started` sent), or the Session no longer awaiting it and the failure typed."""
+        """A `turn/start`'s answer (`wait()`) made the Turn's start (`turn_id`, the canonical
+        one): its provider id claimed (`turn.started` sent), or the Session no longer awaiting
+        it and the failure typed. An answer that names no turn, for a Turn no notification
+        named either, is a protocol break: nothing could ever claim or end that Turn, and the
+        Session would refuse every later Turn while it waits — the app-server is killed
+        (`break_protocol`) and the start fails `provider_protocol_error` in its words."""
         try:
             result = wait()
         except JsonRpcError as exc:
@@ -414,7 +424,19 @@ class AppServerDriver:
                 f"turn/start failed: {runtime.stopped_error or exc}",
                 reason="provider_unavailable",
             ) from exc
-        provider_turn_id = str((result.get("turn") or {}).get("id") or "")
+        turn = result.get("turn")
+        provider_turn_id = str(turn.get("id") or "") if isinstance(turn, Mapping) else ""
+        if not provider_turn_id:
+            with session.state_lock:
+                if session.awaiting_turn == turn_id:
+                    session.awaiting_turn = None
+                else:  # claimed by its notification, which overtook this answer
+                    provider_turn_id = next(
+                        (p for p, c in session.turns.items() if c == turn_id), ""
+                    )
+            if not provider_turn_id:
+                words = runtime.proc.break_protocol("answered turn/start without a turn id")
+                raise DriverError(f"turn/start failed: {words}", reason=PROVIDER_PROTOCOL_ERROR)
         self.events.claim_turn(session, provider_turn_id)
         session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}

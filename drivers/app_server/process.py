@@ -52,7 +52,8 @@ and the process is gone before its Turns are failed (the next Turn starts a new 
 same home)."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
 """The reason word a Turn fails with when its app-server broke the stdio protocol the reader
-cannot go on from: a line longer than `MAX_LINE_BYTES`, or its stdout closed while it runs."""
+cannot go on from: a line longer than `MAX_LINE_BYTES`, or its stdout closed while it runs; or
+the driver cannot follow its Turn (`break_protocol`: `turn/start` answered without a turn id)."""
 
 
 def child_running(proc: subprocess.Popen[Any]) -> bool:
@@ -586,15 +587,25 @@ class AppServerProcess:
         del raw
         self._kill_broken(proc, f"wrote a line longer than {limit} bytes")
 
-    def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> None:
+    def break_protocol(self, what: str) -> str:
+        """The server answered what no client can go on from (`turn/start` without a turn
+        id): killed and its Turns failed as `_kill_broken` does. Returns the words (any
+        thread but one holding this process's lock)."""
+        proc = self._proc
+        assert proc is not None, "not started"
+        return self._kill_broken(proc, what)
+
+    def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
         these words (killed first: the next Turn, started by the failure, finds it gone)."""
         kill_tree(proc.pid)
         proc.wait()
-        self._mark_closed(
+        reason = (
             f"{PROVIDER_PROTOCOL_ERROR}: the app-server (pid {proc.pid}) {what}; it was killed, "
             "and a new one starts at the next Turn"
         )
+        self._mark_closed(reason)
+        return reason
 
     def _dispatch(self, msg: dict[str, Any]) -> None:
         method = msg.get("method")

@@ -1,7 +1,8 @@
 """A Codex app-server that misbehaves on its stdout, through the real daemon: the pinned
 `codex app-server` behind the soaks' relay (`provider_chaos.codex_front`, the same JSON lines
 as Tutti Agent's) writes one endless line, garbage between its lines, notifications whose
-params are no object, or closes its stdout at a `turn/start` or once the Turn started. Each
+params are no object, closes its stdout at a `turn/start` or once the Turn started, or
+answers `turn/start` without a turn id (and names the Turn nowhere after). Each
 round is judged by the soaks' law, `provider_fault_settles`: the Turn settles in its bound
 (`failed provider_protocol_error` where the pipe broke, `completed` where the reader skips the
 lines), the broken runtime goes, the next Turn completes on a new one, the worker's memory
@@ -35,7 +36,7 @@ def test_every_stdout_fault_of_a_codex_app_server_settles_as_the_law_says(
     assert [f.fault for f in chaos.faults] == list(FAULTS), summary
     assert all(f.provider == CODEX and not f.disturbed for f in chaos.faults), chaos.faults
     # Every breaking fault met the relay and was named by the reader, not the liveness check.
-    for fault in ("endless", "close", "close_mid"):
+    for fault in ("endless", "close", "close_mid", "noid"):
         assert chaos.calls[f"codex {fault} failed provider_protocol_error"] == 1, summary
     for fault in ("garbage", "notobject"):
         assert chaos.calls[f"codex {fault} completed None"] == 1, summary

@@ -20,6 +20,9 @@ relay's pid) and does what it says:
   or for 10 s at most: the answer to an interrupt that reached the provider as its Turn ended
   overtakes that Turn's end, as it can when the provider writes the two from two threads;
   `hold_end N`: the end follows the answer N ms later (without, at once);
+- `noid` — the request goes on, and the provider's answer to it loses its Turn's id (its
+  `result.turn` without `id`), and no later line naming that id is relayed: a provider that
+  answers `turn/start` without a turn id and never names the Turn it started;
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
@@ -37,7 +40,7 @@ started), a directory ARM serves the Session of `$CLAUDE_CONFIG_DIR`; `garbage` 
 SDK skips (not JSON, no object, messages of no known type, a control response for a request
 never made), `notobject` what it cannot read on from: messages of a known type whose fields
 have the wrong shape (a stream event, an assistant message, a result), bytes that are not UTF-8
-(the SDK reads text).
+(the SDK reads text); `noid` is relayed as is (a prompt has no answer that names a turn).
 
 The provider stays real: only what the driver reads is changed.
 """
@@ -134,6 +137,7 @@ def main() -> None:
     held: list[bytes] = []
     end_after = [0.0]  # `hold_end N`: seconds between the interrupt's answer and the end
     interrupts: set[object] = set()  # the ids of the `turn/interrupt` requests passed on
+    noid: list[object] = []  # `noid`: the `turn/start`'s request id, then its Turn's id (bytes)
 
     def release() -> None:  # under the lock
         hold_end.clear()
@@ -159,12 +163,33 @@ def main() -> None:
         out.close()
         os.close(1)
 
+    def unnamed(line: bytes) -> bytes | None:  # under the lock: `noid`'s line, or None
+        if len(noid) == 2:
+            assert isinstance(noid[1], bytes)
+            return None if noid[1] in line else line
+        with contextlib.suppress(ValueError):
+            msg = json.loads(line)
+            if not isinstance(msg, dict) or "method" in msg or msg.get("id") != noid[0]:
+                return line
+            result = msg.get("result")
+            if isinstance(result, dict):
+                turn = result.get("turn")
+                if isinstance(turn, dict) and turn.get("id"):
+                    noid.append(str(turn.pop("id")).encode())
+                    return json.dumps(msg).encode() + b"\n"
+        return line
+
     def pump() -> None:
         assert child.stdout is not None
         for line in child.stdout:
             with lock:
                 if silenced.is_set():
                     continue
+                if noid:
+                    kept = unnamed(line)
+                    if kept is None:
+                        continue
+                    line = kept
                 if held and answers_interrupt(line):
                     out.write(line)  # the interrupt's answer first, then the Turn's end
                     out.flush()
@@ -203,6 +228,11 @@ def main() -> None:
                 close()
         if mode == "close_mid":
             close_after_start.set()
+        if mode == "noid" and not claude:
+            with contextlib.suppress(ValueError), lock:
+                request = json.loads(line)
+                if isinstance(request, dict):
+                    noid[:] = [request.get("id")]
         if mode == "hold_end":
             end_after[0] = int(count) / 1000 if count else 0.0
             hold_end.set()

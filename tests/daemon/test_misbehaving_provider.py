@@ -158,3 +158,32 @@ def test_a_provider_that_closes_its_stdout_and_keeps_running_is_killed_and_repla
     finally:
         _kill(pid)
         d.stop()
+
+
+def test_a_turn_start_answered_without_a_turn_id_fails_the_turn_and_the_next_turn_runs(
+    tmp_path: Path,
+) -> None:
+    """The relay strips the Turn's id from the provider's answer to `turn/start` and relays no
+    line naming it after: the driver cannot follow that Turn, so the answer is a protocol
+    break — the Turn fails `provider_protocol_error` naming the missing id, the app-server is
+    killed, and the Session's next Turn is taken and runs on a new one (it was refused as long
+    as the driver waited for an id)."""
+    relay = Relay(tmp_path)
+    d = _daemon(tmp_path, relay)
+    pid = None
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        relay.arm("noid")
+        turn = submit(c, sid, "hello")
+        pid = relay.taken_pid()
+        done = settle(c, sid, turn["turnId"], timeout=60)
+        assert done["outcome"] == "failed", done
+        assert done["errorReason"] == "provider_protocol_error", (done["error"], done)
+        assert "without a turn id" in done["error"], done
+        wait_for(lambda: not running(pid), 10)
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        _kill(pid)
+        d.stop()

@@ -4,7 +4,8 @@ front that runs the relay `tests/daemon/misbehaving_app_server.py` for the few S
 module makes (`FAULT_SESSIONS` Tutti Agent ones, `CODEX_FAULT_SESSIONS` Codex ones, each with
 its arm directory) and execs the real program for every other. A round picks one of them and a
 fault — one endless line, garbage between the provider's lines, its stdout closed
-at a `turn/start` or once the Turn runs, notifications whose params are no object — arms it,
+at a `turn/start` or once the Turn runs, notifications whose params are no object, a
+`turn/start` answered without a turn id (the Turn never named after) — arms it,
 submits a Turn, waits for it to settle, then runs the Session's next Turn, and keeps what it
 saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
 within its bound (`failed` with a typed reason where the pipe broke, `completed` where the
@@ -39,7 +40,7 @@ from tests.support.invariants import (
 from transport.client import Client, ClientClosed, ClientTimeout
 
 RELAY = Path(__file__).parents[1] / "daemon" / "misbehaving_app_server.py"
-FAULTS = ("endless", "garbage", "close", "close_mid", "notobject")
+FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid")
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
@@ -239,6 +240,10 @@ class ProviderChaos:
                 next_s = time.monotonic() - began_next
                 if nxt is None:
                     self._count(f"{name} next Turn refused")
+                elif nxt[0].get("outcome") != "completed":
+                    # What the law reports only as "failed": its words, for the summary.
+                    said = f"{nxt[0].get('errorReason')} {str(nxt[0].get('error'))[:100]}"
+                    self._count(f"{name} next Turn {nxt[0].get('outcome')}: {said}")
                 if generation() != began or _worker_pid(c, provider) != worker:
                     disturbed, by = True, ["a kill after it"]
                 elif nxt is not None and nxt[0].get("errorReason") == "provider_stopped":

@@ -103,6 +103,10 @@ starts through `tests/daemon/misbehaving_app_server.py`, and in each odd round b
 one a Turn of one of the chaos's two Sessions meets a fault (one endless line, garbage, non-object
 notifications, its stdout closed at `turn/start` or mid-Turn) among the clients' load, the
 round's kill landing on it or not; at the end `provider_fault_settles` judges what was seen.
+A Turn whose start fails on the host after its claim among the faults: 2 % of the clients'
+submits arm `host.turn.before_warm_start` `once:error` first (as the contention soak does), so
+such failures meet the kills; at the end no Turn of any live Session is active, and the summary
+line counts the arms and the Turns the point failed (`start_error_armed`, `start_failed`).
 The reads a GUI lives on too (`read_chaos.Reader`): a client step pages `session.list` or a
 Session's `session.timeline`, reads a `session.lineage`, or pins or renames a Session, racing
 the others and the kills (a read a kill cuts is dropped); after each restart the daemon's
@@ -136,6 +140,7 @@ from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
+    START_FAILPOINT,
     ProviderChaos,
     claude_front,
     codex_front,
@@ -234,6 +239,9 @@ COVER_POINT = "host.fork.after_dispatching"
 STOP_LATE_S = 30.0
 """A stop round whose worker ran at no look of the round tries on this long after it."""
 ASK_SHARE = 0.15
+START_POINT = "host.turn.before_warm_start"
+START_ERROR_SHARE = 0.02
+"""The share of submits that arm `START_POINT` `once:error` first (the contention soak's)."""
 READ_SHARE = 0.08
 """The share of client steps that page or read a lineage (`read_chaos.Reader`)."""
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
@@ -354,20 +362,21 @@ def call(w: World, c: Client, tag: str, method: str, params: dict[str, Any]) -> 
 
 def client_loop(w: World, n: int) -> None:
     rng = random.Random(w.seed * 100 + n)
+    starts = random.Random(f"warm-start-{w.seed}-{n}")  # apart: the seed's draws unchanged
     mine: tuple[int, Client] | None = None
     while not w.stop.is_set():
         if not w.enter():
             continue
         try:
             mine = w.client(mine)
-            step(w, rng, mine[1], f"client {n}")
+            step(w, rng, mine[1], f"client {n}", starts)
         except Exception as exc:  # noqa: BLE001 - a bug in the test or an untyped failure
             w.failures.append(f"client {n}: {type(exc).__name__}: {exc}")
         finally:
             w.leave()
 
 
-def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
+def step(w: World, rng: random.Random, c: Client, tag: str, starts: random.Random) -> None:
     with w.lock:
         sessions = list(w.sessions)
         ops = list(w.ops)
@@ -431,6 +440,12 @@ def step(w: World, rng: random.Random, c: Client, tag: str) -> None:
     elif action == "submit":
         text = rng.choice(["hello", "hello", "/slow 150 slow one", "/tool grep x", "/fail no"])
         (Path(w.cwd) / f"file-{rng.randrange(8)}.txt").write_text(f"{rng.random()}\n")
+        if starts.random() < START_ERROR_SHARE:
+            # That Turn (or the next warm one of any Session) fails on the host after its
+            # claim, among the kills: settled `failed`, never left `active` (the live
+            # `active_turn_worked` at the end, and no Turn active in any timeline).
+            armed = call(w, c, tag, "debug.failpoints", {"points": {START_POINT: "once:error"}})
+            w.calls["start error armed"] += armed is not None
         call(
             w,
             c,
@@ -856,6 +871,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         # `fence_has_saga`); `completed_turn_recorded` runs in every check.
         release_asks(w)
         wait_for(lambda: all(_idle_or_gone(c, s) for s in list(w.sessions)), timeout=60)
+        start_failed, left_active = start_failures(c, list(w.sessions))
+        assert not left_active, (seed, "Turns left active", left_active)
         asked_violations = w.asker.check(c)
         if faulted is not None:
             faulted.join(120)
@@ -908,7 +925,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     summary = [
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
         f"violations={violations} resumed_children={dict(resumed)}"
-        f" unanswered_after_restart={dict(proven)}",
+        f" unanswered_after_restart={dict(proven)}"
+        f" start_error_armed={w.calls['start error armed']} start_failed={start_failed}",
         f"stopped workers: {dict(stops)} gone after "
         + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
         + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",
@@ -991,6 +1009,25 @@ def answered(w: World, command: str) -> Iterator[None]:
         raise AssertionError(
             (w.seed, command, f"unanswered: {exc}", f"daemon exit {rc}", w.daemon.tail_log())
         ) from None
+
+
+def start_failures(c: Client, sids: list[str]) -> tuple[int, list[str]]:
+    """The Turns the clients' `START_POINT` error failed (their `error` names the point), and
+    any Turn still active, over the live Sessions' timelines."""
+    failed = 0
+    active: list[str] = []
+    for sid in sids:
+        status, body = c.call_raw(
+            "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+        )
+        if status != 200:
+            continue  # deleted meanwhile
+        for t in body["turns"]:
+            if t["phase"] != "settled":
+                active.append(f"{sid}/{t['turnId']}")
+            elif START_FAILPOINT in str(t.get("error") or ""):
+                failed += 1
+    return failed, active
 
 
 def quiet_failpoints(w: World) -> bool:
