@@ -21,7 +21,7 @@ from actors.provider_errors import control_error
 from actors.session_base import RETRY_FIRST_S, RETRY_MAX_S, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
-from domain.errors import Conflict, HostError, TurnNotFound
+from domain.errors import Conflict, HostError, InteractionNotFound
 from domain.worker_messages import InteractionRespond, SessionStop, TurnInterrupt
 from storage.sqlite import host_error_of, typed_store_error
 
@@ -183,10 +183,7 @@ class SessionControls:
         turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
         pending = [i for i in turn.interactions if i.request_id == msg.request_id]
         if not pending:
-            raise TurnNotFound(
-                f"no interaction {msg.request_id!r} in turn {msg.turn_id!r}",
-                reason="turn_not_found",
-            )
+            raise InteractionNotFound(f"no interaction {msg.request_id!r} in turn {msg.turn_id!r}")
         if pending[0].status != "pending":
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
         self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)

@@ -214,6 +214,28 @@ def test_approval_interaction_round_trip(daemon: DaemonProcess, decision: str, r
     assert _assistant_texts(done) == [f"{reply}: rm -rf build"]
 
 
+def test_an_answer_to_an_unknown_or_settled_interaction_is_typed(daemon: DaemonProcess) -> None:
+    """docs/protocol.md's binding reasons: an Interaction the Turn never had is 404
+    `interaction_not_found` (not `turn_not_found`: the Turn exists), one no longer pending is
+    409 `conflict`, and an unknown Turn is 404 `turn_not_found`."""
+    c = daemon.client()
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/ask what colour?")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+
+    def answer(turn_id: str, request_id: str) -> tuple[int, str]:
+        with pytest.raises(ApiError) as err:
+            respond(c, sid, turn_id, request_id, {"text": "red"})
+        return err.value.status, err.value.reason
+
+    assert answer(turn["turnId"], "no-such-request") == (404, "interaction_not_found")
+    assert answer(str(uuid.uuid4()), pending[0]["requestId"]) == (404, "turn_not_found")
+    respond(c, sid, turn["turnId"], pending[0]["requestId"], {"text": "blue"})
+    settle(c, sid, turn["turnId"])
+    assert answer(turn["turnId"], pending[0]["requestId"]) == (409, "conflict")
+    assert answer(turn["turnId"], "no-such-request") == (404, "interaction_not_found")
+
+
 def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
     daemon: DaemonProcess,
 ) -> None:
