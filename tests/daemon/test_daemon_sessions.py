@@ -257,6 +257,57 @@ def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
     assert [i["status"] for i in done["interactions"]] == ["resolved"]
 
 
+def test_an_answer_the_provider_took_is_recorded_after_a_fork_that_began_meanwhile(
+    daemon: DaemonProcess,
+) -> None:
+    """The answer lets the Turn end before the worker's reply (held back), and a fork of the
+    now settled Session begins in between (held at the provider): the record of the answer
+    the provider took meets the fork's fence. It lands once the fence lifts, never inside the
+    window, and the caller hears the resolved Interaction — not a 409 whose retry finds the
+    Interaction `superseded` and the answer the provider took never recorded."""
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/approve ls")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+    points = {
+        "worker.interaction.after_answer": "sleep:2000",
+        "worker.fork.before_provider_call": "sleep:4000",
+    }
+    c.call("debug.failpoints", {"points": points})
+    try:
+        answer = c.submit(
+            "interaction.respond",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "turnId": turn["turnId"],
+                "requestId": pending[0]["requestId"],
+                "response": {"decision": "approve"},
+            },
+        )
+        wait_for(lambda: turn_of(c, sid, turn["turnId"])["phase"] == "settled")
+        target = str(uuid.uuid4())
+        fork = c.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": target,
+                "point": {"type": "latestSettled"},
+            },
+        )
+        status, body = answer.result(timeout=30)
+        fork_status, fork_body = fork.result(timeout=30)
+    finally:
+        c.call("debug.failpoints", {"points": {name: "off" for name in points}})
+    assert fork_status in (200, 202), fork_body
+    assert (status, body.get("interaction", {}).get("status")) == (200, "resolved"), body
+    done = turn_of(c, sid, turn["turnId"])
+    assert [i["status"] for i in done["interactions"]] == ["resolved"]
+    assert _assistant_texts(done) == ["approved: ls"]
+
+
 def test_turn_interrupt_settles_interrupted(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid = create_session(c)["agentSessionId"]
