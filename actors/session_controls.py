@@ -82,10 +82,11 @@ class SessionControls:
         one whose settlement is still pending, one nothing tracks any more, and one whose
         provider runtime is hung (that runtime is stopped)."""
         turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
-        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
         if turn.phase != "active":
+            # Answered unchanged, a fork in flight or not: nothing is written.
             msg.reply(turn)
             return
+        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
 
         def _answer(err: HostError | None) -> None:
             if err is not None:

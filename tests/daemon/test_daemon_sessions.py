@@ -22,6 +22,7 @@ from tests.support.daemon import (
     respond,
     run_turn,
     settle,
+    status_of_last_fork,
     submit,
     timeline,
     turn_of,
@@ -316,6 +317,41 @@ def test_turn_interrupt_settles_interrupted(daemon: DaemonProcess) -> None:
     c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": turn["turnId"]})
     done = settle(c, sid, turn["turnId"])
     assert done["outcome"] == "interrupted"
+
+
+def test_an_interrupt_of_a_settled_turn_during_a_fork_answers_the_turn_unchanged(
+    daemon: DaemonProcess,
+) -> None:
+    """`turn.interrupt` of a settled Turn answers it unchanged (docs/design/internals.md,
+    "Interactions and interrupts: their laws"), a fork of its Session in flight or not: it
+    writes nothing, so the fork's fence has nothing to refuse (no Turn is active while a fork
+    holds it)."""
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    done = run_turn(c, sid, "hello")
+    c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:3000"}})
+    try:
+        fork = c.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "latestSettled"},
+            },
+        )
+        wait_for(lambda: status_of_last_fork(daemon.home / "store.sqlite3", sid) == "dispatching")
+        status, body = c.call_raw(
+            "turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": done["turnId"]}
+        )
+        assert status_of_last_fork(daemon.home / "store.sqlite3", sid) == "dispatching"
+        fork_status, fork_body = fork.result(timeout=30)
+    finally:
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "off"}})
+    assert fork_status in (200, 202), fork_body
+    assert status == 200, body
+    assert (body["turn"]["phase"], body["turn"]["outcome"]) == ("settled", "completed")
 
 
 def test_failing_turn_settles_failed(daemon: DaemonProcess) -> None:
