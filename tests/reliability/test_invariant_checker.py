@@ -1404,6 +1404,10 @@ def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked:
     changed = Answered(**{**_fields(again), "body": body})
     found = check_interrupts([changed], asked.turns)
     assert [v.law for v in found] == [Law.INTERRUPT_ANSWERED] * 2, found
+    fenced = {"code": "conflict", "reason": "agent_session_fork_in_progress"}
+    refused = Answered(**{**_fields(again), "status": 409, "body": fenced})
+    found = check_interrupts([refused], asked.turns)
+    assert [v.law for v in found] == [Law.INTERRUPT_ANSWERED], found
 
 
 def _fields(a: Answered) -> dict[str, Any]:

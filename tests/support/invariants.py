@@ -2536,11 +2536,20 @@ def check_interrupts(
     `session.timeline` answered once the clients were quiet (`turns`, as for
     `check_interaction_answers`): a Turn an interrupt answered 200 is settled; one that answer
     showed settled keeps that outcome, and one the client had seen settled before asking is
-    answered with that outcome (an interrupt settles an active Turn; it changes no settled
-    one)."""
+    answered with that outcome, never refused 409 (an interrupt settles an active Turn; it
+    changes no settled one, so not even a fork's fence refuses it)."""
     out: list[Violation] = []
     for a in interrupts:
         turn = turns.get(a.turn_id)
+        if a.status == 409 and (a.seen or {}).get("phase") == "settled":
+            # A settled Turn's interrupt writes nothing: no fence or conflict refuses it.
+            out.append(
+                Violation(
+                    Law.INTERRUPT_ANSWERED,
+                    f"turn {a.turn_id}: seen settled, its interrupt refused 409"
+                    f" {a.body.get('reason')}",
+                )
+            )
         if a.status != 200 or turn is None:
             continue
         where = f"turn {a.turn_id}"
