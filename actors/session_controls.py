@@ -21,7 +21,7 @@ from actors.provider_errors import control_error
 from actors.session_base import RETRY_FIRST_S, RETRY_MAX_S, SessionCore, TurnState
 from actors.session_runtime import SessionRuntime
 from actors.session_turns import TurnRunner
-from domain.errors import Conflict, HostError, TurnNotFound
+from domain.errors import Conflict, ForkInProgress, HostError, InteractionNotFound
 from domain.worker_messages import InteractionRespond, SessionStop, TurnInterrupt
 from storage.sqlite import host_error_of, typed_store_error
 
@@ -82,10 +82,11 @@ class SessionControls:
         one whose settlement is still pending, one nothing tracks any more, and one whose
         provider runtime is hung (that runtime is stopped)."""
         turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
-        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
         if turn.phase != "active":
+            # Answered unchanged, a fork in flight or not: nothing is written.
             msg.reply(turn)
             return
+        self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
 
         def _answer(err: HostError | None) -> None:
             if err is not None:
@@ -187,10 +188,7 @@ class SessionControls:
         turn = self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, msg.turn_id)
         pending = [i for i in turn.interactions if i.request_id == msg.request_id]
         if not pending:
-            raise TurnNotFound(
-                f"no interaction {msg.request_id!r} in turn {msg.turn_id!r}",
-                reason="turn_not_found",
-            )
+            raise InteractionNotFound(f"no interaction {msg.request_id!r} in turn {msg.turn_id!r}")
         if pending[0].status != "pending":
             raise Conflict(f"interaction {msg.request_id!r} is {pending[0].status}")
         self._core.session_store.fork_fence.check_fence(self._core.ws, self._core.sid)
@@ -218,18 +216,21 @@ class SessionControls:
         self._core.later(fut, _done, msg.reply)
 
     def _record_answer(self, msg: Respond, output: dict[str, object], delay: float) -> None:
-        """The answer the provider took, recorded; a busy (or full) store's refusal is retried
-        with backoff until it lands, and the request answered then. Answered 503 at once, a
-        retry of the answer met the provider's "not pending" (409) while the record stayed
-        `pending` — the Turn's watchdog waiting on the person — until the Turn's settlement
-        superseded it, the answer the provider took never recorded."""
+        """The answer the provider took, recorded; a busy (or full) store's refusal, or a fork's
+        fence, is retried with backoff until it lands, and the request answered then. Answered
+        503 at once, a retry of the answer met the provider's "not pending" (409) while the
+        record stayed `pending` — the Turn's watchdog waiting on the person — until the Turn's
+        settlement superseded it, the answer the provider took never recorded."""
         try:
             interaction = self._core.session_store.history.resolve_interaction(
                 self._core.ws, self._core.sid, msg.turn_id, msg.request_id, output, delivered=True
             )
-        except Exception as exc:  # noqa: BLE001 - a busy store is retried; the rest answered
-            busy = typed_store_error(exc)
-            if busy is None:
+        except Exception as exc:  # noqa: BLE001 - a busy store or a fence is retried
+            # A fork of the Session that began after the Turn settled (the answer's Turn, not
+            # pending any more, does not refuse it) fences the record: it lands once the fork
+            # ends (every active operation has a saga that ends it), never inside its window.
+            waits = exc if isinstance(exc, ForkInProgress) else typed_store_error(exc)
+            if waits is None:
                 msg.reply(host_error_of(exc, f"session {self._core.key}: answer", logger=log))
                 return
             log.warning(
@@ -237,7 +238,7 @@ class SessionControls:
                 self._core.key,
                 msg.request_id,
                 delay,
-                busy.message,
+                waits.message,
             )
             self.records_pending += 1
 

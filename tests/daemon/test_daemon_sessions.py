@@ -22,6 +22,7 @@ from tests.support.daemon import (
     respond,
     run_turn,
     settle,
+    status_of_last_fork,
     submit,
     timeline,
     turn_of,
@@ -214,6 +215,28 @@ def test_approval_interaction_round_trip(daemon: DaemonProcess, decision: str, r
     assert _assistant_texts(done) == [f"{reply}: rm -rf build"]
 
 
+def test_an_answer_to_an_unknown_or_settled_interaction_is_typed(daemon: DaemonProcess) -> None:
+    """docs/protocol.md's binding reasons: an Interaction the Turn never had is 404
+    `interaction_not_found` (not `turn_not_found`: the Turn exists), one no longer pending is
+    409 `conflict`, and an unknown Turn is 404 `turn_not_found`."""
+    c = daemon.client()
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/ask what colour?")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+
+    def answer(turn_id: str, request_id: str) -> tuple[int, str]:
+        with pytest.raises(ApiError) as err:
+            respond(c, sid, turn_id, request_id, {"text": "red"})
+        return err.value.status, err.value.reason
+
+    assert answer(turn["turnId"], "no-such-request") == (404, "interaction_not_found")
+    assert answer(str(uuid.uuid4()), pending[0]["requestId"]) == (404, "turn_not_found")
+    respond(c, sid, turn["turnId"], pending[0]["requestId"], {"text": "blue"})
+    settle(c, sid, turn["turnId"])
+    assert answer(turn["turnId"], pending[0]["requestId"]) == (409, "conflict")
+    assert answer(turn["turnId"], "no-such-request") == (404, "interaction_not_found")
+
+
 def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
     daemon: DaemonProcess,
 ) -> None:
@@ -235,6 +258,57 @@ def test_an_answer_whose_turn_ends_before_its_reply_is_still_resolved(
     assert [i["status"] for i in done["interactions"]] == ["resolved"]
 
 
+def test_an_answer_the_provider_took_is_recorded_after_a_fork_that_began_meanwhile(
+    daemon: DaemonProcess,
+) -> None:
+    """The answer lets the Turn end before the worker's reply (held back), and a fork of the
+    now settled Session begins in between (held at the provider): the record of the answer
+    the provider took meets the fork's fence. It lands once the fence lifts, never inside the
+    window, and the caller hears the resolved Interaction — not a 409 whose retry finds the
+    Interaction `superseded` and the answer the provider took never recorded."""
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    turn = submit(c, sid, "/approve ls")
+    pending = wait_for(lambda: turn_of(c, sid, turn["turnId"])["interactions"])
+    points = {
+        "worker.interaction.after_answer": "sleep:2000",
+        "worker.fork.before_provider_call": "sleep:4000",
+    }
+    c.call("debug.failpoints", {"points": points})
+    try:
+        answer = c.submit(
+            "interaction.respond",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "turnId": turn["turnId"],
+                "requestId": pending[0]["requestId"],
+                "response": {"decision": "approve"},
+            },
+        )
+        wait_for(lambda: turn_of(c, sid, turn["turnId"])["phase"] == "settled")
+        target = str(uuid.uuid4())
+        fork = c.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": target,
+                "point": {"type": "latestSettled"},
+            },
+        )
+        status, body = answer.result(timeout=30)
+        fork_status, fork_body = fork.result(timeout=30)
+    finally:
+        c.call("debug.failpoints", {"points": {name: "off" for name in points}})
+    assert fork_status in (200, 202), fork_body
+    assert (status, body.get("interaction", {}).get("status")) == (200, "resolved"), body
+    done = turn_of(c, sid, turn["turnId"])
+    assert [i["status"] for i in done["interactions"]] == ["resolved"]
+    assert _assistant_texts(done) == ["approved: ls"]
+
+
 def test_turn_interrupt_settles_interrupted(daemon: DaemonProcess) -> None:
     c = daemon.client()
     sid = create_session(c)["agentSessionId"]
@@ -243,6 +317,41 @@ def test_turn_interrupt_settles_interrupted(daemon: DaemonProcess) -> None:
     c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": turn["turnId"]})
     done = settle(c, sid, turn["turnId"])
     assert done["outcome"] == "interrupted"
+
+
+def test_an_interrupt_of_a_settled_turn_during_a_fork_answers_the_turn_unchanged(
+    daemon: DaemonProcess,
+) -> None:
+    """`turn.interrupt` of a settled Turn answers it unchanged (docs/design/internals.md,
+    "Interactions and interrupts: their laws"), a fork of its Session in flight or not: it
+    writes nothing, so the fork's fence has nothing to refuse (no Turn is active while a fork
+    holds it)."""
+    c = daemon.client(timeout=60)
+    sid = create_session(c)["agentSessionId"]
+    done = run_turn(c, sid, "hello")
+    c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "sleep:3000"}})
+    try:
+        fork = c.submit(
+            "fork.create",
+            {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": str(uuid.uuid4()),
+                "targetAgentSessionId": str(uuid.uuid4()),
+                "point": {"type": "latestSettled"},
+            },
+        )
+        wait_for(lambda: status_of_last_fork(daemon.home / "store.sqlite3", sid) == "dispatching")
+        status, body = c.call_raw(
+            "turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": done["turnId"]}
+        )
+        assert status_of_last_fork(daemon.home / "store.sqlite3", sid) == "dispatching"
+        fork_status, fork_body = fork.result(timeout=30)
+    finally:
+        c.call("debug.failpoints", {"points": {"worker.fork.before_provider_call": "off"}})
+    assert fork_status in (200, 202), fork_body
+    assert status == 200, body
+    assert (body["turn"]["phase"], body["turn"]["outcome"]) == ("settled", "completed")
 
 
 def test_failing_turn_settles_failed(daemon: DaemonProcess) -> None:

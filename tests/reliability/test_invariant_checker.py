@@ -185,6 +185,38 @@ def test_step_times_out_of_order_are_reported(base: Base, tmp_path: Path) -> Non
     assert Law.STEP_ORDER in laws(home)
 
 
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "INSERT INTO goal_controls (workspace_id, session_id, control_id, action, goal, status,"
+        " created_at_ms, finished_at_ms) SELECT workspace_id, source_session_id, 'g-x', 'set',"
+        " 'g', 'finished', {mid}, {mid} FROM fork_operations WHERE operation_id = '{op}'",
+        "INSERT INTO goal_controls (workspace_id, session_id, control_id, action, goal, status,"
+        " created_at_ms) SELECT workspace_id, source_session_id, 'g-x', 'set', 'g', 'active',"
+        " created_at_ms - 1 FROM fork_operations WHERE operation_id = '{op}'",
+        "INSERT INTO interactions (workspace_id, session_id, interaction_id, request_id, turn_id,"
+        " kind, status, input_json, output_json, created_at_ms, resolved_at_ms)"
+        " SELECT workspace_id, source_session_id, 'i-x', 'q-x', source_turn_id, 'question',"
+        " 'resolved', '{{}}', '{{\"text\": \"a\"}}', created_at_ms - 5, {mid}"
+        " FROM fork_operations WHERE operation_id = '{op}'",
+    ],
+    ids=["goal_set_inside", "goal_active_when_it_opened", "answer_recorded_inside"],
+)
+def test_a_fenced_control_inside_a_fence_window_is_reported(
+    base: Base, tmp_path: Path, sql: str
+) -> None:
+    """A goal control or an Interaction's answer the fence should have refused, recorded
+    inside the window of the `unknown` fork (prepare → `unknown`)."""
+    op = base.unknown["operationId"]
+    mid = (
+        "(SELECT (created_at_ms + completed_at_ms) / 2 FROM fork_operations"
+        f" WHERE operation_id = '{op}')"
+    )
+    home = tampered(base, tmp_path, sql.format(op=op, mid=mid), flag=False)
+    found = [v for v in check_invariants(home).violations if v.law == Law.FENCE_WINDOW]
+    assert found, check_invariants(home).violations
+
+
 def test_two_active_operations_on_one_source_are_reported(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,
@@ -1372,6 +1404,10 @@ def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked:
     changed = Answered(**{**_fields(again), "body": body})
     found = check_interrupts([changed], asked.turns)
     assert [v.law for v in found] == [Law.INTERRUPT_ANSWERED] * 2, found
+    fenced = {"code": "conflict", "reason": "agent_session_fork_in_progress"}
+    refused = Answered(**{**_fields(again), "status": 409, "body": fenced})
+    found = check_interrupts([refused], asked.turns)
+    assert [v.law for v in found] == [Law.INTERRUPT_ANSWERED], found
 
 
 def _fields(a: Answered) -> dict[str, Any]:

@@ -171,7 +171,9 @@ class Law(StrEnum):
     FENCE_WINDOW = "fence_window"
     """A source's Turn ran inside a fence window of one of its operations (law 3): claimed
     after the operation's prepare (or the adopt that took the fence again) and before its end,
-    or still active when that window opened (the times are each write's own transaction's)."""
+    or still active when that window opened (the times are each write's own transaction's); or
+    a fenced control landed inside one: a goal control recorded in it (or active when it
+    opened), an Interaction's answer recorded in it."""
     STEP_ORDER = "step_order"
     """An operation's durable steps are not each their own, in their order: a
     `provider_accepted` or `committed` one without its `dispatching` or `provider_accepted` time
@@ -1083,7 +1085,7 @@ def fence_windows(
 
 def _check_fence_window(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
     """No Turn of a source claimed inside one of its operations' fence windows, none active
-    when one opened."""
+    when one opened; no goal control or Interaction answer of it recorded inside one."""
     now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
     for o, start, end in fence_windows(conn, ops, now):
         for t in _rows(
@@ -1099,6 +1101,36 @@ def _check_fence_window(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, An
                 f"source {o['source_session_id']} turn {t['turn_id']} (seq {t['sequence']},"
                 f" created {t['created_at_ms']}, settled {t['settled_at_ms']}) ran inside the"
                 f" fence window {start}..{end} of operation {o['operation_id']} ({o['status']})",
+            )
+        # The fenced controls' own rows: a goal control recorded (or one still active) and an
+        # Interaction's answer recorded inside the window would be a fenced write that landed.
+        source = (o["workspace_id"], o["source_session_id"])
+        for g in _rows(
+            conn,
+            "SELECT control_id, created_at_ms, finished_at_ms FROM goal_controls"
+            " WHERE workspace_id = ? AND session_id = ? AND ((created_at_ms > ?"
+            " AND created_at_ms < ?) OR (created_at_ms < ? AND (finished_at_ms IS NULL"
+            " OR finished_at_ms > ?)))",
+            (*source, start, end, start, start),
+        ):
+            ctx.fail(
+                Law.FENCE_WINDOW,
+                f"source {o['source_session_id']} goal control {g['control_id']} (created"
+                f" {g['created_at_ms']}, finished {g['finished_at_ms']}) inside the fence window"
+                f" {start}..{end} of operation {o['operation_id']} ({o['status']})",
+            )
+        for i in _rows(
+            conn,
+            "SELECT turn_id, request_id, resolved_at_ms FROM interactions WHERE workspace_id = ?"
+            " AND session_id = ? AND status = 'resolved' AND resolved_at_ms > ?"
+            " AND resolved_at_ms < ?",
+            (*source, start, end),
+        ):
+            ctx.fail(
+                Law.FENCE_WINDOW,
+                f"source {o['source_session_id']} turn {i['turn_id']} interaction"
+                f" {i['request_id']} answered at {i['resolved_at_ms']}, inside the fence window"
+                f" {start}..{end} of operation {o['operation_id']} ({o['status']})",
             )
 
 
@@ -2504,11 +2536,20 @@ def check_interrupts(
     `session.timeline` answered once the clients were quiet (`turns`, as for
     `check_interaction_answers`): a Turn an interrupt answered 200 is settled; one that answer
     showed settled keeps that outcome, and one the client had seen settled before asking is
-    answered with that outcome (an interrupt settles an active Turn; it changes no settled
-    one)."""
+    answered with that outcome, never refused 409 (an interrupt settles an active Turn; it
+    changes no settled one, so not even a fork's fence refuses it)."""
     out: list[Violation] = []
     for a in interrupts:
         turn = turns.get(a.turn_id)
+        if a.status == 409 and (a.seen or {}).get("phase") == "settled":
+            # A settled Turn's interrupt writes nothing: no fence or conflict refuses it.
+            out.append(
+                Violation(
+                    Law.INTERRUPT_ANSWERED,
+                    f"turn {a.turn_id}: seen settled, its interrupt refused 409"
+                    f" {a.body.get('reason')}",
+                )
+            )
         if a.status != 200 or turn is None:
             continue
         where = f"turn {a.turn_id}"
