@@ -14,6 +14,11 @@ from storage.base import Database
 from storage.models import Session
 from storage.rows import require_live_session, require_session, require_text, touch
 
+KEPT_GOAL_CONTROLS = 64
+"""How many finished goal controls a Session keeps (the newest): each `set_goal`/`clear_goal`
+records one, a goal up to the text limit each, and only `active` ones are ever read (the fork's
+quiescence); the Session row holds the goal itself."""
+
 
 class SessionControls:
     """Goal controls."""
@@ -37,6 +42,14 @@ class SessionControls:
                 "INSERT INTO goal_controls (workspace_id, session_id, control_id, action, goal,"
                 " status, created_at_ms, finished_at_ms) VALUES (?, ?, ?, ?, ?, 'finished', ?, ?)",
                 (ws, sid, str(uuid.uuid4()), action, goal, tx.now_ms, tx.now_ms),
+            )
+            # The record stays bounded: the oldest finished controls past the kept number go.
+            tx.execute(
+                "DELETE FROM goal_controls WHERE workspace_id = ?1 AND session_id = ?2"
+                " AND status = 'finished' AND control_id NOT IN (SELECT control_id FROM"
+                " goal_controls WHERE workspace_id = ?1 AND session_id = ?2"
+                " AND status = 'finished' ORDER BY created_at_ms DESC, rowid DESC LIMIT ?3)",
+                (ws, sid, KEPT_GOAL_CONTROLS),
             )
             tx.execute(
                 "UPDATE sessions SET goal = ? WHERE workspace_id = ? AND session_id = ?",

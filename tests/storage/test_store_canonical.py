@@ -302,6 +302,32 @@ def test_goal_set_and_clear_record_goal_controls(store: Store) -> None:
     assert finish_goal_control(store, WS, control).goal == "later"
 
 
+def test_a_session_keeps_only_its_newest_finished_goal_controls(store: Store) -> None:
+    """Each goal set or cleared records a control; the record does not grow without bound."""
+    from storage.session_controls import KEPT_GOAL_CONTROLS
+
+    sid, other = new_session(store), new_session(store)
+    store.goals.set_goal(WS, other, "the other's")
+    for n in range(KEPT_GOAL_CONTROLS + 36):
+        store.goals.set_goal(WS, sid, f"goal {n}")
+    control = begin_goal_control(store, WS, sid, "set", "in flight")
+    store.goals.clear_goal(WS, sid)
+    rows = (
+        store.db.connection()
+        .execute("SELECT session_id, goal, status FROM goal_controls ORDER BY created_at_ms, rowid")
+        .fetchall()
+    )
+    mine = [(goal, status) for s, goal, status in rows if s == sid]
+    finished = [goal for goal, status in mine if status == "finished"]
+    assert len(finished) == KEPT_GOAL_CONTROLS
+    assert finished[-2:] == [f"goal {KEPT_GOAL_CONTROLS + 35}", None]
+    assert ("in flight", "active") in mine  # an active control is never pruned
+    assert [(goal, status) for s, goal, status in rows if s == other] == [
+        ("the other's", "finished")
+    ]
+    assert finish_goal_control(store, WS, control).goal == "in flight"
+
+
 def test_runtime_context_is_merged_and_provider_identity_kept(store: Store) -> None:
     sid = new_session(store, provider_session_id="p-1")
     s = store.sessions.update_runtime(WS, sid, runtime_context={"extra": True})
