@@ -108,6 +108,16 @@ def stopped_error(provider: str, what: str, pid: int, stopped: int, for_s: float
     )
 
 
+def stopped_start_error(provider: str, pid: int, stopped: int, what: str) -> str:
+    """The failure of a provider process found stopped when its start got no answer."""
+    which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+    return (
+        f"{PROVIDER_STOPPED}: the {provider} app-server ({which}) was stopped (SIGSTOP, "
+        f"SIGTSTP or a debugger) while it started ({what}); it was killed, and a new one "
+        "starts at the next Turn"
+    )
+
+
 def unresponsive_error(provider: str, what: str, pid: int, probe: str, for_s: float) -> str:
     """The failure of a Turn whose provider process runs but answers nothing, in words."""
     state = process_state(pid) or "?"

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -34,6 +35,7 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.state import Runtime
 from drivers.errors import DriverError
+from drivers.liveness import PROVIDER_STOPPED, TreeWatch, kill_tree, stopped_start_error
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
@@ -189,7 +191,18 @@ class Runtimes:
             proc.start()
             init = proc.initialize(CLIENT_NAME, CLIENT_VERSION, timeout=self.request_timeout)
         except AppServerFailure as exc:
+            pid = proc.pid
+            # A start that met a stopped process (SIGSTOP, SIGTSTP, a debugger) says so, typed
+            # as a Turn's stopped provider is: it did not fail, it could not answer.
+            stopped = TreeWatch(pid).stopped(time.monotonic()) if pid is not None else None
+            if pid is not None and stopped is not None:
+                kill_tree(pid)  # a stopped process below it would outlive the close
             proc.close(1.0)
+            if pid is not None and stopped is not None:
+                raise DriverError(
+                    stopped_start_error(provider.kind, pid, stopped, str(exc)),
+                    reason=PROVIDER_STOPPED,
+                ) from exc
             raise DriverError(
                 f"{provider.kind} app-server failed to start: {exc} {proc.stderr_tail()}".strip(),
                 reason="provider_start_failed",
