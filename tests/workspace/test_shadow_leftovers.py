@@ -19,18 +19,16 @@ import pytest
 
 from actors.checkpoints import CheckpointJanitor, DirectoryLocks
 from tests.support.daemon import wait_for
+from tests.support.git_wrappers import SUBCOMMAND
 from workspace.shadow import INIT_PREFIX, Checkpoint, ShadowStore, Unavailable
 
 pytestmark = pytest.mark.timeout(60)
 
-_KILLING_GIT = """#!/bin/sh
+_KILLING_GIT = (
+    SUBCOMMAND
+    + """\
 # The real git; a `git init` makes its repository, then kills the process that ran it (as a
 # daemon killed while it makes a shadow repository, before its rename into place).
-for a in "$@"; do
-  case "$a" in -c) skip=1; continue ;; esac
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  sub="$a"; break
-done
 if [ "$sub" = init ]; then
   "{real}" "$@"
   kill -9 "$PPID"
@@ -38,15 +36,13 @@ if [ "$sub" = init ]; then
 fi
 exec "{real}" "$@"
 """
+)
 
-_WAITING_GIT = """#!/bin/sh
+_WAITING_GIT = (
+    SUBCOMMAND
+    + """\
 # The real git; a `git init` makes its repository, then says so in {reached} and waits for
 # {go} (a creation still running when a sweep comes).
-for a in "$@"; do
-  case "$a" in -c) skip=1; continue ;; esac
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  sub="$a"; break
-done
 if [ "$sub" = init ]; then
   "{real}" "$@" || exit $?
   : > "{reached}"
@@ -56,6 +52,7 @@ if [ "$sub" = init ]; then
 fi
 exec "{real}" "$@"
 """
+)
 
 _CHILD = """
 import sys

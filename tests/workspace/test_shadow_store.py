@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.git_wrappers import SUBCOMMAND
 from tests.support.worktree_repos import BINARY, git
 from workspace.shadow import ChangeKind, Checkpoint, ShadowStore, Unavailable
 
@@ -231,21 +232,19 @@ def test_lock_files_a_killed_process_left_are_cleared(repo: Path, store: ShadowS
     assert isinstance(last, Checkpoint) and last.tree != again.tree
 
 
-_VANISHING_GIT = """#!/bin/sh
+_VANISHING_GIT = (
+    SUBCOMMAND
+    + """\
 # The real git, except that the next `add` of a shadow repository first sees the file named
 # in {arm} deleted (as a build's temp file or an editor's swap file goes between the listing
 # and the add); once.
-for a in "$@"; do
-  case "$a" in -c) skip=1; continue ;; esac
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  sub="$a"; break
-done
 if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
   read -r doomed < "{arm}"
   rm -f "{arm}" "$doomed"
 fi
 exec "{real}" "$@"
 """
+)
 
 
 def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_capture(
@@ -284,21 +283,19 @@ def test_a_file_deleted_between_the_listing_and_the_add_does_not_fail_the_captur
     ]
 
 
-_FILTERING_GIT = """#!/bin/sh
+_FILTERING_GIT = (
+    SUBCOMMAND
+    + """\
 # The real git, except that the next `add` of a shadow repository runs with the clean filter
 # `vanish` (which the folder's .gitattributes names for first.txt) set to {filter}: while git
 # indexes first.txt, the file named in {arm} is deleted, after git listed it and before it
 # reads it (a folder written while it is captured); once.
-for a in "$@"; do
-  case "$a" in -c) skip=1; continue ;; esac
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  sub="$a"; break
-done
 if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
   exec "{real}" -c filter.vanish.clean="{filter}" "$@"
 fi
 exec "{real}" "$@"
 """
+)
 
 _VANISH_FILTER = """#!/bin/sh
 if [ -e "{arm}" ]; then
@@ -351,15 +348,12 @@ def test_a_file_deleted_while_the_add_runs_does_not_fail_the_capture(
     assert (out / "first.txt").read_text() == "first, now\n"
 
 
-_SWAPPING_GIT = """#!/bin/sh
+_SWAPPING_GIT = (
+    SUBCOMMAND
+    + """\
 # The real git, except that the next `read-tree` of a shadow repository first sees the
 # directory named in {arm} replaced by a symlink to {outside} (someone else writing the folder
 # while a restore runs); once.
-for a in "$@"; do
-  case "$a" in -c) skip=1; continue ;; esac
-  if [ "$skip" = 1 ]; then skip=0; continue; fi
-  sub="$a"; break
-done
 if [ "$sub" = read-tree ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
   read -r swapped < "{arm}"
   rm -rf "{arm}" "$swapped"
@@ -367,6 +361,7 @@ if [ "$sub" = read-tree ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
 fi
 exec "{real}" "$@"
 """
+)
 
 
 def test_a_restore_never_removes_a_file_through_a_symlink_made_while_it_runs(
