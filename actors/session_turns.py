@@ -811,7 +811,9 @@ class TurnRunner:
         except HostError:
             return None
         state = TurnState(turn_id, provider_turn_id=turn.root_provider_turn_id)
-        state.at_provider = True  # it sends events: the provider has it
+        # It sends events: the provider has it, so its `turn.start` was sent (never host-only,
+        # even while the store holds no provider turn id for it).
+        state.at_provider = state.start_maybe_sent = True
         state.settled = state.settling = turn.phase == "settled"
         return state
 
