@@ -131,6 +131,10 @@ class HostContext:
     # Makes and removes `worktree` forks' trees from workspace checkpoints (None: this host
     # keeps no checkpoints, and a `worktree` fork is refused).
     fork_trees: ForkTrees | None = None
+    # Hands a failed fork's tree git could not remove (workspace, operation, path, git's
+    # error) to the daemon's live retries (`agenthost.worktree_delete.RemovalRetries`); None:
+    # it waits for the next start's recovery.
+    retry_failed_tree: Callable[[str, str, str, str], None] | None = None
     # The workspaces whose runtime directory this daemon has spread (`_spread_workspace_dir`).
     _spread: set[str] = field(default_factory=set)
 

@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from actors.context import runtime_key
@@ -849,10 +850,15 @@ def end_failed_tree(
     """A failed fork's tree removed and recorded `removed` (`remove_failed_tree`); the
     operation as it stands after. A record the store refused (busy, full) is retried on the
     actor with backoff until it lands: the tree is gone, and a live daemon never keeps it
-    recorded `made` (law `worktree`) until a restart. A tree git cannot remove now is left
-    for start-up recovery, as before."""
+    recorded `made` (law `worktree`) until a restart. A tree git cannot remove now is handed
+    to the daemon's live retries (`retry_failed_tree`), which remove it once git can."""
+    retry = host.retry_failed_tree
+    git_failed = None
+    if retry is not None and op.worktree is not None:
+        path, ws, op_id = str(op.worktree.get("path", "")), op.workspace_id, op.operation_id
+        git_failed = partial(retry, ws, op_id, path)
     try:
-        removed = remove_failed_tree(host.store, host.fork_trees, op, hit)
+        removed = remove_failed_tree(host.store, host.fork_trees, op, hit, git_failed)
         host.tree_records.discard(op.operation_id)
         if removed:
             return host.store.fork_queries.get_fork_operation(host.ws, op.operation_id)

@@ -267,6 +267,10 @@ class SessionActor(PooledActor):
         return self.ctx.fork_trees
 
     @property
+    def retry_failed_tree(self) -> Callable[[str, str, str, str], None] | None:
+        return self.ctx.retry_failed_tree
+
+    @property
     def live_operations(self) -> LiveOperations:
         return self.ctx.live_operations
 

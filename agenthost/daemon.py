@@ -63,7 +63,7 @@ from agenthost.home import acquire as acquire_home
 from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort, providers_ahead
-from agenthost.worktree_delete import RemovalRetries, Waiting, finish_removals
+from agenthost.worktree_delete import GIT_FAILED, RemovalRetries, Waiting, finish_removals
 from domain.errors import InvalidArgument
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
@@ -301,6 +301,8 @@ class Daemon:
         self.tree_retries = tree_retries = RemovalRetries(
             store, fork_trees.trees, shadow, locks, first_s=cfg.tree_retry_s
         )
+        # A failed fork's tree git could not remove, handed on by its Session's actor.
+        self.ctx.retry_failed_tree = tree_retries.retry_failed
         self.api = Api(
             store=store,
             host=self.host,
@@ -393,7 +395,11 @@ class Daemon:
         )
         # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)
-        self.worktrees_removed = remove_failed_trees(store, fork_trees)
+        failed_left: dict[str, str] = {}
+        self.worktrees_removed = remove_failed_trees(store, fork_trees, failed_left)
+        self._trees_left.update(
+            (op_id, Waiting(GIT_FAILED, error=error)) for op_id, error in failed_left.items()
+        )
         # And the tree a delete was removing when it stopped.
         self.worktrees_removed += finish_removals(store, fork_trees.trees, self._trees_left)
         # Deletes a killed daemon did not finish: their runtime dirs go now.

@@ -53,10 +53,16 @@ class ChildTreeRemovals(Protocol):
 
 
 class RetriedTrees(ChildTreeRemovals, Protocol):
-    """`store.fork_workspace` for `RemovalRetries`: the trees left `removing`, who works in
-    one, its `removed` record."""
+    """`store.fork_workspace` for `RemovalRetries`: the trees left `removing`, the failed
+    forks' trees not yet removed, who works in one, their `removed` records."""
 
     def tree_users(self, ws: str, sid: str, path: str) -> list[str]: ...
+
+    def fork_worktrees_to_remove(self, limit: int = 500) -> list[TreeToRemove]: ...
+
+    def failed_fork_tree(self, ws: str, op_id: str) -> TreeToRemove | None: ...
+
+    def mark_fork_worktree_removed(self, ws: str, op_id: str) -> bool: ...
 
 
 class ChildTrees(ChildTreeRemovals, Protocol):
@@ -292,9 +298,21 @@ TREE_RETRY_MAX_S = 600.0
 first, `[workspace] tree_retry_s`, 30 s by default)."""
 
 
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    """A tree `RemovalRetries` tries again: a deleted child's (`removing`) or a failed fork's
+    (`failed`: its operation failed, its tree `planned` or `made`, whole or half-made)."""
+
+    ws: str
+    path: str
+    why: Waiting
+    failed: bool = False
+
+
 class RemovalRetries:
     """The live daemon's retries of the trees git could not remove (`removing`: a delete's
-    step 3 failed, or start-up's `finish_removals` did): one thread, so at most one retry in
+    step 3 failed, or start-up's `finish_removals` did; a failed fork's tree the saga, a
+    `fork.get` or start-up could not remove): one thread, so at most one retry in
     flight, trying every such tree after `first_s`, then at doubling waits up to `max_s`,
     until none is left; a new one (`retry`) starts the waits again from `first_s` (the round
     already due, if sooner, is kept). A tree gone
@@ -321,8 +339,8 @@ class RemovalRetries:
         self._first_s = first_s
         self._max_s = max(first_s, max_s)
         self._mutex = threading.Lock()
-        # operation id -> (workspace, path, why it is not removed yet)
-        self._pending: dict[str, tuple[str, str, Waiting]] = {}
+        # operation id -> its tree, and why it is not removed yet
+        self._pending: dict[str, _Pending] = {}
         self._wake = threading.Event()
         self._now = False  # the next wake asks for a round now (`user_gone`)
         self._stop = threading.Event()
@@ -335,13 +353,15 @@ class RemovalRetries:
         with self._mutex:
             return len(self._pending)
 
-    def retry(self, ws: str, op_id: str, path: str, why: Waiting | None = None) -> None:
-        """Try the tree at `path` of `op_id` (recorded `removing`) again later; `why` it is
-        not removed now (unknown: `not_tried`)."""
+    def retry(
+        self, ws: str, op_id: str, path: str, why: Waiting | None = None, *, failed: bool = False
+    ) -> None:
+        """Try the tree at `path` of `op_id` (recorded `removing`; `failed`: a failed fork's)
+        again later; `why` it is not removed now (unknown: `not_tried`)."""
         if self._trees is None or self._stop.is_set():
             return
         with self._mutex:
-            self._pending[op_id] = (ws, path, why or Waiting(NOT_TRIED))
+            self._pending[op_id] = _Pending(ws, path, why or Waiting(NOT_TRIED), failed)
             if self._thread is None:
                 self._thread = threading.Thread(
                     target=self._run, name="agenthost-tree-retry", daemon=True
@@ -349,23 +369,35 @@ class RemovalRetries:
                 self._thread.start()
         self._wake.set()
 
+    def retry_failed(self, ws: str, op_id: str, path: str, error: str) -> None:
+        """A failed fork's tree git could not remove (`error`), handed on by its Session's
+        actor (`HostContext.retry_failed_tree`): tried again as a deleted child's is."""
+        self.retry(ws, op_id, path, Waiting(GIT_FAILED, error=error), failed=True)
+
     def user_gone(self, sid: str) -> None:
         """Session `sid` was deleted: a tree kept only while it worked there (`in_use`) is
         tried again now, not at the next of the doubling waits (up to 10 minutes later)."""
         with self._mutex:
-            if not any(sid in why.in_use_by for _, _, why in self._pending.values()):
+            if not any(sid in p.why.in_use_by for p in self._pending.values()):
                 return
             self._now = True
         self._wake.set()
 
     def retry_left(self, why: Mapping[str, Waiting] | None = None) -> int:
-        """After start-up: every tree still `removing` (its removal failed there too: `why`,
-        what `finish_removals` found)."""
-        left = self._store.fork_workspace.child_worktrees_removing()
-        for item in left:
+        """After start-up: every tree still `removing`, and every failed fork's tree still not
+        removed (their removal failed there too: `why`, what `finish_removals` and
+        `remove_failed_trees` found)."""
+        store = self._store.fork_workspace
+        left = [(item, False) for item in store.child_worktrees_removing()]
+        left += [(item, True) for item in store.fork_worktrees_to_remove()]
+        for item, failed in left:
             path = str(item.plan.get("path", ""))
             self.retry(
-                item.workspace_id, item.operation_id, path, (why or {}).get(item.operation_id)
+                item.workspace_id,
+                item.operation_id,
+                path,
+                (why or {}).get(item.operation_id),
+                failed=failed,
             )
         return len(left)
 
@@ -374,7 +406,7 @@ class RemovalRetries:
         tries again (`paths`; `trees`: each with why it is not removed yet, `Waiting`), its
         rounds so far and the trees they removed."""
         with self._mutex:
-            trees = sorted(((p, why) for _, p, why in self._pending.values()), key=lambda t: t[0])
+            trees = sorted(((p.path, p.why) for p in self._pending.values()), key=lambda t: t[0])
         return {
             "pending": len(trees),
             "paths": [path for path, _ in trees],
@@ -430,17 +462,24 @@ class RemovalRetries:
         """One try of every pending tree; how many are left."""
         with self._mutex:
             wanted = dict(self._pending)
-        removing = {
-            item.operation_id: item
-            for item in self._store.fork_workspace.child_worktrees_removing()
-            if item.operation_id in wanted
+        store = self._store.fork_workspace
+        removing: dict[str, tuple[TreeToRemove, bool]] = {
+            item.operation_id: (item, False)
+            for item in store.child_worktrees_removing()
+            if item.operation_id in wanted and not wanted[item.operation_id].failed
         }
+        for op_id, pending in wanted.items():
+            if not pending.failed:
+                continue
+            tree = self._store.fork_workspace.failed_fork_tree(pending.ws, op_id)
+            if tree is not None:
+                removing[op_id] = (tree, True)
         for op_id in wanted.keys() - removing.keys():
             self._done(op_id)  # removed meanwhile (a start, a record that landed late)
-        for op_id, item in removing.items():
+        for op_id, (item, failed) in removing.items():
             if self._stop.is_set():
                 break
-            why = self._try(item)
+            why = self._try(item, failed)
             if why is None:
                 self._done(op_id)
             else:
@@ -454,12 +493,14 @@ class RemovalRetries:
     def _waiting(self, op_id: str, why: Waiting) -> None:
         with self._mutex:
             if op_id in self._pending:
-                ws, path, _ = self._pending[op_id]
-                self._pending[op_id] = (ws, path, why)
+                p = self._pending[op_id]
+                self._pending[op_id] = _Pending(p.ws, p.path, why, p.failed)
 
-    def _try(self, item: TreeToRemove) -> Waiting | None:
+    def _try(self, item: TreeToRemove, failed: bool = False) -> Waiting | None:
         """Remove the tree and record it `removed` (None); else why it must wait for a later
-        round (in use, git still cannot remove it, the store refused the record)."""
+        round (in use, git still cannot remove it, the store refused the record). `failed`: a
+        failed fork's tree (whole or half-made, its `.partial-` registration too; its branch
+        only at the checkpoint's HEAD commit: `Worktrees.remove`), no child Session's."""
         assert self._trees is not None
         plan = TreePlan.from_json(item.plan)
         ws, op_id = item.workspace_id, item.operation_id
@@ -468,17 +509,21 @@ class RemovalRetries:
         if users:
             log.info("the worktree %s left removing is in use by %s: kept", plan.path, users)
             return Waiting(IN_USE, in_use_by=tuple(users))
+        remove = self._trees.remove if failed else self._trees.remove_child
         try:
             if self._shadow is None:
-                self._trees.remove_child(plan)
+                remove(plan)
             else:
                 with self._locks.held(self._shadow, os.path.realpath(plan.child_cwd)):
-                    self._trees.remove_child(plan)
+                    remove(plan)
         except Exception as exc:  # noqa: BLE001 - tried again at the next round
             log.warning("the worktree %s is still not removable: %s", plan.path, exc)
             return Waiting(GIT_FAILED, error=str(exc) or type(exc).__name__)
         try:
-            store.mark_child_worktree_removed(ws, op_id)
+            if failed:
+                store.mark_fork_worktree_removed(ws, op_id)
+            else:
+                store.mark_child_worktree_removed(ws, op_id)
         except Exception as exc:  # noqa: BLE001 - tried again at the next round
             log.warning("recording the removed worktree of %s deferred: %r", op_id, exc)
             return Waiting(NOT_RECORDED, error=str(exc) or type(exc).__name__)

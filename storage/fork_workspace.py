@@ -178,6 +178,16 @@ class ForkWorkspace:
         )
         return [TreeToRemove(r[0], r[1], loads(r[2])) for r in rows]
 
+    def failed_fork_tree(self, ws: str, op_id: str) -> TreeToRemove | None:
+        """The tree of failed operation `op_id` while it is not yet known removed (None once
+        it is, or for any other operation): what a live retry of it asks each round."""
+        row = self._one(
+            "SELECT workspace_json FROM fork_operations WHERE workspace_id = ?"
+            " AND operation_id = ? AND status = ? AND workspace_state IN (?, ?)",
+            (ws, op_id, ForkStatus.FAILED.value, PLANNED, MADE),
+        )
+        return None if row is None else TreeToRemove(ws, op_id, loads(row[0]))
+
     def session_worktree(self, ws: str, sid: str) -> ChildTree | None:
         """The tree a worktree fork made for `sid` (the committed child), while it stands."""
         row = self._one(

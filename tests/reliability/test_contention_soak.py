@@ -26,15 +26,17 @@ A worktree fork's child deleted by a client asks, at random, to keep its tree or
 repository must gain nothing but the forks' worktrees and `agenthost/` branches
 (`repository_kept`, law 10). Half the removals (as root; forced then) first make a file of the
 soak's own in the tree immutable, so git cannot remove it: the delete answers `removing`, the
-pin is lifted 1-5 s later, and the live daemon must remove and record every such tree by
-itself (`TreePins`; its retries from `[workspace] tree_retry_s` = 1 s): none is left
-`removing` once the chaos is over (a run whose chaos pinned none pins a live worktree child's
-tree after it, if one is left). Before some `remove` deletes a person starts a Session in the
-child's tree through a symlink to it (`start_by_a_link`; a run whose chaos started none starts
-one after it): the delete must keep the tree and name that Session (`kept_for_the_link`),
-which works there to the end (the worktree law). After the chaos the daemon's ipc listeners
-come down to the current three plus the ones old clients may still pin (`OLD_LISTENERS_KEPT`
-per endpoint), whatever the number of re-binds.
+pin is lifted 1-5 s later, and the live daemon must remove and record every such tree by itself
+(`TreePins`; its retries from `[workspace] tree_retry_s` = 1 s): none is left `removing` once
+the chaos is over (a run whose chaos pinned none pins a live worktree child's tree after it, if
+one is left). After the chaos a worktree fork is failed before its dispatch with a file of its
+tree pinned so (`TreePins.fail_one`): the live daemon must remove the failed fork's tree and
+record it `removed` by itself too. Before some `remove` deletes a person starts a Session in
+the child's tree through a symlink to it (`start_by_a_link`; a run whose chaos started none
+starts one after it): the delete must keep the tree and name that Session
+(`kept_for_the_link`), which works there to the end (the worktree law). After the chaos the
+daemon's ipc listeners come down to the current three plus the ones old clients may still pin
+(`OLD_LISTENERS_KEPT` per endpoint), whatever the number of re-binds.
 
 The clients restore folders and read diffs in the same chaos (`workspace.restore` to a Turn's
 `before` or `after` or the undo of the last restore, `force` at times; `session.workspaceDiff`),
@@ -264,6 +266,7 @@ class TreePins:
         self.lock = threading.Lock()
         self.pinned = 0
         self.removing = 0
+        self.failed_removing = 0  # failed forks' trees pinned (`fail_one`)
         self._timers: list[threading.Timer] = []
         self.enabled = os.geteuid() == 0
 
@@ -290,7 +293,7 @@ class TreePins:
             self.pinned += 1
         return path
 
-    def lift(self, path: Path, *, later: float | None) -> None:
+    def lift(self, path: Path, *, later: float | None, failed: bool = False) -> None:
         def undo() -> None:
             subprocess.run(["chattr", "-i", str(path)], check=False, capture_output=True)
             if later is None:  # the tree stays: the soak's file goes with its pin
@@ -302,7 +305,10 @@ class TreePins:
             return
         timer = threading.Timer(later, undo)
         with self.lock:
-            self.removing += 1
+            if failed:
+                self.failed_removing += 1
+            else:
+                self.removing += 1
             self._timers.append(timer)
         timer.start()
 
@@ -327,6 +333,66 @@ class TreePins:
             self.lift(pin, later=1.0 if state == "removing" else None)
             if state == "removing":
                 return
+
+    def fail_one(self, c: Client, t: Tally, sids: list[str], home: Path) -> str | None:
+        """A worktree fork of a Session in the repository that fails before its dispatch
+        (`host.workspace.after_record` armed `error`), a file of the soak's own made immutable
+        in its tree while the tree waits whole (`host.workspace.after_rename` armed `sleep`):
+        git cannot remove the failed fork's tree, the live daemon retries it
+        (`RemovalRetries`), and the pin is lifted 1 s after the failure. Its operation id
+        (None: as not root, no Turn with files to fork through, or the tree went unpinned)."""
+        if not self.enabled:
+            return None
+        for sid in sids:
+            body = t.call(
+                c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
+            )
+            settled = [
+                x["turnId"] for x in (body or {}).get("turns", []) if x["phase"] == "settled"
+            ]
+            if not settled:
+                continue
+            points = ("host.workspace.after_rename", "host.workspace.after_record")
+            c.call(
+                "debug.failpoints",
+                {"points": {points[0]: "once:sleep:3000", points[1]: "once:error"}},
+            )
+            params = fork_params(sid, settled[-1]) | {"workspace": "worktree"}
+            reply = c.submit("fork.create", params)
+            pin: Path | None = None
+            deadline = time.monotonic() + 20
+            while pin is None and time.monotonic() < deadline:
+                found = _fork_tree(home, params["requestId"])
+                if reply.done() and reply.result().status >= 400 and found is None:
+                    break  # refused before any operation (no files to fork, busy)
+                if found is not None and found[2] != "prepared":
+                    break  # failed (or on) already: its tree went unpinned
+                if found is not None and (Path(found[1]) / ".git").exists():
+                    pin = self._pin_file(Path(found[1]) / ".soak-pin")
+                time.sleep(0.05)
+            with contextlib.suppress(Exception):
+                reply.result(60)
+            c.call("debug.failpoints", {"points": dict.fromkeys(points, "off")})
+            found = _fork_tree(home, params["requestId"])
+            if pin is None:
+                continue
+            with self.lock:
+                t.calls["fork.create worktree failed, its tree pinned (after the chaos)"] += 1
+            self.lift(pin, later=1.0, failed=True)
+            return None if found is None else found[0]
+        return None
+
+    def _pin_file(self, path: Path) -> Path | None:
+        try:
+            path.write_text("a file git cannot unlink for a moment\n")
+            subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+        except (OSError, subprocess.CalledProcessError):
+            with contextlib.suppress(OSError):
+                path.unlink()
+            return None
+        with self.lock:
+            self.pinned += 1
+        return path
 
     def lift_all(self) -> None:
         with self.lock:
@@ -419,6 +485,44 @@ def removing_trees(home: Path) -> list[str]:
     try:
         rows = conn.execute(
             "SELECT operation_id FROM fork_operations WHERE workspace_state = 'removing'"
+        ).fetchall()
+    finally:
+        conn.close()
+    return [str(r[0]) for r in rows]
+
+
+def _fork_tree(home: Path, request_id: str) -> tuple[str, str, str] | None:
+    """The operation of fork request `request_id`, its tree's path and its status, read beside
+    the daemon (None: no such operation, or no tree)."""
+    import json
+
+    import apsw
+
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        row = conn.execute(
+            "SELECT operation_id, workspace_json, status FROM fork_operations WHERE request_id = ?",
+            (request_id,),
+        ).fetchone()
+    finally:
+        conn.close()
+    if row is None or not row[1]:
+        return None
+    return str(row[0]), str(json.loads(row[1])["path"]), str(row[2])
+
+
+def failed_trees_left(home: Path, op_ids: list[str]) -> list[str]:
+    """Of `op_ids`, the failed operations whose tree is not yet recorded `removed`."""
+    import apsw
+
+    if not op_ids:
+        return []
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        rows = conn.execute(
+            "SELECT operation_id FROM fork_operations WHERE status = 'failed' AND"
+            f" workspace_state <> 'removed' AND operation_id IN ({', '.join('?' * len(op_ids))})",
+            op_ids,
         ).fetchall()
     finally:
         conn.close()
@@ -1230,12 +1334,21 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             t.pins.delete_one(c, t)
         if not t.linked:
             link_one(t, c)
+        # A failed fork's tree git cannot remove for a moment: removed and recorded live too.
+        failed_pinned = [op for op in [t.pins.fail_one(c, t, sids[1::2], home)] if op]
         t.pins.lift_all()
         try:
             wait_for(lambda: not removing_trees(home), 120, interval=0.5)
+            wait_for(lambda: not failed_trees_left(home, failed_pinned), 120, interval=0.5)
         except AssertionError:
             raise AssertionError(
-                (seed, "trees stayed removing", removing_trees(home), d.tail_log())
+                (
+                    seed,
+                    "trees stayed removing",
+                    removing_trees(home),
+                    failed_trees_left(home, failed_pinned),
+                    d.tail_log(),
+                )
             ) from None
         # The re-binds' replaced listeners are closed once nothing uses them: the current three
         # and at most OLD_LISTENERS_KEPT per endpoint that idle old clients pin (past the cap
@@ -1404,7 +1517,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
         + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
         f"  unanswered Turns after a restart: {dict(proven)}",
-        f"  pinned trees: {t.pins.pinned} (left removing, then removed live: {t.pins.removing})",
+        f"  pinned trees: {t.pins.pinned} (left removing, then removed live: {t.pins.removing};"
+        f" failed forks' trees, then removed live: {t.pins.failed_removing})",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
         f"{len(live.violations) + len(final_violations)}; new laws: "
         + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),

@@ -58,6 +58,7 @@ from tests.support.invariants import (
     check_status_bounds,
     check_workspace_answers,
     repository_state,
+    worktree_retrying,
 )
 from workspace.shadow import ShadowStore
 
@@ -573,6 +574,38 @@ def test_a_failed_forks_worktree_left_registered_or_its_branch_left_is_reported(
     git(repo, "update-ref", "-d", f"refs/heads/{branch}")
     found = worktree_laws("registered")
     assert found == [f"failed {plan['operationId']} left {work} in {repo}"], found
+
+
+def test_a_failed_forks_tree_kept_past_the_grace_is_reported_unless_the_daemon_retries_it(
+    base: Base, tmp_path: Path
+) -> None:
+    """A failed fork's tree still on disk (`made`) long after the failure breaks the worktree
+    law, unless the live daemon's `host.status` lists it as being retried (git could not
+    remove it, or a Session works in it: `worktree_retrying`); a tree listed for another
+    reason, or another tree listed, does not excuse it."""
+    top = tmp_path / "trees" / "abcd1234"
+    (top / "src").mkdir(parents=True)
+    plan = {"operationId": base.unknown["operationId"], "path": str(top), "childCwd": str(top)}
+    home = tampered(
+        base,
+        tmp_path / "home",
+        "UPDATE fork_operations SET status = 'failed', completed_at_ms = 1,"
+        f" workspace_mode = 'worktree', workspace_json = '{json.dumps(plan)}',"
+        " workspace_state = 'made', deleted_tree_path = NULL"
+        f" WHERE operation_id = '{base.unknown['operationId']}'",
+    )
+
+    def worktree_laws(*trees: dict[str, str]) -> list[str]:
+        retrying = worktree_retrying({"worktreeRemovals": {"trees": list(trees)}})
+        report = check_invariants(home, retrying_trees=retrying)
+        return [v.detail for v in report.violations if v.law is Law.WORKTREE]
+
+    kept = f"failed {plan['operationId']} kept its tree {top} (state made)"
+    assert worktree_laws() == [kept]
+    assert worktree_laws({"path": str(top), "reason": "not_tried"}) == [kept]
+    assert worktree_laws({"path": str(top.parent), "reason": "git_failed"}) == [kept]
+    assert worktree_laws({"path": str(top), "reason": "git_failed"}) == []
+    assert worktree_laws({"path": str(top), "reason": "in_use"}) == []
 
 
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ import subprocess
 import tempfile
 import time
 from collections import Counter, defaultdict
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
@@ -1881,15 +1881,34 @@ WORKTREE_GRACE_MS = 10_000
 saga removes it right after; a check may land between the two)."""
 
 
+def worktree_retrying(status: Mapping[str, Any]) -> list[str]:
+    """The trees a live daemon's `host.status` lists as still being removed because git could
+    not remove them or a Session works in them (what `check_invariants(retrying_trees=…)`
+    takes)."""
+    removals = status.get("worktreeRemovals") or {}
+    return [
+        str(t["path"])
+        for t in removals.get("trees", [])
+        if t.get("reason") in ("git_failed", "in_use")
+    ]
+
+
 def _check_worktrees(
-    ctx: _Ctx, ops: list[dict[str, Any]], now_ms: int, sessions: list[dict[str, Any]]
+    ctx: _Ctx,
+    ops: list[dict[str, Any]],
+    now_ms: int,
+    sessions: list[dict[str, Any]],
+    retrying: Collection[str] = (),
 ) -> None:
     """The worktree laws, read from disk and the repository itself. A `prepared` operation's
     saga may be making its tree right now (half-made, or whole and not yet recorded): allowed;
     if its daemon is dead, start-up recovery fails the operation and removes the tree. A
     committed fork's tree is `removing`/`removed` only once its child Session is deleted
     (`session.delete {worktree: "remove"}`), and never while another live Session works in it
-    (its `cwd` in the tree: a shared-workspace fork of the child, one started there)."""
+    (its `cwd` in the tree: a shared-workspace fork of the child, one started there). A failed
+    fork's tree is kept past the grace only while the live daemon retries its removal:
+    `retrying`, the paths its `host.status` → `worktreeRemovals` lists as `git_failed` or
+    `in_use` (git could not remove it, or a Session works in it)."""
     deleted = {(s["workspace_id"], s["session_id"]) for s in sessions if s["deleted"]}
     # Real paths: a Session reaching the tree by a symlink (or a tree recorded through one)
     # works in it all the same.
@@ -1911,6 +1930,9 @@ def _check_worktrees(
             WORKTREE_GRACE_MS
         )
         child_deleted = (op["workspace_id"], op["target_session_id"]) in deleted
+        # A failed fork's tree the live daemon still retries (git could not remove it, or a
+        # Session works in it): kept, whole or half-made, until a round removes it.
+        kept = status == "failed" and str(top) in retrying and state in ("planned", "made")
         if state in ("removing", "removed") and status == "committed" and not child_deleted:
             ctx.fail(Law.WORKTREE, f"{op_id}: its tree is {state} but its child lives")
         if state in ("removing", "removed"):
@@ -1924,15 +1946,15 @@ def _check_worktrees(
             and not (status == "committed" and child_deleted)
         ):
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) was dispatched with its tree {state}")
-        if partial.exists() and not making and not settling:
+        if partial.exists() and not making and not settling and not kept:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) left a half-made tree {partial}")
-        if status == "failed" and not settling and (here or state != "removed"):
+        if status == "failed" and not settling and not kept and (here or state != "removed"):
             ctx.fail(Law.WORKTREE, f"failed {op_id} kept its tree {top} (state {state})")
         if state == "made" and status != "failed" and not here:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) recorded a tree that is gone: {top}")
         # `removing`: its child's delete is removing it (a live daemon right now, a stopped
         # one at its next start): present or gone, both are true states.
-        if here and state not in ("made", "removing") and not making and not settling:
+        if here and state not in ("made", "removing") and not making and not settling and not kept:
             ctx.fail(Law.WORKTREE, f"{op_id} ({status}) has a tree it does not record ({state})")
         if here and state == "made" and not Path(plan["childCwd"]).is_dir():
             ctx.fail(Law.WORKTREE, f"{op_id}: tree {top} lacks the child's cwd")
@@ -2689,8 +2711,13 @@ def check_invariants(
     probe_fence: bool = True,
     live_grace_s: float | None = None,
     repositories: Mapping[Path, Mapping[str, str]] | None = None,
+    retrying_trees: Collection[str] = (),
 ) -> InvariantReport:
     """Check every invariant over `home` (a daemon's AGENTHOST_HOME), live or stopped.
+
+    `retrying_trees`: the trees the live daemon's `host.status` → `worktreeRemovals` lists as
+    still being removed because git could not or a Session works in them
+    (`worktree_retrying`): a failed fork's tree among them may stay past the grace.
 
     `live_grace_s`: the daemon is alive and quiescent (no turn or fork in flight that the
     caller started less than this ago): also check that no Turn stays active and no fence
@@ -2793,7 +2820,7 @@ def check_invariants(
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
-        _check_worktrees(ctx, ops, int(time.time() * 1000), sessions)
+        _check_worktrees(ctx, ops, int(time.time() * 1000), sessions, retrying_trees)
         if probe_fence:
             _check_fence(ctx, copy_path, ops)
         for repo, before in (repositories or {}).items():
@@ -2841,10 +2868,15 @@ def assert_invariants(
     probe_fence: bool = True,
     live_grace_s: float | None = None,
     repositories: Mapping[Path, Mapping[str, str]] | None = None,
+    retrying_trees: Collection[str] = (),
 ) -> InvariantReport:
     """`check_invariants`, failing the test with every violation listed."""
     report = check_invariants(
-        home, probe_fence=probe_fence, live_grace_s=live_grace_s, repositories=repositories
+        home,
+        probe_fence=probe_fence,
+        live_grace_s=live_grace_s,
+        repositories=repositories,
+        retrying_trees=retrying_trees,
     )
     assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
     return report
