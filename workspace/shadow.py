@@ -74,24 +74,33 @@ ADD_TRIES = 3
 """A capture's listing and `add`, tried again this many times in all while a file the listing
 named is gone by the `add` (a folder written while it is captured)."""
 _VANISHED = b"did not match any files"
-# git's `add` finding a file it had listed gone when it reads it (its `lstat`; LC_ALL=C).
+# git's `add` finding a file it had listed gone when it reads it (LC_ALL=C): at its `lstat`,
+# or after it, at the `open` (or `readlink`, a symlink) that hashes the file's content.
 _STAT_GONE = re.compile(
     rb"^fatal: unable to stat '(.+)': (?:No such file or directory|Not a directory)$"
+)
+_OPEN_GONE = re.compile(
+    rb'^error: (?:open|readlink)\("(.+)"\): (?:No such file or directory|Not a directory)$'
 )
 
 
 def _vanished(cwd: Path, stderr: bytes) -> bool:
-    """Whether a failed `add` in `cwd` failed only on a file gone since the listing: its
+    """Whether a failed `add` in `cwd` failed only on files gone since the listing: its
     pathspec matched nothing (gone before the add began), or git could not `lstat` a file it
-    had found (gone while it ran) and that file is indeed gone now — anything else (a file
-    unreadable, a full disk) is a real failure."""
+    had found, or open a file its `lstat` had found (gone while it ran), and each such file is
+    indeed gone now — anything else (a file unreadable, one still there, a full disk) is a
+    real failure."""
     if _VANISHED in stderr:
         return True
-    for line in stderr.splitlines():
-        match = _STAT_GONE.match(line)
-        if match is not None:
-            return not os.path.lexists(os.path.join(cwd, os.fsdecode(match.group(1))))
-    return False
+    named = [
+        match.group(1)
+        for line in stderr.splitlines()
+        if (match := _STAT_GONE.match(line) or _OPEN_GONE.match(line)) is not None
+    ]
+    # A file that failed otherwise beside them fails the next try (at most ADD_TRIES).
+    return bool(named) and not any(
+        os.path.lexists(os.path.join(cwd, os.fsdecode(name))) for name in named
+    )
 
 
 GONE_INFIX = ".gone-"

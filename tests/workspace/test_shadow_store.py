@@ -348,6 +348,91 @@ def test_a_file_deleted_while_the_add_runs_does_not_fail_the_capture(
     assert (out / "first.txt").read_text() == "first, now\n"
 
 
+_OPEN_FAILING_GIT = (
+    SUBCOMMAND
+    + """\
+# The real git, except that in the next `add` of a shadow repository the file named in {arm}
+# (relative to the folder) is gone when git opens it, after git's `lstat` found it: its open
+# answers ENOENT (strace's fault injection, matched by path), and the file is then deleted
+# (`{keep}` = 1: kept, a failure that is not a vanished file); once.
+if [ "$sub" = add ] && [ -n "$GIT_DIR" ] && [ -e "{arm}" ]; then
+  read -r doomed < "{arm}"
+  rm -f "{arm}"
+  "{strace}" -f -qq -o /dev/null -P "$doomed" -e trace=openat \\
+    -e inject=openat:error=ENOENT "{real}" "$@"
+  rc=$?
+  [ "{keep}" = 1 ] || rm -f "$doomed"
+  exit $rc
+fi
+exec "{real}" "$@"
+"""
+)
+
+
+def _strace_injects(tmp_path: Path) -> str:
+    """strace's path, where it can inject a fault into a child (ptrace allowed); else skip."""
+    import shutil as _shutil
+
+    strace = _shutil.which("strace")
+    if strace is None:
+        pytest.skip("no strace: cannot make a file vanish between git's lstat and open")
+    probe = tmp_path / "probe"
+    probe.write_text("p\n")
+    done = subprocess.run(
+        [strace, "-qq", "-o", "/dev/null", "-P", str(probe), "-e", "trace=openat"]
+        + ["-e", "inject=openat:error=ENOENT", "cat", str(probe)],
+        capture_output=True,
+        check=False,
+    )
+    if done.returncode == 0 or b"No such file" not in done.stderr:
+        pytest.skip(f"strace cannot inject here: {done.stderr.decode(errors='replace')[:200]}")
+    return strace
+
+
+@pytest.mark.parametrize("gone", [True, False], ids=["gone", "still-there"])
+def test_a_file_gone_between_gits_lstat_and_open_does_not_fail_the_capture(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, gone: bool
+) -> None:
+    """A file the capture's `add` found by its `lstat` and that is gone when git opens it to
+    hash it (`error: open("…"): No such file or directory`, then `unable to index file`) is
+    simply not in the checkpoint: the listing and the add are tried again without it. An open
+    that fails so while the file is still there is a real failure (`git_failed`). Before, the
+    first case failed the whole capture too (`unavailable: git_failed`)."""
+    import shutil as _shutil
+
+    strace = _strace_injects(tmp_path)
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "a.txt").write_text("a\n")
+    (work / "b.txt").write_text("b\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")
+    assert isinstance(store.capture(work), Checkpoint)
+    (work / "doomed.txt").write_text("a moment\n")
+    (work / "b.txt").write_text("b, now\n")
+    bin_dir, arm = tmp_path / "bin", tmp_path / "arm"
+    bin_dir.mkdir()
+    real = _shutil.which("git")
+    assert real is not None
+    script = bin_dir / "git"
+    script.write_text(
+        _OPEN_FAILING_GIT.format(arm=arm, real=real, strace=strace, keep=0 if gone else 1)
+    )
+    script.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    arm.write_text("doomed.txt\n")
+    store = ShadowStore(tmp_path / "home" / "checkpoints")  # finds the wrapper on PATH
+    cp = store.capture(work)
+    assert not arm.exists(), "the wrapper never ran: the test proves nothing"
+    assert (work / "doomed.txt").exists() is not gone
+    if not gone:
+        assert isinstance(cp, Unavailable) and cp.reason == "git_failed", cp
+        return
+    assert isinstance(cp, Checkpoint), cp
+    out = store.materialize(work, cp.tree, tmp_path / "out")
+    assert sorted(os.listdir(out)) == ["a.txt", "b.txt"]
+    assert (out / "b.txt").read_text() == "b, now\n"
+
+
 _SWAPPING_GIT = (
     SUBCOMMAND
     + """\
