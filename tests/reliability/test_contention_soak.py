@@ -334,53 +334,52 @@ class TreePins:
             if state == "removing":
                 return
 
-    def fail_one(self, c: Client, t: Tally, sids: list[str], home: Path) -> str | None:
-        """A worktree fork of a Session in the repository that fails before its dispatch
-        (`host.workspace.after_record` armed `error`), a file of the soak's own made immutable
-        in its tree while the tree waits whole (`host.workspace.after_rename` armed `sleep`):
-        git cannot remove the failed fork's tree, the live daemon retries it
-        (`RemovalRetries`), and the pin is lifted 1 s after the failure. Its operation id
-        (None: as not root, no Turn with files to fork through, or the tree went unpinned)."""
+    def fail_one(self, c: Client, t: Tally, repo: Path, home: Path) -> str | None:
+        """A worktree fork of a new Session in the repository (its Turn writes a file) that
+        fails before its dispatch (`host.workspace.after_record` armed `error`), a file of the
+        soak's own made immutable in its tree while the tree waits whole
+        (`host.workspace.after_rename` armed `sleep`): git cannot remove the failed fork's
+        tree, the live daemon retries it (`RemovalRetries`), and the pin is lifted 1 s after
+        the failure. Its operation id (None: not root, or the tree went unpinned)."""
         if not self.enabled:
             return None
-        for sid in sids:
-            body = t.call(
-                c, "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
-            )
-            settled = [
-                x["turnId"] for x in (body or {}).get("turns", []) if x["phase"] == "settled"
-            ]
-            if not settled:
-                continue
-            points = ("host.workspace.after_rename", "host.workspace.after_record")
-            c.call(
-                "debug.failpoints",
-                {"points": {points[0]: "once:sleep:3000", points[1]: "once:error"}},
-            )
-            params = fork_params(sid, settled[-1]) | {"workspace": "worktree"}
-            reply = c.submit("fork.create", params)
-            pin: Path | None = None
-            deadline = time.monotonic() + 20
-            while pin is None and time.monotonic() < deadline:
-                found = _fork_tree(home, params["requestId"])
-                if reply.done() and reply.result().status >= 400 and found is None:
-                    break  # refused before any operation (no files to fork, busy)
-                if found is not None and found[2] != "prepared":
-                    break  # failed (or on) already: its tree went unpinned
-                if found is not None and (Path(found[1]) / ".git").exists():
-                    pin = self._pin_file(Path(found[1]) / ".soak-pin")
-                time.sleep(0.05)
-            with contextlib.suppress(Exception):
-                reply.result(60)
-            c.call("debug.failpoints", {"points": dict.fromkeys(points, "off")})
+        made = t.call(
+            c,
+            "session.create",
+            {"workspaceId": WS, "provider": "tutti-agent", "cwd": str(repo), "title": "failed"},
+        )
+        if made is None:
+            return None
+        sid = str(made["session"]["agentSessionId"])
+        turn = run_turn(c, sid, "/write src/failed-fork.txt pinned")
+        points = ("host.workspace.after_rename", "host.workspace.after_record")
+        c.call(
+            "debug.failpoints",
+            {"points": {points[0]: "once:sleep:3000", points[1]: "once:error"}},
+        )
+        params = fork_params(sid, turn["turnId"]) | {"workspace": "worktree"}
+        reply = c.submit("fork.create", params)
+        pin: Path | None = None
+        deadline = time.monotonic() + 20
+        while pin is None and time.monotonic() < deadline:
             found = _fork_tree(home, params["requestId"])
-            if pin is None:
-                continue
-            with self.lock:
-                t.calls["fork.create worktree failed, its tree pinned (after the chaos)"] += 1
-            self.lift(pin, later=1.0, failed=True)
-            return None if found is None else found[0]
-        return None
+            if reply.done() and reply.result().status >= 400 and found is None:
+                break  # refused before any operation
+            if found is not None and found[2] != "prepared":
+                break  # failed (or on) already: its tree went unpinned
+            if found is not None and (Path(found[1]) / ".git").exists():
+                pin = self._pin_file(Path(found[1]) / ".soak-pin")
+            time.sleep(0.05)
+        with contextlib.suppress(Exception):
+            reply.result(60)
+        c.call("debug.failpoints", {"points": dict.fromkeys(points, "off")})
+        found = _fork_tree(home, params["requestId"])
+        with self.lock:
+            t.calls[f"fork.create worktree failed, its tree pinned={pin is not None}"] += 1
+        if pin is None:
+            return None
+        self.lift(pin, later=1.0, failed=True)
+        return None if found is None else found[0]
 
     def _pin_file(self, path: Path) -> Path | None:
         try:
@@ -1335,7 +1334,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         if not t.linked:
             link_one(t, c)
         # A failed fork's tree git cannot remove for a moment: removed and recorded live too.
-        failed_pinned = [op for op in [t.pins.fail_one(c, t, sids[1::2], home)] if op]
+        failed_pinned = [op for op in [t.pins.fail_one(c, t, repo, home)] if op]
         t.pins.lift_all()
         try:
             wait_for(lambda: not removing_trees(home), 120, interval=0.5)
