@@ -381,9 +381,6 @@ class Daemon:
         # Then fork.resolve: finish or roll back a half-done resolution.
         self.resolutions_recovered = recover_resolutions(store)
         self.orphaned_turns = settle_orphaned_turns(store)
-        # Sessions from before schema v25 kept no real cwd: who works in a tree (below, and
-        # every check after) asks by real path.
-        start_write(store.sessions.fill_real_cwds, "filling sessions' real cwds")
         # One shadow store of workspace checkpoints per home, shared by every Session.
         shadow = ShadowStore(
             cfg.checkpoints_dir,

@@ -18,6 +18,7 @@ Session's real cwd and a deleted fork child's tree path, indexed.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import apsw
@@ -813,7 +814,7 @@ def _v24(conn: apsw.Connection) -> None:
 # (`os.path.realpath`) of the cwd `session.create` was given, kept only when it differs from
 # it (a symlink, `..`, a doubled or trailing slash); NULL when the cwd is its real path, on a
 # fork child (its cwd is its source's, spelled the same, or its tree's real path) and on every
-# row before v25 (their cwd, as given, is all that is known: a migration reads no file system).
+# row before v25 (this step reads no file system: v26 fills those).
 # `fork_operations.deleted_tree_path`: the tree's path (its plan's `path`, a real path), set in
 # the transaction that marks a committed fork's tree `removing` (its child's delete) and kept
 # when it becomes `removed`; NULL on every other row. `session.create` probes it by equality,
@@ -849,6 +850,32 @@ def _v25(conn: apsw.Connection) -> None:
     conn.execute(_V25_INDEX)
 
 
+# v26: the real cwd of the Sessions from before v25, filled once (docs/design/store.md v26).
+# v25 kept `sessions.real_cwd` only for the Sessions `session.create` made from then on (its
+# migration reads no file system), so a Session started through a symlink or `..` before the
+# upgrade was compared by its cwd as given and not seen as its tree's user. This step gives each
+# live Session with a NULL `real_cwd` whose cwd is a directory spelled otherwise than its real
+# path that real path (`os.path.realpath`, once per distinct cwd); a cwd that no longer exists
+# keeps NULL and is compared as given; one that is its own real path stays NULL, as
+# `session.create` leaves it. In the migration's one transaction: a crash or an error mid-way
+# leaves the store at v25, whole, and the next open fills it all; done once, not at every start.
+_V26_READ = "SELECT rowid, cwd FROM sessions WHERE deleted = 0 AND real_cwd IS NULL"
+
+
+def _v26(conn: apsw.Connection) -> None:
+    reals: dict[str, str | None] = {}
+    fills: list[tuple[str, object]] = []
+    for rowid, raw in conn.execute(_V26_READ).fetchall():
+        cwd = str(raw)
+        if cwd not in reals:
+            real = os.path.realpath(cwd) if os.path.isdir(cwd) else None
+            reals[cwd] = real if real != cwd else None
+        if (real := reals[cwd]) is not None:
+            fills.append((real, rowid))
+    if fills:
+        conn.executemany("UPDATE sessions SET real_cwd = ? WHERE rowid = ?", fills)
+
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -875,6 +902,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v23,
     _v24,
     _v25,
+    _v26,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -38,9 +38,6 @@ _SESSION_OVERHEAD = 512
 _CURSOR_MS = re.compile(r"[0-9]{1,15}")
 
 
-REAL_CWD_BATCH = 256
-"""Sessions `fill_real_cwds` reads, and fills, per transaction at most."""
-
 PROVIDERS_REMEMBERED = 65_536
 """Sessions whose provider `provider_of` keeps in memory (a few MiB at most); past it the
 memory starts over."""
@@ -143,40 +140,6 @@ class SessionStore:
                 ),
             )
             return written(tx, require_session(tx.conn, ws, session_id))
-
-    def fill_real_cwds(self, batch: int = REAL_CWD_BATCH) -> int:
-        """Give each live Session with no `real_cwd` one when its `cwd` is spelled otherwise
-        than its real path (a Session created before schema v25, which kept none: a migration
-        reads no file system); returns how many were filled. Idempotent (a filled row is not
-        read again; one whose cwd is its real path stays NULL, as `create_session` leaves it);
-        a cwd that no longer exists keeps NULL and is compared as given. Read in pages of
-        `batch` rows by rowid, each page's fills one short transaction."""
-        filled, after = 0, 0
-        while True:
-            rows = self._all(
-                "SELECT rowid, cwd FROM sessions WHERE rowid > ? AND deleted = 0"
-                " AND real_cwd IS NULL ORDER BY rowid LIMIT ?",
-                (after, batch),
-            )
-            if not rows:
-                return filled
-            after = int(rows[-1][0])
-            fills = [
-                (real, int(rowid), str(cwd))
-                for rowid, cwd in rows
-                if os.path.isdir(str(cwd)) and (real := os.path.realpath(str(cwd))) != cwd
-            ]
-            if fills:
-                with self._write(None) as tx:
-                    for real, rowid, cwd in fills:
-                        tx.execute(
-                            "UPDATE sessions SET real_cwd = ? WHERE rowid = ? AND cwd = ?"
-                            " AND real_cwd IS NULL",
-                            (real, rowid, cwd),
-                        )
-                        filled += tx.changes()
-            if len(rows) < batch:
-                return filled
 
     def get_session(self, ws: str, sid: str) -> Session:
         return self._with_conn(lambda c: require_session(c, ws, sid))

@@ -1,6 +1,6 @@
-"""A daemon started on a store from before schema v25 fills the real cwd of its Sessions
-(`SessionStore.fill_real_cwds`, before start-up removes any tree): a Session started in a
-fork's tree through a symlink under the older build is seen as the tree's user."""
+"""A daemon started on a store from before schema v25 fills the real cwd of its Sessions as it
+opens it (the v26 step, before start-up removes any tree): a Session started in a fork's tree
+through a symlink under the older build is seen as the tree's user."""
 
 from __future__ import annotations
 
