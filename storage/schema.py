@@ -18,6 +18,7 @@ Session's real cwd and a deleted fork child's tree path, indexed.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable
 
@@ -855,25 +856,30 @@ def _v25(conn: apsw.Connection) -> None:
 # migration reads no file system), so a Session started through a symlink or `..` before the
 # upgrade was compared by its cwd as given and not seen as its tree's user. This step gives each
 # live Session with a NULL `real_cwd` whose cwd is a directory spelled otherwise than its real
-# path that real path (`os.path.realpath`, once per distinct cwd); a cwd that no longer exists
-# keeps NULL and is compared as given; one that is its own real path stays NULL, as
-# `session.create` leaves it. In the migration's one transaction: a crash or an error mid-way
-# leaves the store at v25, whole, and the next open fills it all; done once, not at every start.
-_V26_READ = "SELECT rowid, cwd FROM sessions WHERE deleted = 0 AND real_cwd IS NULL"
+# path that real path (`os.path.realpath`, once per distinct cwd, read as such); a cwd that
+# no longer exists keeps NULL and is compared as given; one that is its own real path stays
+# NULL, as `session.create` leaves it. In the migration's one transaction: a crash or an error
+# mid-way leaves the store at v25, whole, and the next open fills it all; done once, not at
+# every start.
+_V26_CWDS = "SELECT DISTINCT cwd FROM sessions WHERE deleted = 0 AND real_cwd IS NULL"
+# One pass over the Sessions for every cwd filled: `[cwd, real]` pairs as one JSON parameter.
+_V26_FILL = (
+    "UPDATE sessions SET real_cwd = f.real FROM (SELECT json_extract(value, '$[0]') AS cwd,"
+    " json_extract(value, '$[1]') AS real FROM json_each(?)) AS f"
+    " WHERE sessions.cwd = f.cwd AND sessions.deleted = 0 AND sessions.real_cwd IS NULL"
+)
 
 
 def _v26(conn: apsw.Connection) -> None:
-    reals: dict[str, str | None] = {}
-    fills: list[tuple[str, object]] = []
-    for rowid, raw in conn.execute(_V26_READ).fetchall():
+    # The distinct cwds only (a store of months: 100,000 Sessions in a handful of folders),
+    # each asked of the file system once.
+    fills = []
+    for (raw,) in conn.execute(_V26_CWDS).fetchall():
         cwd = str(raw)
-        if cwd not in reals:
-            real = os.path.realpath(cwd) if os.path.isdir(cwd) else None
-            reals[cwd] = real if real != cwd else None
-        if (real := reals[cwd]) is not None:
-            fills.append((real, rowid))
+        if os.path.isdir(cwd) and (real := os.path.realpath(cwd)) != cwd:
+            fills.append([cwd, real])
     if fills:
-        conn.executemany("UPDATE sessions SET real_cwd = ? WHERE rowid = ?", fills)
+        conn.execute(_V26_FILL, (json.dumps(fills),))
 
 
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
