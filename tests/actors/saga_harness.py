@@ -124,6 +124,8 @@ class InlineHost:
     live_operations: LiveOperations = field(default_factory=LiveOperations)
     timers: list[tuple[float, Callable[[], None]]] = field(default_factory=list)
     fork_trees: ForkTrees | None = None
+    # No live retries here: a failed fork's tree git cannot remove waits for the next start.
+    retry_failed_tree: Callable[[str, str, str, str], None] | None = None
 
     @property
     def key(self) -> str:
