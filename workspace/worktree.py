@@ -183,7 +183,10 @@ class Worktrees:
             else:
                 self.shadow.materialize(Path(plan.source_cwd), plan.checkpoint, work)
         except BaseException:
-            self.remove_partial(plan)
+            # The make's own failure is what the fork fails with; a half-made tree that will
+            # not go now is removed with the failed fork's tree (retried while it stays).
+            with contextlib.suppress(OSError):
+                self.remove_partial(plan)
             raise
         # A crash from here on leaves a whole tree under `.partial-` or at `path`.
         hit("host.workspace.after_materialize")
@@ -291,7 +294,9 @@ class Worktrees:
     # -- removing --------------------------------------------------------------------------
 
     def remove_partial(self, plan: TreePlan) -> None:
-        """Remove a half-made tree of `plan` (and its worktree registration)."""
+        """Remove a half-made tree of `plan` (and its worktree registration). Raises `OSError`
+        when it is still there after (a file in it nothing can unlink): the caller's removal
+        failed and is tried again, never recorded done over a tree left on disk."""
         partial = plan.partial
         if not partial.exists():
             return
@@ -305,9 +310,14 @@ class Worktrees:
             self._git().run(
                 ["worktree", "remove", "--force", "--force", str(work)], cwd=home, check=False
             )
-        shutil.rmtree(partial, ignore_errors=True)
+        errors: list[str] = []
+        shutil.rmtree(partial, onerror=lambda _fn, path, exc: errors.append(f"{path}: {exc[1]}"))
         if home is not None and home.is_dir():
             self._git().run(["worktree", "prune"], cwd=home, check=False)
+        if os.path.lexists(partial):
+            # A tree left on disk is never recorded removed (law 4): the removal fails, retried.
+            why = errors[0] if errors else "still there"
+            raise OSError(f"the half-made tree {partial} could not be removed: {why}")
 
     def remove(self, plan: TreePlan) -> None:
         """Remove the plan's tree, half-made or whole, and its branch when the branch has no

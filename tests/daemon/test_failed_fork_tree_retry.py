@@ -117,3 +117,59 @@ def _op_id(d: DaemonProcess, request_id: str) -> str:
         conn.close()
     assert row is not None
     return str(row[0])
+
+
+def test_a_failed_forks_half_made_tree_git_cannot_remove_is_retried_live(tmp_path: Path) -> None:
+    """The half-made case: the tree made under `.partial-<short>/` (its `worktree add` done),
+    its directory then made immutable, so its rename to the tree's path fails (the fork fails
+    before dispatch) and git cannot remove it either. The live daemon retries it, listed in
+    `worktreeRemovals` under the tree's path; once the flag is cleared the next round removes
+    the half-made tree, its registration in the repository and its branch, and records it
+    `removed`, with no restart."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[workspace]\ntree_retry_s = 0.2\n")
+    d = DaemonProcess(home).start()
+    try:
+        repo = make_repo(tmp_path / "project")
+        c = d.client(timeout=60)
+        sid, turn = source_in(c, repo)
+        c.call(
+            "debug.failpoints", {"points": {"host.workspace.after_materialize": "once:sleep:3000"}}
+        )
+        params = worktree_fork_params(
+            sid, turn["turnId"], request_id=str(uuid.uuid4()), target=str(uuid.uuid4())
+        )
+        reply = c.submit("fork.create", params)
+
+        def half_made() -> Path | None:
+            partials = [p for p in trees_beside(repo) if p.name.startswith(".partial-")]
+            if not partials:
+                return None
+            work = partials[0] / partials[0].name[len(".partial-") :]
+            return work if (work / "src" / "app.py").is_file() else None
+
+        assert wait_for(lambda: half_made() is not None, 30)
+        work = half_made()
+        assert work is not None
+        undo = make_unremovable(work)
+        try:
+            reply.result(60)
+            op_id = _op_id(d, params["requestId"])
+            assert wait_for(lambda: fork_state(d, op_id)[0] == "failed", 30)
+            assert wait_for(lambda: "is still not removable" in d.tail_log(100_000), 30)
+            assert work.is_dir() and fork_state(d, op_id)[1] in ("planned", "made")
+            (why,) = c.call("host.status")["worktreeRemovals"]["trees"]
+            tree = work.parent.parent / work.name  # the tree's own path, never made
+            assert (why["path"], why["reason"]) == (str(tree), "git_failed"), why
+        finally:
+            undo()
+        assert wait_for(lambda: fork_state(d, op_id)[1] == "removed", 60)
+        assert not work.parent.exists() and not tree.exists()
+        assert work.name not in git(repo, "worktree", "list")
+        assert not [b for b in git(repo, "branch", "--list").split() if work.name in b]
+        removals = c.call("host.status")["worktreeRemovals"]
+        assert (removals["pending"], removals["removed"]) == (0, 1), removals
+        assert_invariants(home)
+    finally:
+        d.stop()
