@@ -351,6 +351,17 @@ def test_a_claim_left_active_behind_its_settled_turn_is_reported(
     assert Law.TURN_CLAIM in laws(home)
 
 
+def test_a_claim_whose_text_is_not_its_turns_input_is_reported(base: Base, tmp_path: Path) -> None:
+    # A submit replayed with its Turn's real input would be refused, and one with this text
+    # answered with the Turn.
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE submit_claims SET text = text || ' changed' WHERE session_id = '{base.source}'",
+    )
+    assert Law.TURN_CLAIM in laws(home)
+
+
 def test_two_active_turns_of_one_session_are_reported(base: Base, tmp_path: Path) -> None:
     one = tampered(
         base,

@@ -1409,8 +1409,9 @@ def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
 
 
 def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
-    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, and a
-    submit claim `active` only while its Turn is active and unbound. Holds after any kill: each
+    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, a
+    submit claim `active` only while its Turn is active and unbound, and each claim's text its
+    Turn's user Message's (what a replay is compared with). Holds after any kill: each
     is decided inside one write (the claim, the delete, the bind, the settlement)."""
     for t in _rows(
         conn,
@@ -1439,6 +1440,22 @@ def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
             f"session {c['session_id']} claim {c['request_id']}: active while its turn"
             f" {c['turn_id']} is {c['phase'] or 'missing'}"
             f" (provider turn {c['root_provider_turn_id']!r})",
+        )
+    # A replay of a submit is answered by comparing its input with the claim's text: that text
+    # is its Turn's input (the user Message the claim wrote with it), or a replay of the real
+    # input would be refused and another input answered with this Turn.
+    for c in _rows(
+        conn,
+        "SELECT c.session_id, c.request_id, c.turn_id FROM submit_claims c"
+        " JOIN session_keys k USING (workspace_id, session_id)"
+        " WHERE c.text IS NOT (SELECT m.text FROM messages m WHERE m.session_key ="
+        " k.session_key AND m.turn_id = c.turn_id AND m.kind = 'user'"
+        " ORDER BY m.position LIMIT 1)",
+    ):
+        ctx.fail(
+            Law.TURN_CLAIM,
+            f"session {c['session_id']} claim {c['request_id']}: its text is not the input"
+            f" of its turn {c['turn_id']}",
         )
 
 
