@@ -63,6 +63,9 @@ class Session(TypedDict):
     updatedAtUnixMs: int
     lifecycleCapabilities: LifecycleCapabilities
     forkedFrom: Lineage | None
+    settingsOmitted: NotRequired[bool]
+    """In an event only: true when the Session's `settings` were too big to carry (sent as
+    `{}`); `session.get` reads them."""
 
 
 class Message(TypedDict):
