@@ -84,6 +84,9 @@ class Interaction(TypedDict):
     status: InteractionStatus
     input: JsonObject
     output: JsonObject | None
+    omitted: NotRequired[bool]
+    """In a `turn.updated` event only: true when this Interaction was too big to carry
+    (`input` `{}`, `output` `{}` once answered); `session.timeline` reads it whole."""
 
 
 class ChangedFile(TypedDict):

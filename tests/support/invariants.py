@@ -41,6 +41,7 @@ from storage.history_links import (
 )
 from storage.schema import migrate, user_version
 from storage.store import Store
+from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
@@ -255,6 +256,12 @@ class Law(StrEnum):
     queue grown past its bound, e.g. under clients that never read (docs/reliability.md,
     "Clients that never read, in the soak"). `check_status_bounds`, over each look, by the
     contention soak."""
+    EVENTS_BOUNDED = "events_bounded"
+    """An event a subscriber heard encodes past `MAX_EVENT_BYTES` (256 KiB): a Turn's
+    Interactions or a Session's settings carried whole where they do not fit (they are carried
+    `omitted` / `settingsOmitted`), so a subscriber that does not read holds more than its
+    1,000-event queue of capped events (docs/protocol.md, "Size cap"). `check_event_bounds`,
+    over the largest event of each type a soak's reading subscriber heard."""
 
     INTERACTION_STATE = "interaction_state"
     """An Interaction's record is not one its Turn can leave: `pending` on a settled Turn (the
@@ -2294,6 +2301,16 @@ def check_status_bounds(status: Mapping[str, Any]) -> list[Violation]:
                     )
                 )
     return out
+
+
+def check_event_bounds(largest: Mapping[str, int]) -> list[Violation]:
+    """`Law.EVENTS_BOUNDED` over the largest event body heard of each type (`largest`: event
+    type -> its msgpack bytes)."""
+    return [
+        Violation(Law.EVENTS_BOUNDED, f"a {kind} event of {size} bytes, past {MAX_EVENT_BYTES}")
+        for kind, size in sorted(largest.items())
+        if size > MAX_EVENT_BYTES
+    ]
 
 
 def check_session_events(
