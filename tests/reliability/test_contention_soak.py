@@ -196,10 +196,10 @@ connection accepted into the top `accept_reserve` descriptors at once, so the da
 reserve whatever the guard's lag (docs/design/connections.md, `Law.DESCRIPTOR_RESERVE`)."""
 DEALERS = trials(100, 200)
 """Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
-BIG_SETTINGS = {"blob": "s" * (200 << 10)}
-"""The first Session's settings: past what an event carries (`settingsOmitted`), so each of its
-writes (Turns, renames, pins, forks) publishes a Session whose settings must be left out
-(`events_bounded`)."""
+BIG_SETTINGS = {"blob": "s" * (300 << 10)}
+"""The first Session's settings: past what an event carries (`settingsOmitted`) and past
+`MAX_EVENT_BYTES` themselves, so each of its writes (Turns, renames, pins, forks) publishes a
+Session whose settings must be left out (`events_bounded`)."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CODEX_SESSIONS = trials(1, 40 // 8)
