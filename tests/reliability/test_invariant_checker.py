@@ -18,6 +18,7 @@ from typing import Any
 import apsw
 import msgpack
 import pytest
+import zmq
 
 from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
 from tests.reliability.interaction_chaos import took
@@ -48,6 +49,7 @@ from tests.support.invariants import (
     TimelinePaging,
     Violation,
     WorkspaceAnswer,
+    check_event_bounds,
     check_fork_events,
     check_interaction_answers,
     check_interrupts,
@@ -59,6 +61,7 @@ from tests.support.invariants import (
     check_workspace_answers,
     repository_state,
 )
+from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -347,6 +350,17 @@ def test_a_claim_left_active_behind_its_settled_turn_is_reported(
         tmp_path,
         "UPDATE submit_claims SET status = 'active', finished_at_ms = NULL"
         f" WHERE session_id = '{base.source}'",
+    )
+    assert Law.TURN_CLAIM in laws(home)
+
+
+def test_a_claim_whose_text_is_not_its_turns_input_is_reported(base: Base, tmp_path: Path) -> None:
+    # A submit replayed with its Turn's real input would be refused, and one with this text
+    # answered with the Turn.
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE submit_claims SET text = text || ' changed' WHERE session_id = '{base.source}'",
     )
     assert Law.TURN_CLAIM in laws(home)
 
@@ -1613,3 +1627,33 @@ def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported(
     for provider in ("tutti-agent", "codex"):
         assert seen(provider, "notobject", done) == []
         assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]
+
+
+def test_an_event_past_its_cap_is_reported(tmp_path: Path) -> None:
+    """`events_bounded` over the events a real daemon published for a Session whose settings
+    are too big to carry: within the cap; one byte more of any type is reported."""
+    d = DaemonProcess(tmp_path / "home").start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(d.events)
+    largest: dict[str, int] = {}
+    try:
+        time.sleep(0.5)  # ZeroMQ's slow joiner
+        c = d.client()
+        sid = create_session(c, settings={"blob": "s" * (300 << 10)})["agentSessionId"]
+        c.call("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
+        while sub.poll(1000):
+            body = sub.recv_multipart()[-1]
+            kind = str(msgpack.unpackb(body, raw=False)["type"])
+            largest[kind] = max(largest.get(kind, 0), len(body))
+    finally:
+        sub.close()
+        ctx.term()
+        d.stop()
+    assert largest.get("session.upserted"), largest
+    assert check_event_bounds(largest) == []
+    tampered = {kind: MAX_EVENT_BYTES + 1 for kind in largest}
+    found = check_event_bounds(tampered)
+    assert [v.law for v in found] == [Law.EVENTS_BOUNDED] * len(largest), found

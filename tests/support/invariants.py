@@ -41,6 +41,7 @@ from storage.history_links import (
 )
 from storage.schema import migrate, user_version
 from storage.store import Store
+from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
@@ -255,6 +256,12 @@ class Law(StrEnum):
     queue grown past its bound, e.g. under clients that never read (docs/reliability.md,
     "Clients that never read, in the soak"). `check_status_bounds`, over each look, by the
     contention soak."""
+    EVENTS_BOUNDED = "events_bounded"
+    """An event a subscriber heard encodes past `MAX_EVENT_BYTES` (256 KiB): a Turn's
+    Interactions or a Session's settings carried whole where they do not fit (they are carried
+    `omitted` / `settingsOmitted`), so a subscriber that does not read holds more than its
+    1,000-event queue of capped events (docs/protocol.md, "Size cap"). `check_event_bounds`,
+    over the largest event of each type a soak's reading subscriber heard."""
 
     INTERACTION_STATE = "interaction_state"
     """An Interaction's record is not one its Turn can leave: `pending` on a settled Turn (the
@@ -1409,8 +1416,9 @@ def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
 
 
 def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
-    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, and a
-    submit claim `active` only while its Turn is active and unbound. Holds after any kill: each
+    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, a
+    submit claim `active` only while its Turn is active and unbound, and each claim's text its
+    Turn's user Message's (what a replay is compared with). Holds after any kill: each
     is decided inside one write (the claim, the delete, the bind, the settlement)."""
     for t in _rows(
         conn,
@@ -1439,6 +1447,22 @@ def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
             f"session {c['session_id']} claim {c['request_id']}: active while its turn"
             f" {c['turn_id']} is {c['phase'] or 'missing'}"
             f" (provider turn {c['root_provider_turn_id']!r})",
+        )
+    # A replay of a submit is answered by comparing its input with the claim's text: that text
+    # is its Turn's input (the user Message the claim wrote with it), or a replay of the real
+    # input would be refused and another input answered with this Turn.
+    for c in _rows(
+        conn,
+        "SELECT c.session_id, c.request_id, c.turn_id FROM submit_claims c"
+        " JOIN session_keys k USING (workspace_id, session_id)"
+        " WHERE c.text IS NOT (SELECT m.text FROM messages m WHERE m.session_key ="
+        " k.session_key AND m.turn_id = c.turn_id AND m.kind = 'user'"
+        " ORDER BY m.position LIMIT 1)",
+    ):
+        ctx.fail(
+            Law.TURN_CLAIM,
+            f"session {c['session_id']} claim {c['request_id']}: its text is not the input"
+            f" of its turn {c['turn_id']}",
         )
 
 
@@ -2277,6 +2301,16 @@ def check_status_bounds(status: Mapping[str, Any]) -> list[Violation]:
                     )
                 )
     return out
+
+
+def check_event_bounds(largest: Mapping[str, int]) -> list[Violation]:
+    """`Law.EVENTS_BOUNDED` over the largest event body heard of each type (`largest`: event
+    type -> its msgpack bytes)."""
+    return [
+        Violation(Law.EVENTS_BOUNDED, f"a {kind} event of {size} bytes, past {MAX_EVENT_BYTES}")
+        for kind, size in sorted(largest.items())
+        if size > MAX_EVENT_BYTES
+    ]
 
 
 def check_session_events(
