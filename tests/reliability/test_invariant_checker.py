@@ -19,7 +19,13 @@ import apsw
 import msgpack
 import pytest
 
-from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
+from domain.fork_states import (
+    BARRIER_RELEASE_SQL,
+    BARRIER_RULE_SQL,
+    STAGE_RULE_SQL,
+    ForkStatus,
+    stage_assignment,
+)
 from tests.reliability.interaction_chaos import took
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.read_chaos import Reader
@@ -1613,3 +1619,64 @@ def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported(
     for provider in ("tutti-agent", "codex"):
         assert seen(provider, "notobject", done) == []
         assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]
+
+
+def test_a_child_quarantined_for_an_unknown_operation_no_abandon_began_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # Only an abandon moves a child aside; an `unknown` operation's child in its quarantine
+    # with no abandon of it begun was moved by something else.
+    home = tampered(base, tmp_path)
+    child = _unknown_child(base, home)
+    source_home = runtime_home(home, WS, base.source)
+    op = base.unknown["operationId"]
+    dest = source_home / "quarantine" / op / child.relative_to(source_home)
+    dest.parent.mkdir(parents=True)
+    child.rename(dest)
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.QUARANTINE]
+    assert found == [f"{dest} quarantined for unknown operation"], found
+
+
+def test_a_file_an_abandon_quarantined_then_removed_is_reported(base: Base, tmp_path: Path) -> None:
+    # The unknown fork abandoned as `fork.resolve` does: its child moved aside and the move
+    # recorded in the resolution's evidence. Removing the file is then reported; the file
+    # where it was moved, or kept under `.evidence`, is not.
+    op = base.unknown["operationId"]
+    home = tampered(base, tmp_path)
+    child = _unknown_child(base, home)
+    source_home = runtime_home(home, WS, base.source)
+    dest = source_home / "quarantine" / op / child.relative_to(source_home)
+    dest.parent.mkdir(parents=True)
+    child.rename(dest)
+    result = json.dumps({"action": "abandon", "evidence": {"quarantinedNow": [str(dest)]}})
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        conn.execute(
+            "UPDATE fork_operations SET status = 'abandoned', completed_at_ms = 0"
+            f"{BARRIER_RELEASE_SQL}"
+            f"{stage_assignment(ForkStatus.UNKNOWN, ForkStatus.ABANDONED)}"
+            " WHERE operation_id = ?",
+            (op,),
+        )
+        conn.execute("DELETE FROM session_reservations WHERE operation_id = ?", (op,))
+        conn.execute(
+            "INSERT INTO fork_resolutions (workspace_id, operation_id, request_id, action,"
+            " state, child_id, evidence_json, result_json, created_at_ms, updated_at_ms)"
+            " VALUES (?, ?, 'r', 'abandon', 'done', NULL, '{}', ?, 0, 0)",
+            (WS, op, result),
+        )
+    finally:
+        conn.close()
+
+    def quarantine_laws() -> list[str]:
+        return [v.detail for v in check_invariants(home).violations if v.law is Law.QUARANTINE]
+
+    assert quarantine_laws() == []
+    # Its source deleted: `runtimes/.evidence/<ws>/<sid>/<provider home>/quarantine/<op>`.
+    where = dest.relative_to(home / "runtimes").parts[:4]
+    kept = home.joinpath("runtimes", ".evidence", *where, op)
+    kept.parent.mkdir(parents=True)
+    (source_home / "quarantine" / op).rename(kept)
+    assert quarantine_laws() == []
+    shutil.rmtree(kept)
+    assert quarantine_laws() == [f"{dest}, quarantined by {op}, was removed"]

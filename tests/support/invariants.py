@@ -1249,13 +1249,45 @@ def _check_spare_homes(ctx: _Ctx, home: Path) -> int:
     return len(spares)
 
 
-def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
+QUARANTINE_DIR = "quarantine"  # drivers/quarantine.py's folder name
+
+
+def _quarantine_file_kept(home: Path, recorded: str) -> bool:
+    """Whether a file an abandon recorded moving into quarantine is still there: at its place
+    (`runtimes/<ws>/<sid>/<provider home>/quarantine/<op>/…`, read under this `home`, which
+    may be a copy), else, its source deleted, under `runtimes/.evidence/` (the folder renamed
+    `<op>-<suffix>` when the name was taken). The place is looked at first: a delete moving
+    the folder meanwhile moves it into the second. A path of no such shape is not judged."""
+    parts = Path(recorded).parts
+    if QUARANTINE_DIR not in parts:
+        return True
+    q = len(parts) - 1 - parts[::-1].index(QUARANTINE_DIR)
+    if q < 3 or q + 2 >= len(parts):
+        return True
+    ws, sid, provider_home = parts[q - 3 : q]
+    op_id, rel = parts[q + 1], Path(*parts[q + 2 :])
+    runtimes = home / "runtimes"
+    if (runtimes / ws / sid / provider_home / QUARANTINE_DIR / op_id / rel).is_file():
+        return True
+    kept = runtimes / ".evidence" / ws / sid / provider_home / QUARANTINE_DIR
+    return any((folder / rel).is_file() for folder in _glob(kept, f"{op_id}*"))
+
+
+def _check_quarantine(
+    ctx: _Ctx, home: Path, ops: list[dict[str, Any]], resolutions: list[dict[str, Any]]
+) -> None:
     by_id = {o["operation_id"]: o for o in ops}
+    abandons = {r["operation_id"]: r for r in resolutions if r["action"] == "abandon"}
     for op_id, path in quarantined_files(home):
         op = by_id.get(op_id)
         status = None if op is None else op["status"]
-        # `unknown`: a resolve that moved the child and then died is rolled back at start-up.
-        if op is None or status not in ("abandoned", "unknown"):
+        # `unknown`: an abandon that moved the child and then died is rolled back at start-up
+        # (its resolution row says so); nothing else moves a child of an `unknown` operation.
+        if (
+            op is None
+            or status not in ("abandoned", "unknown")
+            or (status == "unknown" and op_id not in abandons)
+        ):
             ctx.fail(Law.QUARANTINE, f"{path} quarantined for {status or 'no'} operation")
             continue
         if path.stat().st_size == 0:
@@ -1274,6 +1306,17 @@ def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
                     f"{path} in {op_id}'s quarantine shows turns {list(turns)}, not its frozen "
                     f"prefix {list(prefix)}: another operation's child",
                 )
+
+    # Moved aside, never deleted (law 9): every file a finished abandon recorded moving (or
+    # found already moved by a resolve a kill cut) is still in quarantine.
+    for op_id, r in abandons.items():
+        if r["state"] != "done":
+            continue
+        result = json.loads(r["result_json"]) if r["result_json"] else None
+        evidence = (result.get("evidence") if isinstance(result, dict) else None) or {}
+        for recorded in [*evidence.get("quarantined", ()), *evidence.get("quarantinedNow", ())]:
+            if not _quarantine_file_kept(home, str(recorded)):
+                ctx.fail(Law.QUARANTINE, f"{recorded}, quarantined by {op_id}, was removed")
 
 
 # Operations that may own a provider child no operation recorded: the request may have left,
@@ -2734,6 +2777,9 @@ def check_invariants(
             sessions = _rows(
                 conn, "SELECT provider, workspace_id, session_id, deleted, cwd FROM sessions"
             )
+            resolutions = _rows(
+                conn, "SELECT operation_id, action, state, result_json FROM fork_resolutions"
+            )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
             _check_fence_witness(ctx, conn, ops)
@@ -2789,7 +2835,7 @@ def check_invariants(
             for ws, sid, turn_id, detail in checkpoint_misses:
                 if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
-        _check_quarantine(ctx, home, ops)
+        _check_quarantine(ctx, home, ops, resolutions)
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
