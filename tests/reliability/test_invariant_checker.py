@@ -357,6 +357,24 @@ def test_a_claim_left_active_behind_its_settled_turn_is_reported(
     assert Law.TURN_CLAIM in laws(home)
 
 
+def test_one_provider_turn_bound_to_two_turns_of_a_session_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # The source's second Turn bound to its first's provider turn, as a re-bind that matched
+    # a provider turn another Turn holds would leave it; the child's copies of the source's
+    # Turns (another Session) share their provider turns and are no finding.
+    clean = tampered(base, tmp_path / "clean")
+    assert Law.PROVIDER_TURN_ONCE not in laws(clean)
+    home = tampered(
+        base,
+        tmp_path / "two",
+        "UPDATE turns SET root_provider_turn_id = (SELECT root_provider_turn_id FROM turns"
+        f" WHERE session_id = '{base.source}' AND sequence = 1)"
+        f" WHERE session_id = '{base.source}' AND sequence = 2",
+    )
+    assert Law.PROVIDER_TURN_ONCE in laws(home)
+
+
 def test_two_active_turns_of_one_session_are_reported(base: Base, tmp_path: Path) -> None:
     one = tampered(
         base,

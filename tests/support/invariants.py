@@ -131,8 +131,9 @@ class Law(StrEnum):
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
     QUARANTINE = "quarantine"
-    """A quarantined provider file belongs to no `abandoned`/`unknown` operation, or was
-    emptied (abandon moves a child aside, never deletes or truncates it)."""
+    """A quarantined provider file belongs to no `abandoned` operation nor an `unknown` one an
+    abandon of it began, or was emptied, or a file a finished abandon moved aside is gone
+    (abandon moves a child aside, never deletes or truncates it)."""
     SPARE_HOME_EMPTY = "spare_home_empty"
     """A Claude child's home made ahead (`runtimes/<ws>/.claude-spare-*`, drivers/claude/homes.py)
     holds anything but its empty directories: a spare is renamed into a child's place before the
@@ -147,6 +148,11 @@ class Law(StrEnum):
     `completed` (only the provider completes a Turn); or a committed child's copy of a boundary
     Turn is host-only when its source Turn is not, or the other way round (the fork's provider
     prefix left out exactly the source's host-only Turns, so the child's are the same ones)."""
+    PROVIDER_TURN_ONCE = "provider_turn_once"
+    """Two Turns of one Session are bound to the same provider turn: a Turn's bind, or the
+    re-bind from the provider's history (actors/rebind.py: only a provider turn no Turn holds
+    is matched), claimed one twice — a fork's prefix would name one provider turn for two
+    Turns, and `prove_absent` would prove nothing of that Session again."""
     TURN_CLAIM = "turn_claim"
     """A Session has two `active` Turns (the submit claim reads the active Turn inside its own
     write: a second would be a claim that raced past it), a deleted Session has an `active`
@@ -328,6 +334,7 @@ STORE_LAWS = frozenset(
         Law.DELETED_TREE_PATH,
         Law.HOST_ONLY_TURN,
         Law.TURN_CLAIM,
+        Law.PROVIDER_TURN_ONCE,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -1482,6 +1489,21 @@ def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
             f"session {c['session_id']} claim {c['request_id']}: active while its turn"
             f" {c['turn_id']} is {c['phase'] or 'missing'}"
             f" (provider turn {c['root_provider_turn_id']!r})",
+        )
+
+
+def _check_provider_turns_once(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`provider_turn_once`: within a Session, a provider turn is bound to one Turn at most."""
+    for t in _rows(
+        conn,
+        "SELECT session_id, root_provider_turn_id AS provider_turn, group_concat(turn_id) AS"
+        " turns FROM turns WHERE root_provider_turn_id IS NOT NULL"
+        " GROUP BY workspace_id, session_id, root_provider_turn_id HAVING COUNT(*) > 1",
+    ):
+        ctx.fail(
+            Law.PROVIDER_TURN_ONCE,
+            f"session {t['session_id']}: provider turn {t['provider_turn']} bound to Turns"
+            f" {t['turns']}",
         )
 
 
@@ -2763,6 +2785,7 @@ def check_invariants(
             _check_completed_turns(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
+            _check_provider_turns_once(ctx, conn)
             _check_interactions(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)
