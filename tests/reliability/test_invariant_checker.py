@@ -624,6 +624,36 @@ def test_provider_child_showing_another_prefix_than_its_owner_froze_is_reported(
     assert Law.CHILD_OWNED in laws(home)
 
 
+def test_two_children_of_one_prefix_beside_another_operation_are_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # A second `unknown` operation of the source through another prefix, with no child yet;
+    # the first operation's prefix forked twice: two children show it. As many unrecorded
+    # children as operations that may own one, each showing some operation's prefix — but
+    # one prefix twice.
+    home = tampered(
+        base,
+        tmp_path,
+        _COPY_OP.format(
+            new="op-other",
+            target=uuid.uuid4(),
+            point="point_kind",
+            prefix="'[\"another-turn\"]'",
+            status="unknown",
+            of=base.unknown["operationId"],
+        ),
+    )
+    assert Law.CHILD_OWNED not in laws(home)
+    child = _unknown_child(base, home)
+    lines = child.read_text().splitlines(keepends=True)
+    meta = json.loads(lines[0])
+    old_id, new_id = meta["payload"]["id"], str(uuid.uuid4())
+    meta["payload"]["id"] = new_id
+    twin = child.with_name(child.name.replace(old_id, new_id))
+    twin.write_text(json.dumps(meta) + "\n" + "".join(lines[1:]))
+    assert Law.CHILD_OWNED in laws(home)
+
+
 def test_deleted_source_of_an_unknown_operation_is_lost_evidence(
     base: Base, tmp_path: Path
 ) -> None:

@@ -1355,7 +1355,10 @@ def _check_child_owners(
                 f"{sorted(found)} for {len(candidates)} dispatched, unresolved operations",
             )
             continue
-        prefixes = [tuple(json.loads(o["source_provider_turn_ids"] or "[]")) for o in candidates]
+        prefixes = Counter(
+            tuple(json.loads(o["source_provider_turn_ids"] or "[]")) for o in candidates
+        )
+        shown: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for child in found.values():
             if child.provider != "tutti-agent":
                 continue
@@ -1365,6 +1368,17 @@ def _check_child_owners(
                     Law.CHILD_OWNED,
                     f"provider child {child.child_id} at {child.path} shows turns {list(turns)}:"
                     " no dispatched, unresolved operation of its source froze that prefix",
+                )
+            elif turns is not None:
+                shown[turns].append(child.child_id)
+        # One child per operation: more children showing a prefix than operations froze it
+        # is a prefix forked twice, however many other operations could own a child.
+        for turns, ids in shown.items():
+            if len(ids) > prefixes[turns]:
+                ctx.fail(
+                    Law.CHILD_OWNED,
+                    f"provider children {sorted(ids)} show turns {list(turns)}: "
+                    f"{prefixes[turns]} dispatched, unresolved operation(s) froze that prefix",
                 )
 
 
