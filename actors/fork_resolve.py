@@ -28,6 +28,7 @@ from typing import Any
 from actors.context import runtime_key
 from actors.fork_host import ForkHost
 from actors.messages import Reply
+from actors.runtime_dirs import remove_empty_session_dir
 from domain.enums import DeliveryDisposition
 from domain.errors import (
     ForkEvidenceUnreadable,
@@ -410,6 +411,11 @@ class ForkResolver:
         self.evidence = evidence
         self.host.resolve_store.resolution.abandon_fork(
             self.host.ws, self.op.operation_id, {"action": "abandon", "evidence": evidence}
+        )
+        # The target's directories made ahead for a child no Session will own; a quarantined
+        # child there keeps them.
+        remove_empty_session_dir(
+            self.host.runtime_home(self.host.ws, self.op.target_session_id, self.provider).parent
         )
         self._finish(None)
 

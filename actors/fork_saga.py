@@ -21,6 +21,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from functools import partial
+from pathlib import Path
 from typing import Any
 
 from actors.context import runtime_key
@@ -36,6 +37,7 @@ from actors.ports import (
     WorkerFailed,
 )
 from actors.recovery import apply_restart_rule
+from actors.runtime_dirs import remove_empty_session_dir
 from domain import fork_states
 from domain.enums import DeliveryDisposition
 from domain.errors import (
@@ -634,6 +636,11 @@ class ForkSaga:
             return
         self._finish(op)
 
+    def _target_dir(self, op: ForkOperation) -> Path:
+        """The target's runtime directory: the parent of the home the fork request named."""
+        home = self.host.runtime_home(self.host.ws, op.target_session_id, self.runtime.provider)
+        return home.parent
+
     def _retry_abort(self, exc: Exception) -> None:
         with self._entry():
             self._abort(exc)
@@ -645,6 +652,10 @@ class ForkSaga:
         if op.worktree is not None:
             op = end_failed_tree(self.host, op, self._hit)
         self.operation = op
+        if op.status is fork_states.ForkStatus.FAILED:
+            # No provider child: the directories made ahead for it are no Session's (gone
+            # before the failure is answered).
+            remove_empty_session_dir(self._target_dir(op))
         # The callers first: the rest is this actor's own bookkeeping, done in this same step
         # (no message of this Session, a replay included, runs before it ends).
         for waiter in self.waiters:

@@ -86,6 +86,20 @@ def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
     return True
 
 
+def remove_empty_session_dir(path: Path) -> bool:
+    """Remove the runtime directory of a fork's target that ended with no child (`failed`, or
+    abandoned with nothing quarantined): the directories the worker made ahead for the child
+    while the provider forked, which no Session will own. Only empty directories go (`rmdir`,
+    bottom-up, links never followed): a file anywhere — a quarantined child, a bound one —
+    keeps itself and every directory above it. Whether `path` is gone."""
+    with contextlib.suppress(OSError):
+        for dirpath, _dirs, files in os.walk(path, topdown=False):
+            if not files:
+                with contextlib.suppress(OSError):
+                    os.rmdir(dirpath)
+    return not os.path.lexists(path)
+
+
 def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
     """Finish deletes a previous process was killed in; returns how many it finished."""
     trash = runtimes_dir / TRASH

@@ -255,6 +255,8 @@ class Api:
         provider = require_enum(params, "provider", self.catalog.providers())
         title = optional_str(params, "title", default="New session", max_len=512) or "New session"
         cwd = optional_str(params, "cwd", default=self._default_cwd, min_len=1, max_len=4096)
+        if cwd is not None and "\0" in cwd:
+            raise InvalidArgument("cwd", "'cwd' must not contain NUL (U+0000)")
         settings = optional_map(params, "settings", default={}) or {}
         model = optional_str(params, "model", min_len=1, max_len=256)
 

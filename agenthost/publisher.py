@@ -74,6 +74,8 @@ from protocol.events import (
     Event,
     MessageDelta,
 )
+from protocol.objects import Operation as WireOperation
+from protocol.objects import Session as WireSession
 from storage.models import (
     ForkOperation,
     ForkOperationChanged,
@@ -98,6 +100,38 @@ _ENTITY_TYPES = frozenset((SessionChanged, ForkOperationChanged))
 
 BATCH = 256
 """Changes taken off the queue per wake-up, at most."""
+
+EVENT_SETTINGS_BYTES = MAX_EVENT_BYTES // 2
+"""The most bytes of `settings` an event's Session carries: past it they are omitted
+(`settingsOmitted`), so a Session's event stays under `MAX_EVENT_BYTES` (its other fields
+are bounded far below the other half)."""
+
+
+def event_session(session: WireSession) -> WireSession:
+    """`session` as an event carries it: settings over `EVENT_SETTINGS_BYTES` are sent as
+    `{}` with `settingsOmitted: true` (a new map; a projection may be shared). Empty settings
+    cost nothing; others one msgpack encoding of them."""
+    settings = session["settings"]
+    if not settings or len(msgpack.packb(settings, use_bin_type=True)) <= EVENT_SETTINGS_BYTES:
+        return session
+    capped = session.copy()
+    capped["settings"] = {}
+    capped["settingsOmitted"] = True
+    return capped
+
+
+def event_operation(operation: WireOperation) -> WireOperation:
+    """`operation` as an event carries it: its child Session through `event_session`."""
+    child = operation["session"]
+    if child is None:
+        return operation
+    capped = event_session(child)
+    if capped is child:
+        return operation
+    operation = operation.copy()
+    operation["session"] = capped
+    return operation
+
 
 SHOWN_REMEMBERED = 4096
 """Sessions whose newest shown write `Shown` keeps; past it the oldest are forgotten, and a
@@ -700,7 +734,7 @@ class EventPublisher:
                 self.touched += 1
             return {
                 "type": SESSION_UPSERTED,
-                "session": projection.child_or_session(row, self.catalog),
+                "session": event_session(projection.child_or_session(row, self.catalog)),
             }
         try:
             return self.project(change)
@@ -732,7 +766,10 @@ class EventPublisher:
             seq, op = newest
             self.shown_ops.showed(key, seq)
             self.carried_ops += 1
-            return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}
+            return {
+                "type": FORK_OPERATION,
+                "operation": event_operation(projection.operation(op, self.catalog)),
+            }
         try:
             return self.project(change)
         finally:
@@ -785,7 +822,7 @@ class EventPublisher:
             self.published.showed(key, session.version)
             return {
                 "type": SESSION_UPSERTED,
-                "session": projection.session(session, self.catalog),
+                "session": event_session(projection.session(session, self.catalog)),
             }
         if isinstance(change, TurnChanged):
             # The provider only (fixed at create), from the store's memory after the first
@@ -808,5 +845,8 @@ class EventPublisher:
             return delta_event(change)
         if isinstance(change, ForkOperationChanged):
             op = store.fork_queries.get_fork_operation(change.workspace_id, change.operation_id)
-            return {"type": FORK_OPERATION, "operation": projection.operation(op, self.catalog)}
+            return {
+                "type": FORK_OPERATION,
+                "operation": event_operation(projection.operation(op, self.catalog)),
+            }
         return None

@@ -31,8 +31,8 @@ from typing import Any, Protocol
 
 import msgpack
 
-from protocol.events import EventTurn
-from protocol.objects import Message, Turn
+from protocol.events import EventTurn, InteractionsTruncatedTurn
+from protocol.objects import Interaction, Message, Turn
 from storage.models import Turn as StoredTurn
 from storage.models import TurnTail
 
@@ -100,13 +100,43 @@ def bounded_turn(
         budget -= size
         kept.append(message)
     kept.reverse()
-    return {
+    bounded: EventTurn = {
         **turn,
         "messages": kept,
         "messagesTruncated": True,
         "messageCount": count,
         "messagesFrom": start + len(messages) - len(kept),
     }
+    if not turn["interactions"] or _size(bounded) <= max_bytes:
+        return bounded
+    return _bounded_interactions(bounded, max_bytes)
+
+
+def _bounded_interactions(turn: EventTurn, max_bytes: int) -> InteractionsTruncatedTurn:
+    """`turn` with the Interactions that do not fit what `max_bytes` leaves of it carried
+    without their `input` and `output` (`{}`; `output` stays null while unanswered) and
+    `omitted: true`, the Turn with `interactionsTruncated: true`: a question, an answer or a
+    plan may take most of a request each, and every event of their Turn carried them whole.
+    Kept in order, the earliest first while they fit."""
+    interactions = turn["interactions"]
+    budget = max_bytes - _size({**turn, "interactions": []}) - 64
+    carried: list[Interaction] = []
+    for interaction in interactions:
+        size = _size(interaction)
+        if size <= budget:
+            budget -= size
+            carried.append(interaction)
+            continue
+        output = interaction["output"]
+        stub: Interaction = {
+            **interaction,
+            "input": {},
+            "output": None if output is None else {},
+            "omitted": True,
+        }
+        budget -= _size(stub)
+        carried.append(stub)
+    return {**turn, "interactions": carried, "interactionsTruncated": True}
 
 
 class TurnDeltas:

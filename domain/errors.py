@@ -220,6 +220,13 @@ class ForkRequestConflict(Conflict):
     default_reason = "agent_session_fork_request_conflict"
 
 
+class TurnRequestConflict(Conflict):
+    """A `turn.submit` replayed with its `requestId` but another input; `params.turnId` is
+    the Turn that `requestId` claimed."""
+
+    default_reason = "turn_request_conflict"
+
+
 def checkpoint_refusal(
     record: Mapping[str, Any] | None, turn_id: str
 ) -> WorkspaceCheckpointMissing | None:

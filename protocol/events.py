@@ -38,6 +38,13 @@ class EventTurn(Turn, total=False):
     messagesFrom: int
 
 
+class InteractionsTruncatedTurn(EventTurn, total=False):
+    """An `EventTurn` some of whose Interactions are carried without their input and output
+    (`omitted`), with `interactionsTruncated: true`: read the Turn with `session.timeline`."""
+
+    interactionsTruncated: bool
+
+
 class TurnUpdated(TypedDict):
     type: Literal["turn.updated"]
     agentSessionId: str

@@ -63,6 +63,9 @@ class Session(TypedDict):
     updatedAtUnixMs: int
     lifecycleCapabilities: LifecycleCapabilities
     forkedFrom: Lineage | None
+    settingsOmitted: NotRequired[bool]
+    """In an event only: true when the Session's `settings` were too big to carry (sent as
+    `{}`); `session.get` reads them."""
 
 
 class Message(TypedDict):
@@ -81,6 +84,9 @@ class Interaction(TypedDict):
     status: InteractionStatus
     input: JsonObject
     output: JsonObject | None
+    omitted: NotRequired[bool]
+    """In a `turn.updated` event only: true when this Interaction was too big to carry
+    (`input` `{}`, `output` `{}` once answered); `session.timeline` reads it whole."""
 
 
 class ChangedFile(TypedDict):

@@ -11,7 +11,14 @@ from operator import attrgetter
 from typing import Any
 
 from domain.enums import TurnOutcome
-from domain.errors import Conflict, ForkInProgress, InvalidArgument, SessionBusy, TurnNotFound
+from domain.errors import (
+    Conflict,
+    ForkInProgress,
+    InvalidArgument,
+    SessionBusy,
+    TurnNotFound,
+    TurnRequestConflict,
+)
 from storage.base import Database
 from storage.models import (
     Message,
@@ -95,7 +102,18 @@ class TurnStore:
             deleted, claimed, active, next_sequence, next_at = read or (None,) * 5
             require_live(sid, deleted)  # no row: `deleted` None, not found
             if claimed is not None:
-                # A replay is a read, so it is answered even while the fence holds.
+                # A replay is a read, so it is answered even while the fence holds. Its text
+                # read here only: a replay is rare, the claim's read stays one statement.
+                claimed_text = tx.one(
+                    "SELECT text FROM submit_claims WHERE workspace_id = ? AND session_id = ?"
+                    " AND request_id = ?",
+                    (ws, sid, request_id),
+                )
+                if claimed_text is None or claimed_text[0] != text:
+                    raise TurnRequestConflict(
+                        f"request {request_id} was used for another input (Turn {claimed})",
+                        params={"turnId": claimed},
+                    )
                 return require_turn(tx.conn, ws, sid, claimed), False
             tx.check_fence(sid)
             if active is not None:

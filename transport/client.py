@@ -427,8 +427,9 @@ class EventSubscriber:
         self.close()
 
 
-TURN_EVENT_KEYS = ("messagesTruncated", "messageCount", "messagesFrom")
-"""The fields a `turn.updated` adds to a Turn when it carries only some of its messages."""
+TURN_EVENT_KEYS = ("messagesTruncated", "messageCount", "messagesFrom", "interactionsTruncated")
+"""The fields a `turn.updated` adds to a Turn when it carries only some of its messages (or
+some of its Interactions without their input and output)."""
 
 
 def merge_turn(known: Turn | None, update: Turn | EventTurn) -> Turn | None:
@@ -439,12 +440,14 @@ def merge_turn(known: Turn | None, update: Turn | EventTurn) -> Turn | None:
     field but only the messages at ordinals `messagesFrom`.. of `messageCount` (the messages
     added or changed since the Turn's previous event): each replaces the known message of its
     id or is appended. None when that cannot give the whole Turn (the client missed an event,
-    joined late, or a message was too big for an event): read it with `session.timeline`.
-    The result never has the three event fields, so it compares equal to the Turn
-    `session.timeline` returns."""
+    joined late, a message was too big for an event, or an Interaction was and the event says
+    `interactionsTruncated`): read it with `session.timeline`. The result never has the event
+    fields, so it compares equal to the Turn `session.timeline` returns."""
     fields = cast(Mapping[str, object], update)
     turn = cast(Turn, {k: v for k, v in fields.items() if k not in TURN_EVENT_KEYS})
     carried = [m for m in update.get("messages") or [] if isinstance(m, Mapping)]
+    if fields.get("interactionsTruncated"):
+        return None  # an Interaction was too big for the event: only a read has it whole
     if not fields.get("messagesTruncated"):
         return turn
     count = fields.get("messageCount")

@@ -125,7 +125,8 @@ RECENTLY_ANSWERED_S = 10.0
 """A client answered this recently is talking: the fd guard never sheds its connection (a
 request it sent right after the answer may be in ZeroMQ's pipe, not yet read)."""
 MAX_ANSWERED_PEERS = 4096
-"""Past this many clients remembered, the ones answered long ago are forgotten."""
+"""Past this many clients remembered, the ones answered long ago are forgotten (and past twice
+as many as the last such pass kept, when that was more)."""
 
 PEER_REPLY_HWM = 32
 """Replies queued in ZeroMQ per client connection; past it, replies wait in a per-client
@@ -239,6 +240,7 @@ class ReplyRouter:
         # When each client last got an answer: a connection answered this recently is not idle
         # (its next request may already sit in ZeroMQ's pipe; shedding it would lose that).
         self.answered_at: dict[bytes, float] = {}
+        self._prune_at = MAX_ANSWERED_PEERS
         self.backlog: dict[bytes, list[tuple[list[bytes], bytes]]] = {}
         self.backlog_bytes: dict[bytes, int] = {}
         # Per client: large replies ZeroMQ holds, until its tracker says they are written.
@@ -308,10 +310,13 @@ class ReplyRouter:
             self.peer_in_flight.pop(peer, None)
         now = time.monotonic()
         self.answered_at[peer] = now
-        if len(self.answered_at) > MAX_ANSWERED_PEERS:
-            self.answered_at = {
+        if len(self.answered_at) > self._prune_at:
+            self.answered_at = kept = {
                 p: t for p, t in self.answered_at.items() if now - t < RECENTLY_ANSWERED_S
             }
+            # The next pass only after as many answers again as it kept: with more clients
+            # than the bound answered recently, a pass per answer was O(clients) per reply.
+            self._prune_at = max(MAX_ANSWERED_PEERS, 2 * len(kept))
 
     def send_now(self, envelope: list[bytes], frame: bytes, *, backlog: bool = True) -> None:
         assert self.router is not None

@@ -158,6 +158,9 @@ def require_map(params: Mapping[str, Any], name: str) -> dict[str, Any]:
         raise InvalidArgument(name, f"'{name}' must be a map")
     if not all(isinstance(k, str) for k in value):
         raise InvalidArgument(name, f"'{name}' keys must be strings")
+    problem = _not_json(value)
+    if problem:
+        raise InvalidArgument(name, f"'{name}' {problem}")
     return value
 
 
@@ -207,6 +210,25 @@ def optional_enum(
     if params.get(name) is None:
         return default
     return require_enum(params, name, choices)
+
+
+def _not_json(root: dict[str, Any]) -> str | None:
+    """Why a map parameter cannot be kept as JSON (a handler stores it so), or None: bytes, or
+    a key that is not a string, anywhere inside it. Iterative; the envelope has already bounded
+    its depth and refused every other msgpack type."""
+    stack: list[Any] = [root]
+    while stack:
+        value = stack.pop()
+        if isinstance(value, dict):
+            for key, child in value.items():
+                if not isinstance(key, str):
+                    return "has a key that is not a string"
+                stack.append(child)
+        elif isinstance(value, list):
+            stack.extend(value)
+        elif isinstance(value, bytes):
+            return "holds bytes (a msgpack bin); only strings, numbers, booleans, nil, lists, maps"
+    return None
 
 
 def _check_str(name: str, value: Any, min_len: int, max_len: int) -> str:

@@ -267,6 +267,11 @@ class ForkThroughTurn:
                 return ForkResult.not_started(f"thread/fork not sent: {exc}")
             return ForkResult.unknown(f"app-server lost after thread/fork was sent: {exc}")
         except AppServerTimeout as exc:
+            # The provider may still be forking: its app-server is ended now, so whatever
+            # child it wrote is on disk before the `unknown` is answered, and none comes
+            # after (an abandon that found none would leave a later one no one's). A live
+            # Session runtime is started again at its next use.
+            runtime.proc.end(f"{exc}; the app-server was killed so that it forks no more")
             return ForkResult.unknown(str(exc))
 
         try:

@@ -595,6 +595,17 @@ class AppServerProcess:
         assert proc is not None, "not started"
         return self._kill_broken(proc, what)
 
+    def end(self, reason: str) -> None:
+        """SIGKILL the server's process tree and reap it, its users told `reason`: a request
+        it was sent and never answered can then act no more (a fork's child written after
+        the host recorded the fork `unknown`, and perhaps resolved it, would be no one's)."""
+        proc = self._proc
+        if proc is None:
+            return
+        self._mark_closed(reason)
+        kill_tree(proc.pid)
+        proc.wait()
+
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
         these words (killed first: the next Turn, started by the failure, finds it gone)."""

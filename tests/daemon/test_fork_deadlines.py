@@ -7,6 +7,7 @@ still ends `committed`; a provider fork call that exceeds the worker's own limit
 from __future__ import annotations
 
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -82,3 +83,40 @@ def test_provider_call_past_the_workers_limit_is_unknown_once(tmp_path: Path) ->
     report = assert_invariants(d.home)
     assert report.operations == {"unknown": 1}
     assert report.provider_children <= 1
+
+
+def test_a_fork_unknown_by_the_workers_limit_leaves_no_child_after_its_abandon(
+    tmp_path: Path,
+) -> None:
+    # The app-server's own thread/fork is slow: the worker's limit (2 s) fires first. A person
+    # abandons the `unknown` operation at once (no child on disk yet: quarantined nothing);
+    # the provider's fork must not write its child afterwards, owned by no operation.
+    d = _daemon(
+        tmp_path,
+        failpoints="",
+        env={"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=sleep:4000"},
+    )
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, sid, "fork me")
+        op = _fork(c, sid, boundary["turnId"])
+        assert op["status"] == "unknown", op
+        answer = c.call(
+            "fork.resolve",
+            {
+                "workspaceId": WS,
+                "operationId": op["operationId"],
+                "requestId": str(uuid.uuid4()),
+                "action": "abandon",
+            },
+            timeout=60,
+        )
+        assert answer["operation"]["status"] == "abandoned", answer
+        time.sleep(4)  # past the provider's slow fork
+        run_turn(c, sid, "after the abandon")  # the Session goes on
+    finally:
+        d.stop()
+    # No provider child outside quarantine: the abandoned operation owns none.
+    report = assert_invariants(d.home)
+    assert report.operations == {"abandoned": 1}

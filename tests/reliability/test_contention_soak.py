@@ -84,7 +84,9 @@ their capacities at every look (`status_bounds`, sampled through the chaos), and
 resident memory grows over the chaos by at most what the unread clients may make it hold —
 `EVENTS_HWM` events of the largest frame a reading subscriber heard meanwhile, per stalled
 subscriber, plus the per-connection bound of unread replies (`transport.server`: 32 queued,
-8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`.
+8 MiB of large ones, a 16 MiB backlog, one reply over each) — plus `RSS_NOISE_MB`. The
+first Session's settings are too big for an event (`BIG_SETTINGS`), and every event the reading
+subscriber hears is within `MAX_EVENT_BYTES` (`events_bounded`).
 
 Interactions and interrupts among the clients' actions (`interaction_chaos.Asker`): Tutti Agent
 Turns whose fake model asks for an approval or an answer, Claude Code Turns whose Bash call asks
@@ -161,6 +163,7 @@ from tests.support.invariants import (
     Violation,
     WorkspaceAnswer,
     check_descriptor_reserve,
+    check_event_bounds,
     check_fork_events,
     check_invariants,
     check_processes,
@@ -195,6 +198,10 @@ connection accepted into the top `accept_reserve` descriptors at once, so the da
 reserve whatever the guard's lag (docs/design/connections.md, `Law.DESCRIPTOR_RESERVE`)."""
 DEALERS = trials(100, 200)
 """Idle ZeroMQ clients per burst (a shed one reconnects: they churn while over the cap)."""
+BIG_SETTINGS = {"blob": "s" * (300 << 10)}
+"""The first Session's settings: past what an event carries (`settingsOmitted`) and past
+`MAX_EVENT_BYTES` themselves, so each of its writes (Turns, renames, pins, forks) publishes a
+Session whose settings must be left out (`events_bounded`)."""
 CLIENTS = trials(4, 8)
 SESSIONS = trials(8, 40)
 CODEX_SESSIONS = trials(1, 40 // 8)
@@ -845,6 +852,8 @@ class NeverRead:
         self.refused_send = 0  # the DEALER's own queue full (zmq.Again)
         self.largest_event = 0
         self.events_heard = 0
+        # Event type -> the largest body of that type heard (`events_bounded`).
+        self.largest_body: dict[str, int] = {}
 
     def _socket(self, kind: int, endpoint: str) -> zmq.Socket[bytes]:
         sock = self.ctx.socket(kind)
@@ -888,6 +897,9 @@ class NeverRead:
                 return  # closed under it (a failed run's clean-up)
             self.largest_event = max(self.largest_event, sum(len(p) for p in parts))
             self.events_heard += 1
+            body = parts[-1]
+            kind = str(msgpack.unpackb(body, raw=False).get("type"))
+            self.largest_body[kind] = max(self.largest_body.get(kind, 0), len(body))
 
     def held_bound_mb(self, largest_reply: int) -> float:
         """What the daemon may hold for the unread clients: per stalled subscriber its queue
@@ -1206,7 +1218,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
                     else "tutti-agent",
                 }
                 | ({"cwd": str(repo)} if i % 2 else {})
-                | ({"settings": CODEX_ASKS} if i in codex_at else {}),
+                | ({"settings": CODEX_ASKS} if i in codex_at else {})
+                | ({"settings": BIG_SETTINGS} if i == 0 else {}),
             )["session"]["agentSessionId"]
             for i in range(SESSIONS)
         ]
@@ -1293,6 +1306,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         status_looks += 1
         status_violations += check_status_bounds(c.call("host.status"))
         held_bound = never_read.held_bound_mb(_largest_reply(c, sids))
+        # Every event within its cap, the first Session's big settings in each of its own.
+        status_violations += check_event_bounds(never_read.largest_body)
         never_read.close()
         t.asker.release(c, "release")  # asked Turns still waiting: interrupted
 

@@ -8,7 +8,8 @@ after every kill the invariant checker runs, with the person's repository as it 
 first Session touched it (`repository_kept`, law 10: only the forks' worktrees and
 `agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
 (`force` or not). A fork request answered earlier is sent again, across restarts (law 6: the
-same `requestId` and body get the same operation; a changed body under it is never accepted).
+same `requestId` and body get the same operation; a changed body under it is never accepted),
+and so is a Turn's submit (the same input gets its Turn; another input is never accepted).
 The clients restore Sessions' folders too (`workspace.restore` to an earlier Turn's `before` or
 `after`, or the undo of the Session's last restore; `force` at times) and read their diffs
 (`session.workspaceDiff`), racing the Turns, forks and deletes of the same folder and the
@@ -242,6 +243,9 @@ ASK_SHARE = 0.15
 START_POINT = "host.turn.before_warm_start"
 START_ERROR_SHARE = 0.02
 """The share of submits that arm `START_POINT` `once:error` first (the contention soak's)."""
+SUBMIT_REPLAY_SHARE = 0.15
+"""Of the submits to a Session with an accepted one, the share that sends that one again
+(`replay_submit`), half of them with another input."""
 READ_SHARE = 0.08
 """The share of client steps that page or read a lineage (`read_chaos.Reader`)."""
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
@@ -297,6 +301,10 @@ class World:
         self.made: Counter[str] = Counter()  # Sessions made by `session.create`, by provider
         self.ops: dict[str, str] = {}  # operation id → last seen status
         self.asked: dict[str, dict[str, Any]] = {}  # operation id → the request that made it
+        # Session → its last accepted `turn.submit` and the Turn it made, sent again at times
+        # (`replay_submit`), drawn from a generator of its own (the seed's draws unchanged).
+        self.submitted: dict[str, tuple[dict[str, Any], str]] = {}
+        self.replays = random.Random(f"submit-replay-{seed}")
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
         self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
@@ -446,13 +454,17 @@ def step(w: World, rng: random.Random, c: Client, tag: str, starts: random.Rando
             # `active_turn_worked` at the end, and no Turn active in any timeline).
             armed = call(w, c, tag, "debug.failpoints", {"points": {START_POINT: "once:error"}})
             w.calls["start error armed"] += armed is not None
-        call(
-            w,
-            c,
-            tag,
-            "turn.submit",
-            s | {"requestId": str(uuid.uuid4()), "input": [{"type": "text", "text": text}]},
-        )
+        with w.lock:
+            again = w.submitted.get(sid) if w.replays.random() < SUBMIT_REPLAY_SHARE else None
+            changed = w.replays.random() < 0.5
+        if again is not None:
+            replay_submit(w, c, tag, *again, changed=changed)
+            return
+        params = s | {"requestId": str(uuid.uuid4()), "input": [{"type": "text", "text": text}]}
+        body = call(w, c, tag, "turn.submit", params)
+        if body is not None:
+            with w.lock:
+                w.submitted[sid] = (params, body["turn"]["turnId"])
     elif action == "refresh":
         body = call(w, c, tag, "session.timeline", s | {"limit": 1000})
         if body:
@@ -585,6 +597,25 @@ def replay(
             w.failures.append(
                 f"{tag}: request {params['requestId']} with another target accepted (law 6)"
             )
+
+
+def replay_submit(
+    w: World, c: Client, tag: str, params: dict[str, Any], turn_id: str, *, changed: bool
+) -> None:
+    """`turn.submit` sent again under a `requestId` that made `turn_id`, across restarts: the
+    same input gets that Turn (unless its Session was deleted meanwhile: 404); another input
+    is never accepted (409 `turn_request_conflict`)."""
+    if not changed:
+        body = call(w, c, tag, "turn.submit", params)
+        if body is not None and body["turn"]["turnId"] != turn_id:
+            w.failures.append(
+                f"{tag}: submit {params['requestId']} replayed got Turn"
+                f" {body['turn']['turnId']}, not {turn_id}"
+            )
+        return
+    other = params | {"input": [{"type": "text", "text": "another input"}]}
+    if call(w, c, tag, "turn.submit", other) is not None:
+        w.failures.append(f"{tag}: submit {params['requestId']} with another input accepted")
 
 
 def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None = None) -> None:
@@ -1104,6 +1135,9 @@ def stall_after(w: World, command: str, probe: str) -> None:
         raise AssertionError((w.seed, command, "lock files stay", _lock_files(repo))) from None
     c = w.daemon.client(timeout=30)
     wait_for(lambda: _idle(c, probe), 60)
+    # A client's `once:error` armed in the round and not met by its own Turn (parked before
+    # it submitted) would fail this Turn instead: this Turn judges the stall only.
+    c.call("debug.failpoints", {"points": {START_POINT: "off"}})
     (Path(w.cwd) / "after-stall.txt").write_text(f"{command} {time.time_ns()}\n")
     turn = run_turn(c, probe, "after the stall")
     ws = turn.get("workspace") or {}

@@ -18,8 +18,15 @@ from typing import Any
 import apsw
 import msgpack
 import pytest
+import zmq
 
-from domain.fork_states import BARRIER_RULE_SQL, STAGE_RULE_SQL
+from domain.fork_states import (
+    BARRIER_RELEASE_SQL,
+    BARRIER_RULE_SQL,
+    STAGE_RULE_SQL,
+    ForkStatus,
+    stage_assignment,
+)
 from tests.reliability.interaction_chaos import took
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.read_chaos import Reader
@@ -48,6 +55,7 @@ from tests.support.invariants import (
     TimelinePaging,
     Violation,
     WorkspaceAnswer,
+    check_event_bounds,
     check_fork_events,
     check_interaction_answers,
     check_interrupts,
@@ -60,6 +68,7 @@ from tests.support.invariants import (
     repository_state,
     worktree_retrying,
 )
+from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
 pytestmark = pytest.mark.timeout(120)
@@ -352,6 +361,35 @@ def test_a_claim_left_active_behind_its_settled_turn_is_reported(
     assert Law.TURN_CLAIM in laws(home)
 
 
+def test_a_claim_whose_text_is_not_its_turns_input_is_reported(base: Base, tmp_path: Path) -> None:
+    # A submit replayed with its Turn's real input would be refused, and one with this text
+    # answered with the Turn.
+    home = tampered(
+        base,
+        tmp_path,
+        f"UPDATE submit_claims SET text = text || ' changed' WHERE session_id = '{base.source}'",
+    )
+    assert Law.TURN_CLAIM in laws(home)
+
+
+def test_one_provider_turn_bound_to_two_turns_of_a_session_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # The source's second Turn bound to its first's provider turn, as a re-bind that matched
+    # a provider turn another Turn holds would leave it; the child's copies of the source's
+    # Turns (another Session) share their provider turns and are no finding.
+    clean = tampered(base, tmp_path / "clean")
+    assert Law.PROVIDER_TURN_ONCE not in laws(clean)
+    home = tampered(
+        base,
+        tmp_path / "two",
+        "UPDATE turns SET root_provider_turn_id = (SELECT root_provider_turn_id FROM turns"
+        f" WHERE session_id = '{base.source}' AND sequence = 1)"
+        f" WHERE session_id = '{base.source}' AND sequence = 2",
+    )
+    assert Law.PROVIDER_TURN_ONCE in laws(home)
+
+
 def test_two_active_turns_of_one_session_are_reported(base: Base, tmp_path: Path) -> None:
     one = tampered(
         base,
@@ -630,6 +668,36 @@ def test_provider_child_showing_another_prefix_than_its_owner_froze_is_reported(
         "UPDATE fork_operations SET source_provider_turn_ids = '[\"not-a-turn\"]'"
         f" WHERE operation_id = '{op}'",
     )
+    assert Law.CHILD_OWNED in laws(home)
+
+
+def test_two_children_of_one_prefix_beside_another_operation_are_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # A second `unknown` operation of the source through another prefix, with no child yet;
+    # the first operation's prefix forked twice: two children show it. As many unrecorded
+    # children as operations that may own one, each showing some operation's prefix — but
+    # one prefix twice.
+    home = tampered(
+        base,
+        tmp_path,
+        _COPY_OP.format(
+            new="op-other",
+            target=uuid.uuid4(),
+            point="point_kind",
+            prefix="'[\"another-turn\"]'",
+            status="unknown",
+            of=base.unknown["operationId"],
+        ),
+    )
+    assert Law.CHILD_OWNED not in laws(home)
+    child = _unknown_child(base, home)
+    lines = child.read_text().splitlines(keepends=True)
+    meta = json.loads(lines[0])
+    old_id, new_id = meta["payload"]["id"], str(uuid.uuid4())
+    meta["payload"]["id"] = new_id
+    twin = child.with_name(child.name.replace(old_id, new_id))
+    twin.write_text(json.dumps(meta) + "\n" + "".join(lines[1:]))
     assert Law.CHILD_OWNED in laws(home)
 
 
@@ -1646,3 +1714,94 @@ def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported(
     for provider in ("tutti-agent", "codex"):
         assert seen(provider, "notobject", done) == []
         assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]
+
+
+def test_an_event_past_its_cap_is_reported(tmp_path: Path) -> None:
+    """`events_bounded` over the events a real daemon published for a Session whose settings
+    are too big to carry: within the cap; one byte more of any type is reported."""
+    d = DaemonProcess(tmp_path / "home").start()
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(d.events)
+    largest: dict[str, int] = {}
+    try:
+        time.sleep(0.5)  # ZeroMQ's slow joiner
+        c = d.client()
+        sid = create_session(c, settings={"blob": "s" * (300 << 10)})["agentSessionId"]
+        c.call("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
+        while sub.poll(1000):
+            body = sub.recv_multipart()[-1]
+            kind = str(msgpack.unpackb(body, raw=False)["type"])
+            largest[kind] = max(largest.get(kind, 0), len(body))
+    finally:
+        sub.close()
+        ctx.term()
+        d.stop()
+    assert largest.get("session.upserted"), largest
+    assert check_event_bounds(largest) == []
+    tampered = {kind: MAX_EVENT_BYTES + 1 for kind in largest}
+    found = check_event_bounds(tampered)
+    assert [v.law for v in found] == [Law.EVENTS_BOUNDED] * len(largest), found
+
+
+def test_a_child_quarantined_for_an_unknown_operation_no_abandon_began_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    # Only an abandon moves a child aside; an `unknown` operation's child in its quarantine
+    # with no abandon of it begun was moved by something else.
+    home = tampered(base, tmp_path)
+    child = _unknown_child(base, home)
+    source_home = runtime_home(home, WS, base.source)
+    op = base.unknown["operationId"]
+    dest = source_home / "quarantine" / op / child.relative_to(source_home)
+    dest.parent.mkdir(parents=True)
+    child.rename(dest)
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.QUARANTINE]
+    assert found == [f"{dest} quarantined for unknown operation"], found
+
+
+def test_a_file_an_abandon_quarantined_then_removed_is_reported(base: Base, tmp_path: Path) -> None:
+    # The unknown fork abandoned as `fork.resolve` does: its child moved aside and the move
+    # recorded in the resolution's evidence. Removing the file is then reported; the file
+    # where it was moved, or kept under `.evidence`, is not.
+    op = base.unknown["operationId"]
+    home = tampered(base, tmp_path)
+    child = _unknown_child(base, home)
+    source_home = runtime_home(home, WS, base.source)
+    dest = source_home / "quarantine" / op / child.relative_to(source_home)
+    dest.parent.mkdir(parents=True)
+    child.rename(dest)
+    result = json.dumps({"action": "abandon", "evidence": {"quarantinedNow": [str(dest)]}})
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        conn.execute(
+            "UPDATE fork_operations SET status = 'abandoned', completed_at_ms = 0"
+            f"{BARRIER_RELEASE_SQL}"
+            f"{stage_assignment(ForkStatus.UNKNOWN, ForkStatus.ABANDONED)}"
+            " WHERE operation_id = ?",
+            (op,),
+        )
+        conn.execute("DELETE FROM session_reservations WHERE operation_id = ?", (op,))
+        conn.execute(
+            "INSERT INTO fork_resolutions (workspace_id, operation_id, request_id, action,"
+            " state, child_id, evidence_json, result_json, created_at_ms, updated_at_ms)"
+            " VALUES (?, ?, 'r', 'abandon', 'done', NULL, '{}', ?, 0, 0)",
+            (WS, op, result),
+        )
+    finally:
+        conn.close()
+
+    def quarantine_laws() -> list[str]:
+        return [v.detail for v in check_invariants(home).violations if v.law is Law.QUARANTINE]
+
+    assert quarantine_laws() == []
+    # Its source deleted: `runtimes/.evidence/<ws>/<sid>/<provider home>/quarantine/<op>`.
+    where = dest.relative_to(home / "runtimes").parts[:4]
+    kept = home.joinpath("runtimes", ".evidence", *where, op)
+    kept.parent.mkdir(parents=True)
+    (source_home / "quarantine" / op).rename(kept)
+    assert quarantine_laws() == []
+    shutil.rmtree(kept)
+    assert quarantine_laws() == [f"{dest}, quarantined by {op}, was removed"]

@@ -41,6 +41,7 @@ from storage.history_links import (
 )
 from storage.schema import migrate, user_version
 from storage.store import Store
+from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
 ACTIVE = ("prepared", "dispatching", "provider_accepted")
@@ -131,8 +132,9 @@ class Law(StrEnum):
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
     QUARANTINE = "quarantine"
-    """A quarantined provider file belongs to no `abandoned`/`unknown` operation, or was
-    emptied (abandon moves a child aside, never deletes or truncates it)."""
+    """A quarantined provider file belongs to no `abandoned` operation nor an `unknown` one an
+    abandon of it began, or was emptied, or a file a finished abandon moved aside is gone
+    (abandon moves a child aside, never deletes or truncates it)."""
     SPARE_HOME_EMPTY = "spare_home_empty"
     """A Claude child's home made ahead (`runtimes/<ws>/.claude-spare-*`, drivers/claude/homes.py)
     holds anything but its empty directories: a spare is renamed into a child's place before the
@@ -147,6 +149,11 @@ class Law(StrEnum):
     `completed` (only the provider completes a Turn); or a committed child's copy of a boundary
     Turn is host-only when its source Turn is not, or the other way round (the fork's provider
     prefix left out exactly the source's host-only Turns, so the child's are the same ones)."""
+    PROVIDER_TURN_ONCE = "provider_turn_once"
+    """Two Turns of one Session are bound to the same provider turn: a Turn's bind, or the
+    re-bind from the provider's history (actors/rebind.py: only a provider turn no Turn holds
+    is matched), claimed one twice — a fork's prefix would name one provider turn for two
+    Turns, and `prove_absent` would prove nothing of that Session again."""
     TURN_CLAIM = "turn_claim"
     """A Session has two `active` Turns (the submit claim reads the active Turn inside its own
     write: a second would be a claim that raced past it), a deleted Session has an `active`
@@ -255,6 +262,12 @@ class Law(StrEnum):
     queue grown past its bound, e.g. under clients that never read (docs/reliability.md,
     "Clients that never read, in the soak"). `check_status_bounds`, over each look, by the
     contention soak."""
+    EVENTS_BOUNDED = "events_bounded"
+    """An event a subscriber heard encodes past `MAX_EVENT_BYTES` (256 KiB): a Turn's
+    Interactions or a Session's settings carried whole where they do not fit (they are carried
+    `omitted` / `settingsOmitted`), so a subscriber that does not read holds more than its
+    1,000-event queue of capped events (docs/protocol.md, "Size cap"). `check_event_bounds`,
+    over the largest event of each type a soak's reading subscriber heard."""
 
     INTERACTION_STATE = "interaction_state"
     """An Interaction's record is not one its Turn can leave: `pending` on a settled Turn (the
@@ -328,6 +341,7 @@ STORE_LAWS = frozenset(
         Law.DELETED_TREE_PATH,
         Law.HOST_ONLY_TURN,
         Law.TURN_CLAIM,
+        Law.PROVIDER_TURN_ONCE,
         Law.UNKNOWN_EVIDENCE,
         Law.WORKTREE,
     }
@@ -1249,13 +1263,45 @@ def _check_spare_homes(ctx: _Ctx, home: Path) -> int:
     return len(spares)
 
 
-def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
+QUARANTINE_DIR = "quarantine"  # drivers/quarantine.py's folder name
+
+
+def _quarantine_file_kept(home: Path, recorded: str) -> bool:
+    """Whether a file an abandon recorded moving into quarantine is still there: at its place
+    (`runtimes/<ws>/<sid>/<provider home>/quarantine/<op>/…`, read under this `home`, which
+    may be a copy), else, its source deleted, under `runtimes/.evidence/` (the folder renamed
+    `<op>-<suffix>` when the name was taken). The place is looked at first: a delete moving
+    the folder meanwhile moves it into the second. A path of no such shape is not judged."""
+    parts = Path(recorded).parts
+    if QUARANTINE_DIR not in parts:
+        return True
+    q = len(parts) - 1 - parts[::-1].index(QUARANTINE_DIR)
+    if q < 3 or q + 2 >= len(parts):
+        return True
+    ws, sid, provider_home = parts[q - 3 : q]
+    op_id, rel = parts[q + 1], Path(*parts[q + 2 :])
+    runtimes = home / "runtimes"
+    if (runtimes / ws / sid / provider_home / QUARANTINE_DIR / op_id / rel).is_file():
+        return True
+    kept = runtimes / ".evidence" / ws / sid / provider_home / QUARANTINE_DIR
+    return any((folder / rel).is_file() for folder in _glob(kept, f"{op_id}*"))
+
+
+def _check_quarantine(
+    ctx: _Ctx, home: Path, ops: list[dict[str, Any]], resolutions: list[dict[str, Any]]
+) -> None:
     by_id = {o["operation_id"]: o for o in ops}
+    abandons = {r["operation_id"]: r for r in resolutions if r["action"] == "abandon"}
     for op_id, path in quarantined_files(home):
         op = by_id.get(op_id)
         status = None if op is None else op["status"]
-        # `unknown`: a resolve that moved the child and then died is rolled back at start-up.
-        if op is None or status not in ("abandoned", "unknown"):
+        # `unknown`: an abandon that moved the child and then died is rolled back at start-up
+        # (its resolution row says so); nothing else moves a child of an `unknown` operation.
+        if (
+            op is None
+            or status not in ("abandoned", "unknown")
+            or (status == "unknown" and op_id not in abandons)
+        ):
             ctx.fail(Law.QUARANTINE, f"{path} quarantined for {status or 'no'} operation")
             continue
         if path.stat().st_size == 0:
@@ -1274,6 +1320,17 @@ def _check_quarantine(ctx: _Ctx, home: Path, ops: list[dict[str, Any]]) -> None:
                     f"{path} in {op_id}'s quarantine shows turns {list(turns)}, not its frozen "
                     f"prefix {list(prefix)}: another operation's child",
                 )
+
+    # Moved aside, never deleted (law 9): every file a finished abandon recorded moving (or
+    # found already moved by a resolve a kill cut) is still in quarantine.
+    for op_id, r in abandons.items():
+        if r["state"] != "done":
+            continue
+        result = json.loads(r["result_json"]) if r["result_json"] else None
+        evidence = (result.get("evidence") if isinstance(result, dict) else None) or {}
+        for recorded in [*evidence.get("quarantined", ()), *evidence.get("quarantinedNow", ())]:
+            if not _quarantine_file_kept(home, str(recorded)):
+                ctx.fail(Law.QUARANTINE, f"{recorded}, quarantined by {op_id}, was removed")
 
 
 # Operations that may own a provider child no operation recorded: the request may have left,
@@ -1305,7 +1362,10 @@ def _check_child_owners(
                 f"{sorted(found)} for {len(candidates)} dispatched, unresolved operations",
             )
             continue
-        prefixes = [tuple(json.loads(o["source_provider_turn_ids"] or "[]")) for o in candidates]
+        prefixes = Counter(
+            tuple(json.loads(o["source_provider_turn_ids"] or "[]")) for o in candidates
+        )
+        shown: dict[tuple[str, ...], list[str]] = defaultdict(list)
         for child in found.values():
             if child.provider != "tutti-agent":
                 continue
@@ -1315,6 +1375,17 @@ def _check_child_owners(
                     Law.CHILD_OWNED,
                     f"provider child {child.child_id} at {child.path} shows turns {list(turns)}:"
                     " no dispatched, unresolved operation of its source froze that prefix",
+                )
+            elif turns is not None:
+                shown[turns].append(child.child_id)
+        # One child per operation: more children showing a prefix than operations froze it
+        # is a prefix forked twice, however many other operations could own a child.
+        for turns, ids in shown.items():
+            if len(ids) > prefixes[turns]:
+                ctx.fail(
+                    Law.CHILD_OWNED,
+                    f"provider children {sorted(ids)} show turns {list(turns)}: "
+                    f"{prefixes[turns]} dispatched, unresolved operation(s) froze that prefix",
                 )
 
 
@@ -1409,8 +1480,9 @@ def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
 
 
 def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
-    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, and a
-    submit claim `active` only while its Turn is active and unbound. Holds after any kill: each
+    """`turn_claim`: at most one active Turn per Session, none on a deleted Session, a
+    submit claim `active` only while its Turn is active and unbound, and each claim's text its
+    Turn's user Message's (what a replay is compared with). Holds after any kill: each
     is decided inside one write (the claim, the delete, the bind, the settlement)."""
     for t in _rows(
         conn,
@@ -1439,6 +1511,37 @@ def _check_turn_claims(ctx: _Ctx, conn: apsw.Connection) -> None:
             f"session {c['session_id']} claim {c['request_id']}: active while its turn"
             f" {c['turn_id']} is {c['phase'] or 'missing'}"
             f" (provider turn {c['root_provider_turn_id']!r})",
+        )
+    # A replay of a submit is answered by comparing its input with the claim's text: that text
+    # is its Turn's input (the user Message the claim wrote with it), or a replay of the real
+    # input would be refused and another input answered with this Turn.
+    for c in _rows(
+        conn,
+        "SELECT c.session_id, c.request_id, c.turn_id FROM submit_claims c"
+        " JOIN session_keys k USING (workspace_id, session_id)"
+        " WHERE c.text IS NOT (SELECT m.text FROM messages m WHERE m.session_key ="
+        " k.session_key AND m.turn_id = c.turn_id AND m.kind = 'user'"
+        " ORDER BY m.position LIMIT 1)",
+    ):
+        ctx.fail(
+            Law.TURN_CLAIM,
+            f"session {c['session_id']} claim {c['request_id']}: its text is not the input"
+            f" of its turn {c['turn_id']}",
+        )
+
+
+def _check_provider_turns_once(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`provider_turn_once`: within a Session, a provider turn is bound to one Turn at most."""
+    for t in _rows(
+        conn,
+        "SELECT session_id, root_provider_turn_id AS provider_turn, group_concat(turn_id) AS"
+        " turns FROM turns WHERE root_provider_turn_id IS NOT NULL"
+        " GROUP BY workspace_id, session_id, root_provider_turn_id HAVING COUNT(*) > 1",
+    ):
+        ctx.fail(
+            Law.PROVIDER_TURN_ONCE,
+            f"session {t['session_id']}: provider turn {t['provider_turn']} bound to Turns"
+            f" {t['turns']}",
         )
 
 
@@ -2301,6 +2404,16 @@ def check_status_bounds(status: Mapping[str, Any]) -> list[Violation]:
     return out
 
 
+def check_event_bounds(largest: Mapping[str, int]) -> list[Violation]:
+    """`Law.EVENTS_BOUNDED` over the largest event body heard of each type (`largest`: event
+    type -> its msgpack bytes)."""
+    return [
+        Violation(Law.EVENTS_BOUNDED, f"a {kind} event of {size} bytes, past {MAX_EVENT_BYTES}")
+        for kind, size in sorted(largest.items())
+        if size > MAX_EVENT_BYTES
+    ]
+
+
 def check_session_events(
     heard: Sequence[Mapping[str, Any]], ends: Mapping[str, Mapping[str, Any]]
 ) -> list[Violation]:
@@ -2747,6 +2860,7 @@ def check_invariants(
             _check_completed_turns(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
+            _check_provider_turns_once(ctx, conn)
             _check_interactions(ctx, conn)
             checkpoint_misses = _check_checkpoints(ctx, conn)
             _check_checkpoint_changes(ctx, conn)
@@ -2760,6 +2874,9 @@ def check_invariants(
             )
             sessions = _rows(
                 conn, "SELECT provider, workspace_id, session_id, deleted, cwd FROM sessions"
+            )
+            resolutions = _rows(
+                conn, "SELECT operation_id, action, state, result_json FROM fork_resolutions"
             )
             alive = _check_children(ctx, conn, ops)
             _check_reservations(ctx, conn, ops)
@@ -2816,7 +2933,7 @@ def check_invariants(
             for ws, sid, turn_id, detail in checkpoint_misses:
                 if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
-        _check_quarantine(ctx, home, ops)
+        _check_quarantine(ctx, home, ops, resolutions)
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
         _check_unknown_evidence(ctx, home, ops, sessions)
