@@ -67,6 +67,9 @@ from storage.sqlite import host_error_of, typed_store_error
 
 log = logging.getLogger(__name__)
 
+TEST_DEADLINE_S = 1.0
+"""The host's fork deadline while `host.fork.deadline` is armed `error` (tests only)."""
+
 TERMINAL = fork_states.TERMINAL
 
 
@@ -416,7 +419,18 @@ class ForkSaga:
             driver_kind=op.driver_kind,
             driver_version=op.driver_version,
         )
-        return self.host.workers.fork(self.runtime.provider, request, self.host.timeouts.fork_s)
+        return self.host.workers.fork(self.runtime.provider, request, self._deadline())
+
+    def _deadline(self) -> float:
+        """The host's deadline for the fork request (`Timeouts.fork_s`). `host.fork.deadline`
+        armed `error` makes it `TEST_DEADLINE_S`: a host that gives up while the worker still
+        forks, in seconds, not minutes (its `kill` is a kill after `dispatching`, as
+        `host.fork.after_dispatching`'s)."""
+        try:
+            self._hit("host.fork.deadline")
+        except HostError:
+            return TEST_DEADLINE_S
+        return self.host.timeouts.fork_s
 
     def _verdict_error(self, result: Mapping[str, Any]) -> str | None:
         op = self.operation

@@ -118,9 +118,27 @@ def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
     for workspace_id, session_id in store.sessions.deleted_sessions():
         if discard(runtimes_dir, workspace_id, session_id):
             finished += 1
+    finished += _remove_unowned(store, runtimes_dir)
     if finished:
         log.info("removed %d deleted Session runtime dir(s) left by a previous run", finished)
     return finished
+
+
+def _remove_unowned(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
+    """The empty directories of every Session folder no Session and no unresolved fork owns
+    (`remove_empty_session_dir`): a failed or abandoned fork's target folder, made ahead by
+    the worker, that a kill between the fork's ending and its removal left. Files keep
+    themselves and their directories (a quarantined child: never removed). How many went."""
+    owned = {session_dir(runtimes_dir, ws, sid) for ws, sid in store.sessions.runtime_owners()}
+    removed = 0
+    for folder in runtimes_dir.glob("*/*"):
+        if folder.parent.name.startswith(".") or folder.name.startswith("."):
+            continue
+        if folder in owned or folder.is_symlink():
+            continue
+        if folder.is_dir() and remove_empty_session_dir(folder):
+            removed += 1
+    return removed
 
 
 def _purge(path: Path) -> None:

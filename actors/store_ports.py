@@ -120,6 +120,8 @@ class DeletedSessions(Protocol):
 
     def deleted_sessions(self) -> list[tuple[str, str]]: ...
 
+    def runtime_owners(self) -> list[tuple[str, str]]: ...
+
 
 class TurnWrites(Protocol):
     """`store.turns`: the submit claim and a Turn's durable writes."""

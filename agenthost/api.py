@@ -134,6 +134,10 @@ LIST_PAGE_BYTES = 1 << 20
 """A `session.list` page ends before the Session that would take it past ~1 MiB (never before
 its first): a page of Sessions with huge settings is a few of them and a `nextCursor`, not
 hundreds of MB for a client that may never read it."""
+
+TIMELINE_PAGE_CHARS = 1 << 20
+"""A `session.timeline` page ends before the Turn that would take its stored text past ~1 MiB
+(never before its first), `nextSequence` set: 1,000 Turns of 900 KiB were one ~1.8 GB reply."""
 STATUS_THREADS = 2
 """`host.status`'s own threads (each status bounded: two keep a second answered while one
 waits out a part's bound)."""
@@ -718,7 +722,9 @@ def timeline_result(
     # its first read); `timeline_page` refuses a missing or deleted one with the same
     # `SessionNotFound` as `get_session`.
     provider = store.sessions.provider_of(ws, sid)
-    page = store.history.timeline_page(ws, sid, after_sequence=after, limit=limit)
+    page = store.history.timeline_page(
+        ws, sid, after_sequence=after, limit=limit, max_chars=TIMELINE_PAGE_CHARS
+    )
     rows, interactions = page.message_rows, page.interactions
     return {
         "turns": [

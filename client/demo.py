@@ -23,17 +23,16 @@ from pathlib import Path
 from typing import Any
 
 from client.lineage_view import status_words
+from client.references import timeline
 from client.session_client import fork_and_wait, format_transcript, run_turn
 from model_fakes.responses import ResponsesServer, model_input_texts
 from protocol.methods import (
     HOST_STATUS,
     SESSION_CREATE,
     SESSION_GET,
-    SESSION_TIMELINE,
     HostStatusParams,
     SessionCreateParams,
     SessionParams,
-    TimelineParams,
 )
 from transport.client import Client
 
@@ -66,9 +65,7 @@ def _start_daemon(home: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
 
 def _show(client: Client, sid: str) -> dict[str, Any]:
     session = client.call(SESSION_GET, SessionParams(workspaceId=WS, agentSessionId=sid))["session"]
-    turns = client.call(
-        SESSION_TIMELINE, TimelineParams(workspaceId=WS, agentSessionId=sid, limit=1000)
-    )["turns"]
+    turns = timeline(client, WS, sid)  # paged: a page may end at its byte bound
     lineage = session.get("forkedFrom")
     source = None
     if lineage:

@@ -72,6 +72,15 @@ WARM_METHODS = frozenset({"session.start", "turn.start"})
 """Fast when the driver says the Session's runtime is live and idle (`is_warm`), else slow."""
 LIFECYCLE_METHODS = frozenset({"session.stop"})
 LANE_THREADS = {"fast": 16, "lifecycle": 8, "slow": 64}
+FORK_SETTLE_S = 60.0
+"""How long an unknown fork's resolution waits for that fork, still running here, to return."""
+
+
+class ForkStillRunning(HostError):
+    """An unknown fork's resolution found its fork still running in the worker."""
+
+    code = "conflict"
+    default_reason = "fork_still_running"
 
 
 # The request lanes: a lane is a queue and up to N threads that take requests from it, handed
@@ -181,6 +190,11 @@ class WorkerServer:
         in the link's order, before it is dispatched (`_history`'s finality: a start the host
         sent before a history request reached this worker before it)."""
         self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
+        self._forking: dict[str, threading.Event] = {}
+        """The forks this worker's driver is running, by target (`_fork`), each set once it
+        returned: an unknown operation's inspect, adopt or quarantine waits for its fork
+        (`_settled`)."""
+        self._forking_lock = threading.Lock()
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": lambda p: self._stamped(p, self.driver().start_session),
@@ -192,13 +206,11 @@ class WorkerServer:
             "fork": self._fork,
             # fork.resolve: inspect / adopt / quarantine an unknown fork's children.
             ResolveRequest.INSPECT: lambda p: (
-                self.driver().inspect_fork(ResolveRequest.from_wire(p)).to_wire()
+                self.driver().inspect_fork(self._settled(ResolveRequest.from_wire(p))).to_wire()
             ),
-            ResolveAdopt.METHOD: lambda p: (
-                self.driver().adopt_fork(ResolveAdopt.from_wire(p)).to_wire()
-            ),
+            ResolveAdopt.METHOD: lambda p: self._adopt(ResolveAdopt.from_wire(p)),
             ResolveRequest.QUARANTINE: lambda p: (
-                self.driver().quarantine_fork(ResolveRequest.from_wire(p)).to_wire()
+                self.driver().quarantine_fork(self._settled(ResolveRequest.from_wire(p))).to_wire()
             ),
             "debug.failpoints": self._set_failpoints,
             "worker.ping": self._ping,
@@ -276,7 +288,37 @@ class WorkerServer:
                 return ForkResult.not_started(
                     f"runtime changed since its attestation ({expected} -> {current})"
                 ).to_wire()
-        return self.driver().fork(request).to_wire()
+        key, done = request.target.agent_session_id, threading.Event()
+        with self._forking_lock:
+            self._forking[key] = done
+        try:
+            return self.driver().fork(request).to_wire()
+        finally:
+            with self._forking_lock:
+                if self._forking.get(key) is done:
+                    del self._forking[key]
+            done.set()
+
+    def _settled(self, request: ResolveRequest) -> ResolveRequest:
+        """`request` once no fork of its target runs in this worker. The host's deadline for a
+        fork may pass while the driver still forks (binds, proves, or waits on the provider):
+        the operation is `unknown` and may be resolved at once, and a child its fork writes a
+        moment after an abandon looked would be no operation's. So the resolution waits for the
+        fork to return — its child, if any, is then where inspect and quarantine look — for
+        at most `FORK_SETTLE_S`; past it, `ForkStillRunning`: nothing is resolved, and a
+        later resolve tries again."""
+        with self._forking_lock:
+            running = self._forking.get(request.target.agent_session_id)
+        if running is not None and not running.wait(FORK_SETTLE_S):
+            raise ForkStillRunning(
+                f"the fork of operation {request.operation_id} still runs in the worker"
+                f" after {FORK_SETTLE_S:.0f} s; resolve it again later"
+            )
+        return request
+
+    def _adopt(self, request: ResolveAdopt) -> dict[str, Any]:
+        self._settled(request.scope)
+        return self.driver().adopt_fork(request).to_wire()
 
     def _start_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """A Turn the host sends to the warm runtime it last prepared, without `session.start`,

@@ -254,19 +254,33 @@ class HistoryStore:
         return turns, next_sequence
 
     def timeline_page(
-        self, ws: str, sid: str, *, after_sequence: int = 0, limit: int = 100
+        self,
+        ws: str,
+        sid: str,
+        *,
+        after_sequence: int = 0,
+        limit: int = 100,
+        max_chars: int | None = None,
     ) -> TimelinePage:
         """`timeline`'s page with each Turn and its Messages as rows (`session.timeline`
         projects them onto the wire straight from the rows: a `Message` or `Turn` value per
-        row was most of the read's Python)."""
+        row was most of the read's Python).
+
+        `max_chars`: the page ends before the Turn that would take its stored text past it —
+        never before the first, so paging always moves on — and `next_sequence` continues from
+        there (`_bounded_history`)."""
         if not 1 <= limit <= 100_000:
             raise InvalidArgument("limit", "limit must be between 1 and 100000")
         with self._read() as conn:
             require_live_session(conn, ws, sid)
             rows = self._page_rows(conn, ws, sid, after_sequence, limit)
             page = rows[:limit]
-            messages, interactions = turn_history_rows(conn, ws, sid, page)
-        next_sequence = int(page[-1][3]) if len(rows) > limit else None
+            if max_chars is None:
+                messages, interactions = turn_history_rows(conn, ws, sid, page)
+                cut = False
+            else:
+                page, messages, interactions, cut = _bounded_history(conn, ws, sid, page, max_chars)
+        next_sequence = int(page[-1][3]) if cut or len(rows) > limit else None
         return TimelinePage(tuple(page), messages, interactions, next_sequence)
 
     @staticmethod
@@ -319,6 +333,51 @@ class HistoryStore:
                 conn.execute(INTERACTIONS_SQL.format(marks="?"), (ws, sid, turn_id)).fetchall()
             )
         return TurnTail(turn_from_row(row, messages, interactions), start + len(messages), start)
+
+
+# A byte-bounded timeline page reads its Turns' history in runs, in sequence order: the first
+# run holds up to FIRST_RUN Turns (a page of the default 100 is one run, its statements those
+# of an unbounded read), each next run as many as the budget left would hold at the page's
+# mean so far (at least one), so Turns far past the budget are not read only to be cut. A
+# Turn's size is the length of its stored text: Messages' text and payload JSON, Interactions'
+# input and output JSON, the row's binding, error and checkpoint, and a fixed allowance per
+# Turn and Message for the ids and numbers the wire adds (characters: what the rows hold, no
+# encoding).
+FIRST_RUN = 128
+TURN_ALLOWANCE = 512
+MESSAGE_ALLOWANCE = 160
+
+
+def _bounded_history(
+    conn: apsw.Connection, ws: str, sid: str, page: list[Row], max_chars: int
+) -> tuple[list[Row], dict[str, list[Row]], dict[str, list[Interaction]], bool]:
+    """`page`'s first Turns whose text fits `max_chars` (never fewer than one), their Message
+    rows and Interactions, and whether the page was cut."""
+    messages: dict[str, list[Row]] = {}
+    interactions: dict[str, list[Interaction]] = {}
+    fit, total, run = 0, 0, min(len(page), FIRST_RUN)
+    while fit < len(page):
+        chunk = page[fit : fit + run]
+        chars: dict[str, int] = {}
+        found, asked = turn_history_rows(conn, ws, sid, chunk, chars)
+        messages.update(found)
+        interactions.update(asked)
+        for r in chunk:
+            tid = r[2]
+            total += (
+                TURN_ALLOWANCE
+                + chars.get(tid, 0)
+                + len(r[8] or "")
+                + len(r[10] or "")
+                + len(r[13] or "")
+            )
+            for m in found[tid]:
+                total += MESSAGE_ALLOWANCE + len(m[3] or "") + len(m[4] or "")
+            if fit and total > max_chars:
+                return page[:fit], messages, interactions, True
+            fit += 1
+        run = max(1, (max_chars - total) * fit // total + 1)
+    return page, messages, interactions, False
 
 
 def _first_changed(

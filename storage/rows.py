@@ -237,12 +237,18 @@ def hydrate_turns(conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[
 
 
 def turn_history_rows(
-    conn: apsw.Connection, ws: str, sid: str, turn_rows: Sequence[Row]
+    conn: apsw.Connection,
+    ws: str,
+    sid: str,
+    turn_rows: Sequence[Row],
+    interaction_chars: dict[str, int] | None = None,
 ) -> tuple[dict[str, list[Row]], dict[str, list[Interaction]]]:
     """Each Turn's Message rows (`MESSAGE_COLUMNS` first, presentation order; a linked child's
     from its link beside its own) and Interactions, by Turn id: what `hydrate_turns` attaches,
     the Messages left as rows for a reader that never needs a `Message` value of them (the
-    timeline's wire page builds its maps from the rows: a 50-Turn page is ~500 Messages)."""
+    timeline's wire page builds its maps from the rows: a 50-Turn page is ~500 Messages).
+    `interaction_chars`, when given, gets each Turn's Interactions' stored JSON length (their
+    input and output as read, before they are decoded)."""
     ids = [r[2] for r in turn_rows]
     messages: dict[str, list[Row]] = {i: [] for i in ids}
     interactions: dict[str, list[Interaction]] = {i: [] for i in ids}
@@ -258,6 +264,9 @@ def turn_history_rows(
             messages[r[1]].append(r)
         for r in conn.execute(INTERACTIONS_SQL.format(marks=marks), params):
             opened.setdefault(r[2], []).append(r)
+            if interaction_chars is not None:
+                chars = len(r[5] or "") + len(r[6] or "")
+                interaction_chars[r[2]] = interaction_chars.get(r[2], 0) + chars
     for turn_id, rows in opened.items():
         interactions[turn_id] = opened_order(rows)
     _add_linked(conn, ws, sid, turn_rows, messages)

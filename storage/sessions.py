@@ -332,6 +332,18 @@ class SessionStore:
         )
         return [(str(ws), str(sid)) for ws, sid in rows]
 
+    def runtime_owners(self) -> list[tuple[str, str]]:
+        """`(workspace, session)` of every Session (live or deleted) and of every fork target
+        not `failed` or `abandoned`: whose runtime directory the start-up sweep keeps."""
+        rows = self._with_conn(
+            lambda c: c.execute(
+                "SELECT workspace_id, session_id FROM sessions"
+                " UNION SELECT workspace_id, target_session_id FROM fork_operations"
+                " WHERE status NOT IN ('failed', 'abandoned')"
+            ).fetchall()
+        )
+        return [(str(ws), str(sid)) for ws, sid in rows]
+
     def update_runtime(
         self,
         ws: str,

@@ -63,7 +63,15 @@ class SessionCache:
             session.get("updatedAtUnixMs") or 0
         ):
             return
-        self._sessions[sid] = session.copy()
+        kept = session.copy()
+        if session.get("settingsOmitted") and current is not None:
+            # An event's Session carries settings past its bound as {} (`settingsOmitted`):
+            # the settings this cache already holds are the Session's still (an omitted copy
+            # held before stays omitted).
+            kept["settings"] = current.get("settings", {})
+            if not current.get("settingsOmitted"):
+                del kept["settingsOmitted"]
+        self._sessions[sid] = kept
         self._feed.publish(EngineChange(ChangeKind.SESSION, session_id=sid))
 
     def remove_locked(self, session_id: str) -> None:

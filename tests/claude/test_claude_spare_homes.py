@@ -169,6 +169,10 @@ def test_the_daemon_start_sweep_removes_spares_and_keeps_every_session_home(
             def deleted_sessions() -> list[tuple[str, str]]:
                 return []
 
+            @staticmethod
+            def runtime_owners() -> list[tuple[str, str]]:
+                return [("ws", "s1")]
+
     runtimes = tmp_path / "runtimes"
     spare = runtimes / "ws" / f"{homes.PREFIX}ab" / "claude-config" / "projects" / "p"
     spare.mkdir(parents=True)

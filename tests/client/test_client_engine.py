@@ -16,7 +16,7 @@ from client.engine.values import AckState, ChangeKind, EngineChange, MutationSta
 from tests.client.conftest import events_live, source
 from tests.client.fakeclock import FakeClock
 from tests.client.relay import Relay, wait_until
-from tests.support.daemon import DaemonProcess, fork_params, wait_for
+from tests.support.daemon import DaemonProcess, create_session, fork_params, wait_for
 from tests.support.homes import child_rollouts, runtime_home
 from transport.client import Client
 
@@ -423,3 +423,23 @@ def test_replay_after_the_source_was_deleted_adopts_the_commit_and_acks(
     assert [a.params["operationId"] for a in relay.requests("fork.acknowledge")] == [
         committed["operationId"]
     ]
+
+
+def test_a_session_event_with_its_settings_omitted_keeps_the_settings_held(
+    make_engine: Callable[..., Engine], client: Client, ws: str
+) -> None:
+    # Settings past the event's bound come as {} with settingsOmitted: true; the cache keeps
+    # the settings it read whole (session.list) instead of taking that {}.
+    settings = {"big": "s" * (300 << 10)}
+    sid = create_session(client, ws, title="big", settings=settings)["agentSessionId"]
+    engine = make_engine(events=True)
+    events_live(engine, client, ws)
+    engine.load_sessions()
+    assert (engine.session(sid) or {}).get("settings") == settings
+    client.call(
+        "session.updateTitle", {"workspaceId": ws, "agentSessionId": sid, "title": "renamed"}
+    )
+    assert engine.wait_for(lambda: (engine.session(sid) or {}).get("title") == "renamed", 10)
+    held = engine.session(sid) or {}
+    assert held.get("settings") == settings, str(held)[:200]
+    assert not held.get("settingsOmitted")

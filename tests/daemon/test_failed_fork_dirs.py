@@ -87,3 +87,34 @@ def test_an_abandoned_fork_with_no_child_leaves_no_target_directory(tmp_path: Pa
     finally:
         d.stop()
     assert_invariants(home)
+
+
+def test_start_up_removes_a_failed_forks_folder_a_kill_left(tmp_path: Path) -> None:
+    # A kill between a failed fork's record and its folder's removal leaves the folder the
+    # worker made ahead (empty directories). The next start removes it; a folder holding a
+    # file is kept (a quarantined child is never removed), and a live Session's too.
+    home = tmp_path / "home"
+    home.mkdir()
+    env = {"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=error"}
+    d = DaemonProcess(home, failpoints="", env=env).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, sid, "fork me")
+        op = c.call("fork.create", fork_params(WS, sid, boundary["turnId"]), timeout=60)
+        assert op["operation"]["status"] == "failed", op
+        target = op["operation"]["targetAgentSessionId"]
+    finally:
+        d.kill()
+    runtimes = home / "runtimes" / WS
+    # What the kill would have left: the target's directories, made ahead, empty.
+    (runtimes / target / "tutti-agent" / "sessions" / "2026").mkdir(parents=True)
+    kept = str(uuid.uuid4())
+    (runtimes / kept / "tutti-agent" / "quarantine").mkdir(parents=True)
+    (runtimes / kept / "tutti-agent" / "quarantine" / "child.jsonl").write_text("{}\n")
+    d = DaemonProcess(home, failpoints="", env=env).start()
+    try:
+        assert _session_dirs(home) == {sid, kept}
+        run_turn(d.client(), sid, "still here")
+    finally:
+        d.stop()

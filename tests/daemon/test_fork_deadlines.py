@@ -120,3 +120,43 @@ def test_a_fork_unknown_by_the_workers_limit_leaves_no_child_after_its_abandon(
     # No provider child outside quarantine: the abandoned operation owns none.
     report = assert_invariants(d.home)
     assert report.operations == {"abandoned": 1}
+
+
+def test_a_fork_unknown_by_the_hosts_deadline_leaves_no_child_after_its_abandon(
+    tmp_path: Path,
+) -> None:
+    # The host gives up first (`host.fork.deadline`: 1 s) while the worker's limit (30 s) still
+    # lets the app-server's slow thread/fork (4 s) go on. A person abandons the `unknown`
+    # operation at once: the abandon must wait for the worker's fork, so the child it writes
+    # is found and quarantined, never left owned by no operation.
+    home = tmp_path / "home"
+    home.mkdir(parents=True)
+    (home / "agenthost.toml").write_text("[daemon]\nfork_provider_call_seconds = 30\n")
+    d = DaemonProcess(
+        home,
+        failpoints="host.fork.deadline=error",
+        env={"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=sleep:4000"},
+    ).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        boundary = run_turn(c, sid, "fork me")
+        op = _fork(c, sid, boundary["turnId"])
+        assert op["status"] == "unknown", op
+        answer = c.call(
+            "fork.resolve",
+            {
+                "workspaceId": WS,
+                "operationId": op["operationId"],
+                "requestId": str(uuid.uuid4()),
+                "action": "abandon",
+            },
+            timeout=90,
+        )
+        assert answer["operation"]["status"] == "abandoned", answer
+        time.sleep(5)  # past the provider's slow fork
+        run_turn(c, sid, "after the abandon")  # the Session goes on
+    finally:
+        d.stop()
+    report = assert_invariants(d.home)
+    assert report.operations == {"abandoned": 1}

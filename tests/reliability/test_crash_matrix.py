@@ -56,6 +56,7 @@ class Expect:
 HOST: dict[str, Expect] = {
     "host.fork.after_prepare": Expect("failed", 0),  # prepared → failed at restart
     "host.fork.after_dispatching": Expect("unknown", 0),  # dispatching → unknown, never resent
+    "host.fork.deadline": Expect("unknown", 0),  # the same place: the request not yet sent
     "host.fork.after_provider_result": Expect("unknown", 1),  # child made, not yet accepted
     "host.fork.before_commit": Expect("committed", 1),  # provider_accepted → commit at restart
     "host.fork.after_commit": Expect("committed", 1),

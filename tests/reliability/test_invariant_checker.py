@@ -1659,7 +1659,13 @@ def test_a_timeline_paging_that_repeats_reorders_or_leaves_a_gap_is_reported(
     gap = replace(timeline, pages=((first[:1], more), *rest))
     swapped = replace(timeline, pages=((first[::-1], more), *rest))
     moved = replace(timeline, pages=(((first[0], (first[1][0], 99)), more), *rest))
-    for bad in (twice, gap, swapped, moved):
+    # A page cut short (its byte bound) is no finding; an empty one that pages on, or one
+    # past its limit, is.
+    short = replace(timeline, pages=((first[:1], True), ((first[1],), True), *rest))
+    assert read_laws([short]) == set(), short.pages
+    empty = replace(timeline, pages=(((), True), (first, more), *rest))
+    over = replace(timeline, pages=(((*first, *rest[0][0]), more), *rest[1:]))
+    for bad in (twice, gap, swapped, moved, empty, over):
         assert read_laws([bad]) == {Law.TIMELINE_PAGES}, bad.pages
 
 

@@ -256,3 +256,44 @@ def test_a_turns_workspace_record_is_projected_without_a_typing_call(store: Stor
     assert [t["workspace"] for t in got["turns"]] == [CHECKPOINT] * turns
     assert counts.get("typing.cast", 0) == 0, counts
     assert counts["_workspace"] == turns, counts
+
+
+def _paged(store: Store, sid: str, max_chars: int) -> list[list[str]]:
+    """Every page's Turn ids, paged with `after_sequence` = the last `next_sequence`."""
+    pages: list[list[str]] = []
+    after = 0
+    while True:
+        page = store.history.timeline_page(
+            WS, sid, after_sequence=after, limit=1000, max_chars=max_chars
+        )
+        assert page.turn_rows, f"an empty page after {after}"
+        pages.append([r[2] for r in page.turn_rows])
+        assert set(page.message_rows) >= set(pages[-1])
+        if page.next_sequence is None:
+            return pages
+        assert page.next_sequence == page.turn_rows[-1][3]
+        after = page.next_sequence
+
+
+def test_a_byte_bounded_page_is_read_in_runs_and_pages_on(store: Store) -> None:
+    # 300 Turns of ~2.7 KiB of text with their echo: more than one run of reads a page, the
+    # page cut at ~1 MiB, and the next page from the Turn after its last.
+    sid = new_session(store)
+    made = [settled_turn(store, sid, text=f"{i} " + "t" * 1200).turn_id for i in range(300)]
+    pages = _paged(store, sid, 1 << 20)
+    assert [t for p in pages for t in p] == made
+    assert len(pages) == 1  # ~0.9 MiB in all
+    pages = _paged(store, sid, 300 << 10)
+    assert [t for p in pages for t in p] == made
+    assert len(pages) > 2 and all(len(p) > 1 for p in pages)
+
+
+def test_a_turns_interactions_count_toward_the_bound(store: Store) -> None:
+    sid = new_session(store)
+    small = settled_turn(store, sid, text="s").turn_id
+    asked, _ = store.turns.claim_submit(WS, sid, "r-asked", "ask me")
+    store.history.open_interaction(
+        WS, sid, asked.turn_id, request_id="q", kind="question", input={"q": "x" * 4000}
+    )
+    # ~1.5 KB of text without the Interaction's input: one page of 3,000 would hold both.
+    assert _paged(store, sid, 3000) == [[small], [asked.turn_id]]

@@ -231,11 +231,19 @@ def submit(
 
 
 def timeline(client: Client, sid: str, ws: str = WS) -> list[dict[str, Any]]:
-    return list(
-        client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid, "limit": 1000})[
-            "turns"
-        ]
-    )
+    """Every Turn of the Session, paged with `afterSequence` = the last `nextSequence` (a page
+    may end before `limit` at its byte bound)."""
+    turns: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        page = client.call(
+            "session.timeline",
+            {"workspaceId": ws, "agentSessionId": sid, "limit": 1000, "afterSequence": after},
+        )
+        turns += page["turns"]
+        if page["nextSequence"] is None:
+            return turns
+        after = int(page["nextSequence"])
 
 
 def turn_of(client: Client, sid: str, turn_id: str, ws: str = WS) -> dict[str, Any]:

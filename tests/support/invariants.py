@@ -3160,8 +3160,11 @@ def _timeline_pages(r: TimelinePaging) -> list[Violation]:
 
     shown: list[tuple[str, int]] = []
     for n, (page, more) in enumerate(r.pages):
-        if more and len(page) != r.limit:
-            fail(f"page {n} holds {len(page)} Turns of {r.limit} with nextSequence set")
+        # A page may end before `limit` at its byte bound, never before its first Turn.
+        if len(page) > r.limit:
+            fail(f"page {n} holds {len(page)} Turns, its limit {r.limit}")
+        if more and not page:
+            fail(f"page {n} is empty with nextSequence set")
         shown += page
     ids = [t for t, _ in shown]
     seqs = [q for _, q in shown]
