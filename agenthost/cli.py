@@ -289,12 +289,27 @@ def _keys(args: argparse.Namespace) -> int:
     try:
         if args.keys_command == "add":
             text = store.add(args.name)
-            if json.loads(text).get("api") is None:
-                print(NO_TCP_WARNING, file=sys.stderr)
             if args.output is not None:
                 from agenthost.keys import write_private
 
-                write_private(args.output, text)
+                try:
+                    write_private(args.output, text)
+                except OSError as exc:
+                    # The secret key is in no file: its public key must not stay authorized
+                    # (nobody could use it, and the name would be taken for good).
+                    store.revoke(args.name)
+                    return fail(
+                        args,
+                        CliError(
+                            "bad_output",
+                            f"cannot write {args.output}: {exc.strerror or exc}; "
+                            f"key {args.name!r} not added",
+                            code=EXIT_USAGE,
+                        ),
+                    )
+            if json.loads(text).get("api") is None:
+                print(NO_TCP_WARNING, file=sys.stderr)
+            if args.output is not None:
                 print(f"connection file for {args.name!r} written to {args.output}")
             else:
                 sys.stdout.write(text)

@@ -195,6 +195,24 @@ def test_keys_add_without_a_tcp_endpoint_says_what_to_configure(cli: Cli) -> Non
     assert "listen = [" in done.stderr and "--listen tcp://127.0.0.1:7777" in done.stderr
 
 
+@pytest.mark.parametrize(("name", "where"), [("lost-a", "missing/dir/x.json"), ("lost-b", "a-dir")])
+def test_keys_add_whose_file_cannot_be_written_says_so_and_authorizes_nothing(
+    cli: Cli, tmp_path: Path, name: str, where: str
+) -> None:
+    (tmp_path / "a-dir").mkdir()
+    output = tmp_path / where
+    done = cli.run("keys", "add", name, "-o", str(output))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"agenthost: bad_output: cannot write {output}: ")
+    assert f"{name!r} not added" in done.stderr
+    # Its secret key went nowhere: the public one is not left authorized, the name is free.
+    assert name not in cli.run("keys", "list").stdout.split()
+    again = cli.run("keys", "add", name, "-o", str(tmp_path / "again.json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["api"] is None
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
