@@ -72,6 +72,12 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
+    undecodable = _not_utf8(vars(args).values())
+    if undecodable is not None:
+        # An argument of bytes that are not UTF-8 (the locale escaped them): the wire carries
+        # only UTF-8 text, and its encoder's error would be a traceback.
+        print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
+        return EXIT_USAGE
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -85,6 +91,19 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _not_utf8(values: Iterable[object]) -> str | None:
+    """The first string among `values` (or in a list of them) UTF-8 cannot encode. Paths of
+    this machine (`--home`, `-o`) are not sent, so any bytes the file system takes will do."""
+    for value in values:
+        for text in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return text
+    return None
 
 
 def build_parser(
