@@ -152,6 +152,9 @@ def open_connection(
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
+    # A WAL a long reader made long is cut back when the log restarts (whichever connection
+    # restarts it), not kept at its peak size.
+    conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}").fetchall()
     # The query planner's stability guarantee: a plan never reads a bound value. apsw's SQLite
     # is built with STAT4, under which a statement whose plan looked at a parameter (a MAX or
     # an ORDER BY ... LIMIT under an equality on it, ~46 of the store's statements) is compiled
@@ -462,6 +465,13 @@ restarted by itself below 5,600 pages without fork load and mostly below 10,300 
 18,864), so past 16 × the mark (64 MB) the writers wait on the checkpointer only when that has
 not happened for a long stretch (at 8 × it took the baton once or twice in most fork-load
 phases, for 1.9-23 ms on a loaded disk)."""
+JOURNAL_SIZE_LIMIT_BYTES = WAL_BOUND_PAGES * (4096 + 24)
+"""The size a WAL file is cut back to when the log restarts (`PRAGMA journal_size_limit`). A
+read transaction of another process (a backup, a `sqlite3` shell left open) keeps every
+checkpoint from finishing, and the WAL grows past its bound for as long as it lasts; SQLite
+then starts the log again from the file's beginning but keeps the file at its peak size, for
+the daemon's whole life. The bound's worth of 4 KB pages and their frame headers: a WAL that
+only ever reaches its ordinary lengths is never cut (and never grown again)."""
 RESTART_BUSY_MS = 5
 """How long a RESTART checkpoint waits for readers still on the WAL, with the baton held, before
 it gives up (the log then restarts at a later pass)."""
