@@ -50,6 +50,18 @@ def byte_count(text: str) -> int:
     return value
 
 
+def home_path(text: str) -> Path:
+    """`--home`: a path, never empty (`Path("")` is the current directory, which would become
+    the home; `--home "$DIR"` with DIR unset means a mistake, as an empty AGENTHOST_HOME means
+    the default home)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "empty (an unset variable?): give the home's path, or leave --home out for "
+            "AGENTHOST_HOME or the default home"
+        )
+    return Path(text)
+
+
 _ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
 
 
@@ -121,7 +133,7 @@ def build_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"agenthost {version}")
-    p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
+    p.add_argument("--home", type=home_path, default=None, help="AGENTHOST_HOME (data dir)")
     p.add_argument(
         "--connect",
         type=endpoint,

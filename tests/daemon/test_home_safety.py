@@ -156,3 +156,26 @@ def test_an_ipc_endpoint_in_a_new_dir_is_created_0700_and_served(tmp_path: Path)
             c.close()
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["status"], ["keys", "list"]])
+def test_an_empty_home_option_is_a_usage_error_not_the_current_directory(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """`--home "$DIR"` with DIR unset: the current directory would become the home (the store,
+    `run/`, `runtimes/` written into it), unlike an empty AGENTHOST_HOME (the default home)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(mode=0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", "", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=cwd,
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "argument --home: empty" in done.stderr and "Traceback" not in done.stderr
+    assert list(cwd.iterdir()) == []
