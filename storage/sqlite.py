@@ -23,7 +23,7 @@ from typing import Any
 
 import apsw
 
-from domain.errors import ForkInProgress, HostError, StoreBusy, internal_error
+from domain.errors import ForkInProgress, HostError, StoreBusy, StoreCorrupt, internal_error
 from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.models import ChangeEvent
 
@@ -93,18 +93,37 @@ def typed_store_error(exc: BaseException) -> HostError | None:
     return None
 
 
+_log = logging.getLogger(__name__)
+
+CORRUPT_ERRORS: tuple[type[BaseException], ...] = (apsw.CorruptError, apsw.NotADBError)
+"""SQLite's word that the store file itself is damaged: no retry mends it."""
+
+STORE_CORRUPT_MESSAGE = (
+    "the store file is damaged ({}): requests that touch its damaged part fail until it is "
+    "repaired; stop the daemon, copy store.sqlite3* aside and recover them "
+    "(`sqlite3 store.sqlite3 .recover`, docs/user-guide.md)"
+)
+
+
 def host_error_of(
     failure: object, what: str = "", *, logger: logging.Logger | None = None
 ) -> HostError:
     """The typed error for any failure on the daemon side: a `HostError` as it is, a raw store
-    contention or full-disk error as the retryable 503 `store_busy`, anything else the one
-    500 of `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
+    contention or full-disk error as the retryable 503 `store_busy`, a damaged store file as
+    the 500 `store_corrupt` (logged, no traceback), anything else the one 500 of
+    `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
     if isinstance(failure, HostError):
         return failure
     if isinstance(failure, BaseException):
         typed = typed_store_error(failure)
         if typed is not None:
             return typed
+        if isinstance(failure, CORRUPT_ERRORS):
+            said = f"SQLite: {failure}"
+            (logger or _log).error(
+                "%s%s", f"{what}: " if what else "", STORE_CORRUPT_MESSAGE.format(said)
+            )
+            return StoreCorrupt(STORE_CORRUPT_MESSAGE.format(said))
     return internal_error(failure, what, logger=logger)
 
 
