@@ -53,6 +53,7 @@ from agenthost.home import (
     HomeInUse,
     HomeLock,
     HomeUnsafe,
+    check_data_dir,
     check_ipc_endpoint,
     check_private_dir,
     make_private_dir,
@@ -187,6 +188,8 @@ class Daemon:
                 len(alive),
                 f": pids {[g.pid for g in alive]}, their lock files kept" if alive else "",
             )
+        check_data_dir(cfg.runtimes_dir, "runtimes directory")
+        check_data_dir(cfg.checkpoints_dir, "checkpoints directory")
         make_private_dir(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)

@@ -43,6 +43,7 @@ __all__ = [
     "HomeUnsafe",
     "Probe",
     "acquire",
+    "check_data_dir",
     "check_ipc_endpoint",
     "check_private_dir",
     "lock_path",
@@ -192,6 +193,21 @@ def check_private_dir(path: Path, what: str, *, exact_0700: bool = False) -> boo
             f"`chmod go-w {path}` or use another directory"
         )
     return True
+
+
+def check_data_dir(path: Path, what: str) -> None:
+    """Refuse (`HomeUnsafe`) a data directory of the home (`runtimes/`, `checkpoints/`) that
+    exists but is no directory (a file, a dangling symlink): every Turn's provider home, or
+    every checkpoint, would fail on it one by one instead. A symlink to a directory (another
+    disk) is fine; a missing one is made where it is used."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise HomeUnsafe(f"{what} {path} is a dangling symlink; remove it") from None
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeUnsafe(f"{what} {path} is not a directory; move it away (refused)")
 
 
 def make_private_dir(path: Path) -> None:

@@ -179,3 +179,20 @@ def test_an_empty_home_option_is_a_usage_error_not_the_current_directory(
     assert done.returncode == 2, (done.returncode, done.stderr)
     assert "argument --home: empty" in done.stderr and "Traceback" not in done.stderr
     assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "what"), [("runtimes", "runtimes directory"), ("checkpoints", "checkpoints directory")]
+)
+def test_a_data_dir_that_is_a_file_is_refused_not_failed_turn_by_turn(
+    tmp_path: Path, name: str, what: str
+) -> None:
+    """`runtimes/` or `checkpoints/` a file (a mistaken copy, a restore): the daemon served,
+    and every Turn failed `internal_error (NotADirectoryError)` (runtimes) or every checkpoint
+    failed `File exists` while status said checkpoints were on."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / name).write_text("not a directory\n")
+    done = serve(home)
+    assert_refused(done, f"{what} {home / name} is not a directory")
+    assert (home / name).read_text() == "not a directory\n"
