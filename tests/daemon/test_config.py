@@ -156,6 +156,8 @@ def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -
             "(No closing quotation), got the string ",
         ),
         ("[providers.tutti-agent]\ncommand = '\"\"'\n", "command must be a command: "),
+        # One connection is the writer alone: the start's first write, reading, waited 30 s.
+        ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
         # A variable's name is no secret: the mistake is shown as typed.
         ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
     ],
