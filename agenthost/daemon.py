@@ -56,6 +56,7 @@ from agenthost.home import (
     check_data_dir,
     check_ipc_endpoint,
     check_private_dir,
+    check_store_files,
     make_private_dir,
     prepare_home,
     prepare_ipc_dir,
@@ -190,6 +191,7 @@ class Daemon:
             )
         check_data_dir(cfg.runtimes_dir, "runtimes directory")
         check_data_dir(cfg.checkpoints_dir, "checkpoints directory")
+        check_store_files(cfg.store_path)
         make_private_dir(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)

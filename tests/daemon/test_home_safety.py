@@ -196,3 +196,18 @@ def test_a_data_dir_that_is_a_file_is_refused_not_failed_turn_by_turn(
     done = serve(home)
     assert_refused(done, f"{what} {home / name} is not a directory")
     assert (home / name).read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize("name", ["store.sqlite3", "store.sqlite3-wal", "store.sqlite3-shm"])
+def test_a_store_file_sqlite_cannot_open_is_refused_not_called_busy(
+    tmp_path: Path, name: str
+) -> None:
+    """A directory where the store (or its WAL, its shared memory) belongs: SQLite's
+    `CantOpenError` was retried as a busy store for the start's whole limit, then reported
+    `cannot start: the store is busy or full, try again`."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / name).mkdir()
+    done = serve(home)
+    assert_refused(done, f"the store file {home / name} is not a regular file; move it away")
+    assert (home / name).is_dir() and "deferred" not in done.stdout
