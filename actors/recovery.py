@@ -250,6 +250,37 @@ ORPHANED_RETRY_LIMIT_S = 30.0
 before the start fails, as its other recovery writes do on a store that stays busy."""
 
 
+class StartStopped(BaseException):  # noqa: N818 - an outcome the start reports, not a fault
+    """A stop signal (SIGTERM, Ctrl-C) came while a start-up write waited for a store another
+    process keeps busy: the start ends there instead of waiting out its retry limit. Not an
+    `Exception`, as KeyboardInterrupt is not: a step that logs a failed write and goes on with
+    the rest must not go on."""
+
+    def __init__(self, what: str) -> None:
+        super().__init__(f"stopped while {what} waited for a busy store")
+
+
+_stop_asked: Callable[[], bool] = lambda: False  # noqa: E731 - the default: never asked
+
+
+def stop_start_when(asked: Callable[[], bool]) -> None:
+    """`asked()` true: a start-up write waiting for a busy store gives up (`StartStopped`).
+    Set by `serve` before its start (its signal handlers only flip a flag it reads)."""
+    global _stop_asked  # noqa: PLW0603 - the process's one start, told by its one `serve`
+    _stop_asked = asked
+
+
+def _sleep_unless_stopped(delay: float) -> bool:
+    """Sleep `delay` seconds in short slices; True when a stop was asked meanwhile."""
+    deadline = time.monotonic() + delay
+    while not _stop_asked():
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(left, 0.05))
+    return True
+
+
 class StoreDiskFull(Exception):
     """A start-up write the store's disk refused: full (SQLITE_FULL), or a write it failed
     (SQLITE_IOERR: past a file size limit, a failing disk). Not another process's lock, which
@@ -294,7 +325,8 @@ def start_write(
             if time.monotonic() + delay > deadline:
                 raise busy from exc
             log.warning("%s deferred %.2f s: %s", what, delay, busy.message)
-            time.sleep(delay)
+            if _sleep_unless_stopped(delay):
+                raise StartStopped(what) from exc
             delay = min(RETRY_MAX_S, delay * 2)
 
 

@@ -168,6 +168,8 @@ class RequestPlumbing:
             handler(request.params, responder)
         except HostError as exc:
             responder.error(exc)
+        except Exception as exc:  # noqa: BLE001 - law 7: a read on this thread (a damaged store)
+            responder.error(host_error_of(exc, f"dispatching {request.method}", logger=log))
 
     def read(self, responder: Answer[R], fn: Callable[[], R], status: int = 200) -> None:
         """Run a read (or a write that needs no actor) on the pool."""

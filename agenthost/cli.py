@@ -170,6 +170,7 @@ def _serve_logged(args: argparse.Namespace) -> int:
             print(f"agenthost: {problem}", file=sys.stderr)
         return EXIT_USAGE
     # Imported only now: a configuration error is reported without loading the daemon.
+    from actors import recovery
     from agenthost.daemon import Daemon
 
     # Every TCP endpoint is a CURVE server (run/keys/, run/connection.json): the daemon always
@@ -190,8 +191,15 @@ def _serve_logged(args: argparse.Namespace) -> int:
             signal.signal(stop, lambda signum, _frame: signalled.append(signum))
     # Set before the daemon's threads start (CPython's 5 ms unless a measurement names one).
     switch_s = gil_policy.apply()
+    # A start that waits for a store another process keeps busy ends at a stop signal.
+    recovery.stop_start_when(lambda: bool(signalled))
     try:
         daemon.start()
+    except recovery.StartStopped as exc:
+        log.info("stopping on %s: %s", signal.Signals(signalled[0]).name, exc)
+        daemon.close()
+        log.info("stopped")
+        return EXIT_OK
     except HomeInUse as exc:
         # The live daemon's lock: nothing of this home was touched (no store open, no write).
         print(f"agenthost: {exc}", file=sys.stderr)
@@ -204,6 +212,10 @@ def _serve_logged(args: argparse.Namespace) -> int:
         print(f"agenthost: cannot start: {exc}", file=sys.stderr)
         daemon.close()
         return EXIT_ERROR
+    finally:
+        # Ready (or not started): a write retried later is a running daemon's, stopped by
+        # `close()`, never by this.
+        recovery.stop_start_when(lambda: False)
     accept_shim.log_status()
     gc_timings = gc_policy.GcTimings.from_env()
     print(json.dumps(daemon.ready_line()), flush=True)
@@ -289,12 +301,27 @@ def _keys(args: argparse.Namespace) -> int:
     try:
         if args.keys_command == "add":
             text = store.add(args.name)
-            if json.loads(text).get("api") is None:
-                print(NO_TCP_WARNING, file=sys.stderr)
             if args.output is not None:
                 from agenthost.keys import write_private
 
-                write_private(args.output, text)
+                try:
+                    write_private(args.output, text)
+                except OSError as exc:
+                    # The secret key is in no file: its public key must not stay authorized
+                    # (nobody could use it, and the name would be taken for good).
+                    store.revoke(args.name)
+                    return fail(
+                        args,
+                        CliError(
+                            "bad_output",
+                            f"cannot write {args.output}: {exc.strerror or exc}; "
+                            f"key {args.name!r} not added",
+                            code=EXIT_USAGE,
+                        ),
+                    )
+            if json.loads(text).get("api") is None:
+                print(NO_TCP_WARNING, file=sys.stderr)
+            if args.output is not None:
                 print(f"connection file for {args.name!r} written to {args.output}")
             else:
                 sys.stdout.write(text)

@@ -144,9 +144,10 @@ SCHEMA: tuple[Key, ...] = (
     Key(
         "daemon",
         "store_connections",
-        Int(1, 100_000),
+        # 2 at least: the store's one writer connection and a reader (a write reads too).
+        Int(2, 100_000),
         16,
-        "SQLite connections the daemon opens at most",
+        "SQLite connections the daemon opens at most (its writer and readers)",
     ),
     Key(
         "daemon",

@@ -9,6 +9,7 @@ import datetime
 import json
 import math
 import re
+import shlex
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -168,6 +169,14 @@ class Command(ValueType):
 
     def check(self, value: Any) -> str | list[str]:
         if isinstance(value, str) and value.strip():
+            # Split here as the drivers will: a quote left open fails `serve` in words, not
+            # the first status or Turn that reads the command (an internal error).
+            try:
+                words = shlex.split(value)
+            except ValueError as exc:
+                raise ValueError(f"{self.expected()} ({exc})") from None
+            if not words or not words[0]:
+                raise ValueError(self.expected())
             return value
         if (
             isinstance(value, list)

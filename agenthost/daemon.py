@@ -53,8 +53,10 @@ from agenthost.home import (
     HomeInUse,
     HomeLock,
     HomeUnsafe,
+    check_data_dir,
     check_ipc_endpoint,
     check_private_dir,
+    check_store_files,
     make_private_dir,
     prepare_home,
     prepare_ipc_dir,
@@ -187,6 +189,9 @@ class Daemon:
                 len(alive),
                 f": pids {[g.pid for g in alive]}, their lock files kept" if alive else "",
             )
+        check_data_dir(cfg.runtimes_dir, "runtimes directory")
+        check_data_dir(cfg.checkpoints_dir, "checkpoints directory")
+        check_store_files(cfg.store_path)
         make_private_dir(cfg.runtimes_dir)
         for endpoint in (*self.listen, *self.events_listen, *self.events_exact_listen):
             prepare_ipc_dir(endpoint)

@@ -43,7 +43,9 @@ __all__ = [
     "HomeUnsafe",
     "Probe",
     "acquire",
+    "check_data_dir",
     "check_ipc_endpoint",
+    "check_store_files",
     "check_private_dir",
     "lock_path",
     "make_private_dir",
@@ -192,6 +194,40 @@ def check_private_dir(path: Path, what: str, *, exact_0700: bool = False) -> boo
             f"`chmod go-w {path}` or use another directory"
         )
     return True
+
+
+def check_data_dir(path: Path, what: str) -> None:
+    """Refuse (`HomeUnsafe`) a data directory of the home (`runtimes/`, `checkpoints/`) that
+    exists but is no directory (a file, a dangling symlink): every Turn's provider home, or
+    every checkpoint, would fail on it one by one instead. A symlink to a directory (another
+    disk) is fine; a missing one is made where it is used."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        if os.path.lexists(path):
+            raise HomeUnsafe(f"{what} {path} is a dangling symlink; remove it") from None
+        return
+    if not stat.S_ISDIR(st.st_mode):
+        raise HomeUnsafe(f"{what} {path} is not a directory; move it away (refused)")
+
+
+def check_store_files(store: Path) -> None:
+    """Refuse (`HomeUnsafe`) a store, or its `-wal` / `-shm`, that SQLite could never open: not
+    a regular file (a directory in its place), or one we may not read and write (left by a
+    daemon run as another user). SQLite says only `CantOpenError`, which a start otherwise
+    retries as a busy store for its whole limit and then calls busy."""
+    for path in (store, Path(f"{store}-wal"), Path(f"{store}-shm")):
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            raise HomeUnsafe(f"the store file {path} is not a regular file; move it away")
+        if not os.access(path, os.R_OK | os.W_OK):
+            raise HomeUnsafe(
+                f"the store file {path} is not readable and writable by us (uid "
+                f"{os.geteuid()}; it is uid {st.st_uid}'s, mode {stat.S_IMODE(st.st_mode):04o})"
+            )
 
 
 def make_private_dir(path: Path) -> None:

@@ -366,6 +366,13 @@ class ForkSnapshotCorrupt(HostError):
     default_reason = "agent_session_fork_snapshot_corrupt"
 
 
+class StoreCorrupt(HostError):
+    """SQLite found the store file damaged (`database disk image is malformed`, or not a
+    database) where this request read or wrote it (500, not retryable: it stays damaged)."""
+
+    default_reason = "store_corrupt"
+
+
 class SchemaTooNew(HostError):
     """The store file was written by a newer agenthost; opening it could corrupt it."""
 

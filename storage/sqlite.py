@@ -23,7 +23,7 @@ from typing import Any
 
 import apsw
 
-from domain.errors import ForkInProgress, HostError, StoreBusy, internal_error
+from domain.errors import ForkInProgress, HostError, StoreBusy, StoreCorrupt, internal_error
 from domain.fork_states import STAGE_ACTIVE_SQL
 from storage.models import ChangeEvent
 
@@ -93,18 +93,37 @@ def typed_store_error(exc: BaseException) -> HostError | None:
     return None
 
 
+_log = logging.getLogger(__name__)
+
+CORRUPT_ERRORS: tuple[type[BaseException], ...] = (apsw.CorruptError, apsw.NotADBError)
+"""SQLite's word that the store file itself is damaged: no retry mends it."""
+
+STORE_CORRUPT_MESSAGE = (
+    "the store file is damaged ({}): requests that touch its damaged part fail until it is "
+    "repaired; stop the daemon, copy store.sqlite3* aside and recover them "
+    "(`sqlite3 store.sqlite3 .recover`, docs/user-guide.md)"
+)
+
+
 def host_error_of(
     failure: object, what: str = "", *, logger: logging.Logger | None = None
 ) -> HostError:
     """The typed error for any failure on the daemon side: a `HostError` as it is, a raw store
-    contention or full-disk error as the retryable 503 `store_busy`, anything else the one
-    500 of `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
+    contention or full-disk error as the retryable 503 `store_busy`, a damaged store file as
+    the 500 `store_corrupt` (logged, no traceback), anything else the one 500 of
+    `domain.errors.internal_error` (logged with a reference id, its text never sent)."""
     if isinstance(failure, HostError):
         return failure
     if isinstance(failure, BaseException):
         typed = typed_store_error(failure)
         if typed is not None:
             return typed
+        if isinstance(failure, CORRUPT_ERRORS):
+            said = f"SQLite: {failure}"
+            (logger or _log).error(
+                "%s%s", f"{what}: " if what else "", STORE_CORRUPT_MESSAGE.format(said)
+            )
+            return StoreCorrupt(STORE_CORRUPT_MESSAGE.format(said))
     return internal_error(failure, what, logger=logger)
 
 
@@ -152,6 +171,9 @@ def open_connection(
     conn.execute("PRAGMA journal_mode=WAL").fetchall()
     conn.execute("PRAGMA synchronous=FULL")
     conn.execute("PRAGMA foreign_keys=ON")
+    # A WAL a long reader made long is cut back when the log restarts (whichever connection
+    # restarts it), not kept at its peak size.
+    conn.execute(f"PRAGMA journal_size_limit={JOURNAL_SIZE_LIMIT_BYTES}").fetchall()
     # The query planner's stability guarantee: a plan never reads a bound value. apsw's SQLite
     # is built with STAT4, under which a statement whose plan looked at a parameter (a MAX or
     # an ORDER BY ... LIMIT under an equality on it, ~46 of the store's statements) is compiled
@@ -462,6 +484,13 @@ restarted by itself below 5,600 pages without fork load and mostly below 10,300 
 18,864), so past 16 × the mark (64 MB) the writers wait on the checkpointer only when that has
 not happened for a long stretch (at 8 × it took the baton once or twice in most fork-load
 phases, for 1.9-23 ms on a loaded disk)."""
+JOURNAL_SIZE_LIMIT_BYTES = WAL_BOUND_PAGES * (4096 + 24)
+"""The size a WAL file is cut back to when the log restarts (`PRAGMA journal_size_limit`). A
+read transaction of another process (a backup, a `sqlite3` shell left open) keeps every
+checkpoint from finishing, and the WAL grows past its bound for as long as it lasts; SQLite
+then starts the log again from the file's beginning but keeps the file at its peak size, for
+the daemon's whole life. The bound's worth of 4 KB pages and their frame headers: a WAL that
+only ever reaches its ordinary lengths is never cut (and never grown again)."""
 RESTART_BUSY_MS = 5
 """How long a RESTART checkpoint waits for readers still on the WAL, with the baton held, before
 it gives up (the log then restarts at a later pass)."""

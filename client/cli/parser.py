@@ -50,6 +50,18 @@ def byte_count(text: str) -> int:
     return value
 
 
+def home_path(text: str) -> Path:
+    """`--home`: a path, never empty (`Path("")` is the current directory, which would become
+    the home; `--home "$DIR"` with DIR unset means a mistake, as an empty AGENTHOST_HOME means
+    the default home)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(
+            "empty (an unset variable?): give the home's path, or leave --home out for "
+            "AGENTHOST_HOME or the default home"
+        )
+    return Path(text)
+
+
 _ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
 
 
@@ -72,6 +84,12 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
+    undecodable = _not_utf8(vars(args).values())
+    if undecodable is not None:
+        # An argument of bytes that are not UTF-8 (the locale escaped them): the wire carries
+        # only UTF-8 text, and its encoder's error would be a traceback.
+        print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
+        return EXIT_USAGE
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -85,6 +103,19 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _not_utf8(values: Iterable[object]) -> str | None:
+    """The first string among `values` (or in a list of them) UTF-8 cannot encode. Paths of
+    this machine (`--home`, `-o`) are not sent, so any bytes the file system takes will do."""
+    for value in values:
+        for text in value if isinstance(value, list | tuple) else [value]:
+            if isinstance(text, str):
+                try:
+                    text.encode("utf-8")
+                except UnicodeEncodeError:
+                    return text
+    return None
 
 
 def build_parser(
@@ -102,7 +133,7 @@ def build_parser(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--version", action="version", version=f"agenthost {version}")
-    p.add_argument("--home", type=Path, default=None, help="AGENTHOST_HOME (data dir)")
+    p.add_argument("--home", type=home_path, default=None, help="AGENTHOST_HOME (data dir)")
     p.add_argument(
         "--connect",
         type=endpoint,

@@ -99,7 +99,14 @@ def run_say(args: argparse.Namespace, client: Client) -> int:
     if args.text == "-":
         # The message from a pipe or a file (`say SID - < prompt.txt`); the prompt of an
         # Interaction then has no terminal, as with any redirected input.
-        args.text = sys.stdin.read().rstrip("\n")
+        try:
+            # Strict or surrogate-escaped by the locale: either way only UTF-8 goes on the wire.
+            args.text = sys.stdin.read().rstrip("\n")
+            args.text.encode("utf-8")
+        except UnicodeError:
+            raise CliError(
+                "invalid_argument", "say -: standard input is not UTF-8 text", code=EXIT_USAGE
+            ) from None
         if not args.text.strip():
             raise CliError("invalid_argument", "say -: standard input was empty", code=EXIT_USAGE)
     elif not args.text.strip():

@@ -5,6 +5,9 @@ usage mistake, caught before anything is sent; 3 for no daemon)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -195,6 +198,24 @@ def test_keys_add_without_a_tcp_endpoint_says_what_to_configure(cli: Cli) -> Non
     assert "listen = [" in done.stderr and "--listen tcp://127.0.0.1:7777" in done.stderr
 
 
+@pytest.mark.parametrize(("name", "where"), [("lost-a", "missing/dir/x.json"), ("lost-b", "a-dir")])
+def test_keys_add_whose_file_cannot_be_written_says_so_and_authorizes_nothing(
+    cli: Cli, tmp_path: Path, name: str, where: str
+) -> None:
+    (tmp_path / "a-dir").mkdir()
+    output = tmp_path / where
+    done = cli.run("keys", "add", name, "-o", str(output))
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith(f"agenthost: bad_output: cannot write {output}: ")
+    assert f"{name!r} not added" in done.stderr
+    # Its secret key went nowhere: the public one is not left authorized, the name is free.
+    assert name not in cli.run("keys", "list").stdout.split()
+    again = cli.run("keys", "add", name, "-o", str(tmp_path / "again.json"))
+    assert again.returncode == 0, again.stderr
+    assert json.loads((tmp_path / "again.json").read_text())["api"] is None
+
+
 @pytest.mark.parametrize(
     ("args", "said"),
     [
@@ -270,3 +291,27 @@ def test_show_says_a_turn_was_never_sent_to_the_provider_not_binding_unavailable
         assert turn["hostOnly"] is True and turn["providerForkBindingState"] == "unavailable"
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("stdin_errors", ["surrogateescape", "strict"])
+def test_bytes_that_are_not_utf8_are_a_usage_error_not_a_traceback(
+    cli: Cli, client: Client, ws: str, stdin_errors: str
+) -> None:
+    sid = new_session(cli, "Bytes")
+    base = [sys.executable, "-m", "agenthost.cli", "--home", str(cli.home), "--workspace", ws]
+    env = {**os.environ, "LC_ALL": "C.UTF-8", "PYTHONIOENCODING": f"utf-8:{stdin_errors}"}
+    # An argument: the locale escapes the byte as a lone surrogate, which msgpack cannot encode.
+    for args in (["settings", sid, "k\udcff=1"], ["say", sid, "caf\udce9"], ["sessions"]):
+        argv = [*base, *args] if args != ["sessions"] else [*base[:-1], "w\udcff", *args]
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=60, env=env)
+        assert done.returncode == 2, done.stderr
+        assert "Traceback" not in done.stderr
+        assert "invalid_argument: " in done.stderr and "is not UTF-8 text" in done.stderr
+    # Standard input: escaped (as under C.UTF-8) or refused by a strict decoder.
+    piped = subprocess.run(
+        [*base, "say", sid, "-"], input=b"\xff\xfehello\n", capture_output=True, timeout=60, env=env
+    )
+    assert piped.returncode == 2, piped.stderr
+    assert piped.stderr == b"agenthost: invalid_argument: say -: standard input is not UTF-8 text\n"
+    timeline = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})
+    assert timeline["turns"] == []

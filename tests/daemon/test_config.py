@@ -149,6 +149,15 @@ def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -
         ("[daemon\n", "not valid TOML: "),
         ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
         ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
+        # Split like a shell would when the config is read, not when a status reads it.
+        (
+            "[providers.codex]\ncommand = 'codex \"app'\n",
+            "command must be a command: a non-empty string or a non-empty array of strings "
+            "(No closing quotation), got the string ",
+        ),
+        ("[providers.tutti-agent]\ncommand = '\"\"'\n", "command must be a command: "),
+        # One connection is the writer alone: the start's first write, reading, waited 30 s.
+        ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
         # A variable's name is no secret: the mistake is shown as typed.
         ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
     ],

@@ -156,3 +156,58 @@ def test_an_ipc_endpoint_in_a_new_dir_is_created_0700_and_served(tmp_path: Path)
             c.close()
     finally:
         d.stop()
+
+
+@pytest.mark.parametrize("command", [["serve"], ["status"], ["keys", "list"]])
+def test_an_empty_home_option_is_a_usage_error_not_the_current_directory(
+    tmp_path: Path, command: list[str]
+) -> None:
+    """`--home "$DIR"` with DIR unset: the current directory would become the home (the store,
+    `run/`, `runtimes/` written into it), unlike an empty AGENTHOST_HOME (the default home)."""
+    cwd = tmp_path / "cwd"
+    cwd.mkdir(mode=0o755)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTHOST_")}
+    done = subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", "", *command],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        stdin=subprocess.DEVNULL,
+        env={**env, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+        cwd=cwd,
+    )
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "argument --home: empty" in done.stderr and "Traceback" not in done.stderr
+    assert list(cwd.iterdir()) == []
+
+
+@pytest.mark.parametrize(
+    ("name", "what"), [("runtimes", "runtimes directory"), ("checkpoints", "checkpoints directory")]
+)
+def test_a_data_dir_that_is_a_file_is_refused_not_failed_turn_by_turn(
+    tmp_path: Path, name: str, what: str
+) -> None:
+    """`runtimes/` or `checkpoints/` a file (a mistaken copy, a restore): the daemon served,
+    and every Turn failed `internal_error (NotADirectoryError)` (runtimes) or every checkpoint
+    failed `File exists` while status said checkpoints were on."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / name).write_text("not a directory\n")
+    done = serve(home)
+    assert_refused(done, f"{what} {home / name} is not a directory")
+    assert (home / name).read_text() == "not a directory\n"
+
+
+@pytest.mark.parametrize("name", ["store.sqlite3", "store.sqlite3-wal", "store.sqlite3-shm"])
+def test_a_store_file_sqlite_cannot_open_is_refused_not_called_busy(
+    tmp_path: Path, name: str
+) -> None:
+    """A directory where the store (or its WAL, its shared memory) belongs: SQLite's
+    `CantOpenError` was retried as a busy store for the start's whole limit, then reported
+    `cannot start: the store is busy or full, try again`."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / name).mkdir()
+    done = serve(home)
+    assert_refused(done, f"the store file {home / name} is not a regular file; move it away")
+    assert (home / name).is_dir() and "deferred" not in done.stdout

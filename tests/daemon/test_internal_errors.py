@@ -6,6 +6,7 @@ with the text and traceback."""
 from __future__ import annotations
 
 import re
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,52 @@ def test_a_driver_bug_in_the_worker_answers_a_reference_not_its_text(tmp_path: P
     assert ref is not None and "ValueError" in error["message"], error
     log = (run_dir / "worker-tutti-agent.log").read_text(errors="replace")
     assert f"[ref {ref.group(1)}]" in log and "soon-ish" in log, log
+
+
+def _damage_table(store: Path, table: str) -> None:
+    """Overwrite `table`'s root page with garbage, the WAL first copied into the file."""
+    conn = sqlite3.connect(store)
+    try:
+        conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchall()
+        page = conn.execute("PRAGMA page_size").fetchone()[0]
+        (root,) = conn.execute(
+            "SELECT rootpage FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+        ).fetchone()
+    finally:
+        conn.close()
+    with store.open("r+b") as f:
+        f.seek((root - 1) * page)
+        f.write(b"\xde\xad" * (page // 2))
+
+
+def test_a_damaged_store_file_answers_store_corrupt_not_an_internal_error(
+    tmp_path: Path,
+) -> None:
+    """SQLite's `database disk image is malformed` is a fact about the file, not a bug of
+    ours: every request that meets it is told so (500 `store_corrupt`, not retryable, what to
+    do), and the log says it in one line per request, not a traceback under a reference."""
+    home = tmp_path / "home"
+    daemon = DaemonProcess(home).start()
+    sid = create_session(daemon.client())["agentSessionId"]
+    daemon.stop()
+    _damage_table(home / "store.sqlite3", "sessions")
+    daemon = DaemonProcess(home).start()
+    try:
+        c = daemon.client()
+        for method, params in (
+            ("session.list", {"workspaceId": WS}),
+            ("session.get", {"workspaceId": WS, "agentSessionId": sid}),
+            ("session.updateTitle", {"workspaceId": WS, "agentSessionId": sid, "title": "t"}),
+        ):
+            with pytest.raises(ApiError) as caught:
+                c.call(method, params)
+            err = caught.value
+            assert (err.status, err.code, err.reason) == (500, "internal", "store_corrupt"), err
+            assert not err.retryable
+            assert "database disk image is malformed" in err.message
+            assert ".recover" in err.message and "(ref " not in err.message
+    finally:
+        daemon.stop()
+    log = daemon.log_path.read_text()
+    assert "the store file is damaged (SQLite: database disk image is malformed)" in log
+    assert "internal error [ref" not in log and "Traceback" not in log

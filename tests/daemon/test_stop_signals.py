@@ -12,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,3 +75,62 @@ def test_a_sighup_ignored_at_start_stays_ignored(tmp_path: Path) -> None:
     finally:
         proc.terminate()
         assert proc.wait(60) == 0
+
+
+HOLD_WRITE_LOCK = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN EXCLUSIVE")  # the write lock, held until our stdin closes
+print("held", flush=True)
+sys.stdin.read()
+conn.execute("ROLLBACK")
+"""
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
+    stop: signal.Signals, tmp_path: Path
+) -> None:
+    """Another process holds the store's write lock, so the start's first write waits (and is
+    retried, up to its limit); a stop signal meanwhile ends the start there — exit 0, the log
+    saying why, nothing left running — instead of being ignored until the retries run out and
+    then failing `cannot start: the store is busy`."""
+    home = tmp_path / "home"
+    first, _ = _serve(home)
+    first.terminate()
+    assert first.wait(60) == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(home / "store.sqlite3")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        log_path = home / "daemon.log"
+        log_path.write_text("")
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
+            stdout=subprocess.PIPE,
+            stderr=open(log_path, "ab"),  # noqa: SIM115 - the child's for its life
+            env=dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO)),
+        )
+        deadline = time.monotonic() + 60
+        while "deferred" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        proc.send_signal(stop)
+        assert proc.wait(60) == 0, log_path.read_text()
+        log = log_path.read_text()
+        assert f"stopping on {stop.name}: stopped while " in log, log[-800:]
+        assert log.rstrip().endswith("stopped") and "cannot start" not in log, log[-800:]
+        assert proc.stdout is not None and proc.stdout.read() == b""  # never ready
+        assert check_processes(home, None) == []
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)

@@ -5,11 +5,15 @@ coming: SQLite restarts a WAL only when a write begins with every frame copied).
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
+import time
 from pathlib import Path
 
 import apsw
 
+from storage.sqlite import JOURNAL_SIZE_LIMIT_BYTES
 from storage.store import Store
 from tests.storage.test_store_group_commit import WS, _sessions
 
@@ -75,4 +79,60 @@ def test_the_wal_file_stays_bounded_while_writers_never_pause(tmp_path: Path) ->
         # Every write is still there.
         assert all(store.sessions.get_session(WS, sid).title.endswith("x" * 5000) for sid in ids)
     finally:
+        store.close()
+
+
+HOLD_READ = """
+import sqlite3, sys
+conn = sqlite3.connect(sys.argv[1], isolation_level=None)
+conn.execute("BEGIN")
+conn.execute("SELECT count(*) FROM sessions").fetchall()  # a read snapshot: the WAL is pinned
+print("held", flush=True)
+sys.stdin.read()  # until the test closes our stdin
+conn.execute("COMMIT")
+"""
+
+
+def test_a_wal_a_long_reader_made_long_shrinks_once_it_restarts(tmp_path: Path) -> None:
+    """Another process's read transaction (a backup, a `sqlite3` shell left open) keeps every
+    checkpoint from finishing, so the WAL grows past its bound for as long as it lasts; once
+    the log restarts, its file goes back to the limit instead of keeping that peak size on disk
+    for the daemon's whole life."""
+    path = tmp_path / "store.sqlite3"
+    store = Store.open(path)
+    reader: subprocess.Popen[str] | None = None
+    try:
+        db = store.db
+        (sid,) = _sessions(store, 1)
+        reader = subprocess.Popen(
+            [sys.executable, "-c", HOLD_READ, str(path)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert reader.stdout is not None and reader.stdout.readline() == "held\n"
+        wal = Path(f"{path}-wal")
+        with db.write(WS) as tx:
+            tx.execute("CREATE TABLE bulk(b BLOB)")
+        limit = JOURNAL_SIZE_LIMIT_BYTES
+        while wal.stat().st_size <= limit + (8 << 20):
+            with db.write(WS) as tx:
+                tx.execute("INSERT INTO bulk VALUES (randomblob(?))", (1 << 20,))
+        assert reader.stdin is not None
+        reader.stdin.close()
+        assert reader.wait(30) == 0
+        n = 0
+        deadline = time.monotonic() + 60
+        while wal.stat().st_size > limit:
+            assert time.monotonic() < deadline, (wal.stat().st_size, db.write_stats.snapshot())
+            store.sessions.update_title(WS, sid, f"title {n}")
+            n += 1
+        assert db.write_stats.snapshot()["wal_restarts"] >= 1
+        # Every write is still there.
+        assert store.sessions.get_session(WS, sid).title == f"title {n - 1}"
+        assert db.rows("SELECT count(*) FROM bulk")[0][0] > limit >> 20
+    finally:
+        if reader is not None and reader.poll() is None:
+            reader.kill()
+            reader.wait()
         store.close()
