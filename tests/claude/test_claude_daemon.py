@@ -130,6 +130,32 @@ def test_claude_worker_killed_after_fork_session_is_unknown_with_at_most_one_chi
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
 
 
+def test_claude_child_damaged_after_its_move_is_unknown_and_never_committed(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """`worker.bind.after_copy=tamper` cuts the child transcript, moved into the child's home,
+    back to its first line (as a lost or damaged move would leave it): the driver's proof,
+    which reads the child from its own home, refuses it, so the fork ends `unknown` with its
+    one child and no canonical child Session is ever made."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "tamper"}})
+    op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "off"}})
+    assert op["status"] == "unknown", op
+    assert op["session"] is None and op["error"]
+    children = child_transcripts(d.home)
+    assert len(children) == 1
+    # The damage really happened, in the child's own home: one line left of the two Turns.
+    assert len(children[0].read_bytes().splitlines()) == 1
+    assert f"/{op['targetAgentSessionId']}/" in str(children[0])
+    with pytest.raises(ApiError):
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]})
+    # The source forks on once the point is off.
+    assert until_terminal(c, fork(c, sid, turns[0]["turnId"])[1])["status"] == "committed"
+
+
 def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_identical(
     tmp_path: Path,
 ) -> None:
