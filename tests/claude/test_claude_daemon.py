@@ -19,6 +19,7 @@ from model_fakes.messages import (
     tool_result,
 )
 from storage.store import Store
+from tests.daemon.test_fork_resolve import resolve, unknown_fork
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
     WS,
@@ -154,6 +155,32 @@ def test_claude_child_damaged_after_its_move_is_unknown_and_never_committed(
         c.call("session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]})
     # The source forks on once the point is off.
     assert until_terminal(c, fork(c, sid, turns[0]["turnId"])[1])["status"] == "committed"
+
+
+def test_claude_child_whose_source_transcript_vanished_is_refused_adoption_typed(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """An `unknown` fork's child, next to a source whose transcript then vanished (removed by
+    hand): its boundary cannot be planned again, so `adopt` is refused in words, typed (not the
+    worker's internal-error path), the operation stays `unknown`, and `abandon` still
+    quarantines the child."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    provider_id = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
+        "providerSessionId"
+    ]
+    (source,) = d.home.glob(f"runtimes/*/{sid}/claude-config/projects/*/{provider_id}.jsonl")
+    source.unlink()
+    with pytest.raises(ApiError) as err:
+        resolve(c, op["operationId"], "adopt")
+    assert "internal error" not in str(err.value), err.value
+    assert "cannot be adopted" in str(err.value) and "no transcript" in str(err.value)
+    got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
+    assert got["operation"]["status"] == "unknown"
+    assert resolve(c, op["operationId"], "abandon")["operation"]["status"] == "abandoned"
+    assert child_transcripts(d.home) == []  # quarantined, not left next to the source
 
 
 def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_identical(
