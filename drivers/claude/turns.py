@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -78,6 +79,16 @@ def not_started_text(cli_path: str, exc: Exception, exit_code: int | None = None
         tail = stderr.strip()[-STDERR_TAIL_CHARS:]
         text += f"; its stderr ends: {tail}"
     return text
+
+
+def program_identity(path: str) -> tuple[int, int, int] | None:
+    """The CLI program's file as it is now (inode, size, mtime; None: unreadable): a parked
+    CLI of a program since replaced on disk (an upgrade) is not the one a Turn would start."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class ProtocolBreak(Exception):
@@ -218,8 +229,8 @@ class Turns:
         )
 
     def _key(self, session: SessionState, exists: bool) -> tuple[object, ...]:
-        """Everything a CLI's start takes from the Session: two CLIs of equal keys (and an
-        unchanged transcript) are interchangeable."""
+        """Everything a CLI's start takes from the Session, and the program it runs: two CLIs
+        of equal keys (and an unchanged transcript) are interchangeable."""
         return (
             session.provider_session_id,
             exists,
@@ -229,6 +240,7 @@ class Turns:
             session.model,
             session.claude_settings,
             self._config.cli_path,
+            program_identity(self._tied.real_cli()),
         )
 
     def _spawn(self, session: SessionState) -> Cli:
