@@ -49,6 +49,7 @@ from drivers.claude.state import SessionState, is_uuid, required
 from drivers.claude.tied import TiedCli
 from drivers.claude.turns import Turns
 from drivers.claude_transcript import history_turns
+from drivers.credentials import user_claude_credentials
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 
@@ -72,6 +73,10 @@ class ClaudeDriver:
         self._failpoints = failpoints
         self._sessions: dict[str, SessionState] = {}
         self._sessions_lock = threading.Lock()
+        # Where the person's login is, read from the worker's own environment now: a fork
+        # points the process env at a Session's config dir while it calls the SDK's helpers
+        # (`ClaudeFork._config_env`), and a Session started meanwhile read that dir's copy.
+        self._login = user_claude_credentials()
         for key, value in QUIET_ENV.items():
             os.environ[key] = value
         # Process-wide: never raised (a process that asked for a shorter one keeps it).
@@ -198,7 +203,7 @@ class ClaudeDriver:
             cwd=cwd,
             model=str(params.get("model") or self._config.model or "") or None,
             claude_settings=json.dumps(claude_settings) if claude_settings else None,
-            env=session_env(self._config, home, private_home, params.get("env") or {}),
+            env=session_env(self._config, home, private_home, params.get("env") or {}, self._login),
         )
         with self._sessions_lock:
             old = self._sessions.get(agent_session_id)

@@ -110,18 +110,25 @@ class ClaudeDriverConfig:
 
 
 def session_env(
-    config: ClaudeDriverConfig, config_dir: Path, private_home: Path, extra: Mapping[str, Any]
+    config: ClaudeDriverConfig,
+    config_dir: Path,
+    private_home: Path,
+    extra: Mapping[str, Any],
+    login: Path | None = None,
 ) -> dict[str, str]:
     """The environment of a session's CLI: quiet flags, its own HOME and config dir, its
     credential (a copied login, else the key or a placeholder the endpoint refuses), the model
-    endpoint, then the caller's extras (the session's own dirs always win)."""
+    endpoint, then the caller's extras (the session's own dirs always win). `login`: where the
+    person's login is (`user_claude_credentials` of the worker's own environment, read by the
+    driver before any fork pointed the process env at a Session's config dir); None: read
+    now."""
     env = dict(QUIET_ENV)
     env.update({"HOME": str(private_home), "CLAUDE_CONFIG_DIR": str(config_dir)})
     if config.use_user_login:
         # The user's own login, copied into this session's config dir; an exported key
         # would take precedence over it in the CLI, so none is passed.
         copy_login(
-            user_claude_credentials(),
+            user_claude_credentials() if login is None else login,
             config_dir / ".credentials.json",
             provider="claude-code",
         )

@@ -22,7 +22,7 @@ from typing import Any
 
 from domain.enums import DeliveryDisposition, ProviderStateBindingMode
 from domain.worker_messages import ForkBinding, ForkChild, ForkRequest, ForkResult
-from drivers.binder import fsync_dir, makedirs
+from drivers.binder import fsync_dir, makedirs, tamper_with
 from drivers.claude.env import (
     DRIVER_KIND,
     PRIVATE_HOME_DIR,
@@ -234,7 +234,9 @@ class ClaudeFork:
             os.fspath(d) for d in ([*durable, written.parent] if moved else durable)
         ):
             fsync_dir(directory)
-        self._failpoints.hit("worker.bind.after_copy")  # durable in the target home
+        # Durable in the target home; `tamper` (tests) cuts it to its first line, as a lost or
+        # damaged move would leave it, before `verify_child` reads it from there.
+        self._failpoints.hit("worker.bind.after_copy", tamper=lambda: tamper_with((dest,)))
         if not moved:
             written.unlink()
             fsync_dir(written.parent)

@@ -22,7 +22,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
-from drivers.claude.fork import ClaudeFork
+from drivers.claude.fork import ClaudeFork, NotStarted
 from drivers.claude_transcript import parse_entries, split_turns, transcript_path
 from drivers.errors import DriverError
 from drivers.quarantine import QUARANTINE_DIR, move_to_quarantine, quarantine_operation_id
@@ -122,7 +122,12 @@ class ClaudeResolution:
         in_target = _children(target_home, source_id, exclude)
         if child not in in_source and child not in in_target:
             raise DriverError(f"provider child {child!r} of this operation is not there")
-        plan = self.fork.plan_fork(request)
+        try:
+            plan = self.fork.plan_fork(request)
+        except NotStarted as exc:
+            # The boundary cannot be planned again (the source's transcript gone, the SDK
+            # changed): the child cannot be proven, and the driver says why, typed.
+            raise DriverError(f"provider child {child!r} cannot be adopted: {exc}") from exc
         if child in in_source:
             dest = transcript_path(target_home, request.target.cwd or request.source.cwd, child)
             if dest.exists():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import re
 import time
 from collections.abc import Mapping
@@ -78,6 +79,16 @@ def not_started_text(cli_path: str, exc: Exception, exit_code: int | None = None
         tail = stderr.strip()[-STDERR_TAIL_CHARS:]
         text += f"; its stderr ends: {tail}"
     return text
+
+
+def program_identity(path: str) -> tuple[int, int, int] | None:
+    """The CLI program's file as it is now (inode, size, mtime; None: unreadable): a parked
+    CLI of a program since replaced on disk (an upgrade) is not the one a Turn would start."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 class ProtocolBreak(Exception):
@@ -218,8 +229,8 @@ class Turns:
         )
 
     def _key(self, session: SessionState, exists: bool) -> tuple[object, ...]:
-        """Everything a CLI's start takes from the Session: two CLIs of equal keys (and an
-        unchanged transcript) are interchangeable."""
+        """Everything a CLI's start takes from the Session, and the program it runs: two CLIs
+        of equal keys (and an unchanged transcript) are interchangeable."""
         return (
             session.provider_session_id,
             exists,
@@ -229,6 +240,7 @@ class Turns:
             session.model,
             session.claude_settings,
             self._config.cli_path,
+            program_identity(self._tied.real_cli()),
         )
 
     def _spawn(self, session: SessionState) -> Cli:
@@ -335,6 +347,7 @@ class Turns:
                         result = self.events.on_message(session, turn, message)
                         if result is not None:
                             outcome, error = result
+                            self._check_session(session, turn, message)
                         message = await _read(messages.__anext__())
                 except ProtocolBreak as exc:
                     # Named and killed while the SDK still holds its process (its close, on
@@ -373,6 +386,23 @@ class Turns:
         self._finish_turn(session, turn, outcome, error, never_called=never_called)
         if turn.provider_turn_id is not None and not turn.interrupted:
             self.prestart(session)
+
+    @staticmethod
+    def _check_session(session: SessionState, turn: TurnState, result: Any) -> None:
+        """The Turn's result names the session the CLI wrote it to: one that is not the
+        Session's own (a CLI whose session id moves as it resumes) left it out of the
+        transcript the Session resumes, forks and re-binds from, so the Turn fails
+        `provider_protocol_error` in words rather than being taken as the Session's."""
+        written = getattr(result, "session_id", None)
+        if isinstance(written, str) and written and written != session.provider_session_id:
+            process = getattr(turn.transport, "_process", None)
+            pid = getattr(process, "pid", None)
+            which = f" (pid {pid})" if isinstance(pid, int) else ""
+            turn.provider_failure = (
+                f"{PROVIDER_PROTOCOL_ERROR}: the claude-code CLI{which} wrote this Turn to "
+                f"session {written}, not the Session's own {session.provider_session_id}, "
+                "whose history does not hold it"
+            )
 
     def _broken(self, turn: TurnState, exc: ProtocolBreak) -> None:
         """The SDK cannot read on from the Turn's CLI: it goes (its process tree) and the Turn

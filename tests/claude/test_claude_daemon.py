@@ -19,6 +19,7 @@ from model_fakes.messages import (
     tool_result,
 )
 from storage.store import Store
+from tests.daemon.test_fork_resolve import resolve, unknown_fork
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import (
     WS,
@@ -128,6 +129,58 @@ def test_claude_worker_killed_after_fork_session_is_unknown_with_at_most_one_chi
     assert len(child_transcripts(d.home)) == 1
     # The source is usable again (fence released, worker restarted).
     assert run_turn(c, sid, "after the crash")["outcome"] == "completed"
+
+
+def test_claude_child_damaged_after_its_move_is_unknown_and_never_committed(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """`worker.bind.after_copy=tamper` cuts the child transcript, moved into the child's home,
+    back to its first line (as a lost or damaged move would leave it): the driver's proof,
+    which reads the child from its own home, refuses it, so the fork ends `unknown` with its
+    one child and no canonical child Session is ever made."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "tamper"}})
+    op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+    c.call("debug.failpoints", {"points": {"worker.bind.after_copy": "off"}})
+    assert op["status"] == "unknown", op
+    assert op["session"] is None and op["error"]
+    children = child_transcripts(d.home)
+    assert len(children) == 1
+    # The damage really happened, in the child's own home: one line left of the two Turns.
+    assert len(children[0].read_bytes().splitlines()) == 1
+    assert f"/{op['targetAgentSessionId']}/" in str(children[0])
+    with pytest.raises(ApiError):
+        c.call("session.get", {"workspaceId": WS, "agentSessionId": op["targetAgentSessionId"]})
+    # The source forks on once the point is off.
+    assert until_terminal(c, fork(c, sid, turns[0]["turnId"])[1])["status"] == "committed"
+
+
+def test_claude_child_whose_source_transcript_vanished_is_refused_adoption_typed(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """An `unknown` fork's child, next to a source whose transcript then vanished (removed by
+    hand): its boundary cannot be planned again, so `adopt` is refused in words, typed (not the
+    worker's internal-error path), the operation stays `unknown`, and `abandon` still
+    quarantines the child."""
+    d, _ = claude_daemon
+    c = d.client()
+    sid, turns = claude_source(d, tmp_path / "cwd")
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    provider_id = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
+        "providerSessionId"
+    ]
+    (source,) = d.home.glob(f"runtimes/*/{sid}/claude-config/projects/*/{provider_id}.jsonl")
+    source.unlink()
+    with pytest.raises(ApiError) as err:
+        resolve(c, op["operationId"], "adopt")
+    assert "internal error" not in str(err.value), err.value
+    assert "cannot be adopted" in str(err.value) and "no transcript" in str(err.value)
+    got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
+    assert got["operation"]["status"] == "unknown"
+    assert resolve(c, op["operationId"], "abandon")["operation"]["status"] == "abandoned"
+    assert child_transcripts(d.home) == []  # quarantined, not left next to the source
 
 
 def test_claude_tool_call_input_holding_typed_keys_forks_and_is_copied_byte_identical(

@@ -302,3 +302,41 @@ def test_child_transcript_is_moved_not_copied_and_its_new_directories_are_durabl
     for directory in [dest.parent, *(p.parent for p in created)]:
         assert log.count(directory) == 1, directory
     assert log.count(harness.transcript(three_turns).parent) == 1
+
+
+def test_a_session_started_while_a_fork_reads_its_source_copies_the_persons_own_login(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With `use_user_login`, a Session's start copies the person's login into its own config
+    dir. A fork points the process env at its source's config dir while it calls the SDK's
+    in-process helpers (`ClaudeFork._config_env`); a Session started meanwhile (another of the
+    worker's threads) still copies the person's login, never the source's older copy."""
+    from drivers.claude.driver import ClaudeDriver
+    from drivers.claude.env import PRIVATE_HOME_DIR, ClaudeDriverConfig
+
+    person = tmp_path / "person"
+    (person / ".claude").mkdir(parents=True)
+    login = person / ".claude" / ".credentials.json"
+    login.write_text('{"login": "first"}')
+    monkeypatch.setenv("HOME", str(person))
+    monkeypatch.delenv("CLAUDE_CONFIG_DIR", raising=False)
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    driver = ClaudeDriver(ClaudeDriverConfig(use_user_login=True), Failpoints())
+
+    def start(name: str) -> Path:
+        home = tmp_path / "runtimes" / name / "claude-config"
+        home.mkdir(parents=True)
+        driver.start_session({"agentSessionId": name, "home": str(home), "cwd": str(cwd)})
+        return home
+
+    try:
+        source = start("source")
+        assert (source / ".credentials.json").read_text() == '{"login": "first"}'
+        login.write_text('{"login": "again"}')  # the person logged in again
+        with driver.forks._config_env(str(source), str(source / PRIVATE_HOME_DIR)):
+            other = start("other")
+    finally:
+        driver.close()
+    assert (other / ".credentials.json").read_text() == '{"login": "again"}'
+    assert login.read_text() == '{"login": "again"}'  # the person's file never written

@@ -184,3 +184,43 @@ def test_a_cli_that_closes_its_stdin_and_then_exits_is_named_with_its_exit_code(
             )
     finally:
         driver.close()
+
+
+def test_a_cli_that_continues_in_another_session_fails_the_turn_in_words(
+    harness: Harness, tmp_path: Path
+) -> None:
+    """A Claude Code CLI that, resumed, writes the Turn under a new session id (the real CLI
+    with `--fork-session`, as a CLI whose session id moves at each resume would): the Turn is
+    not in the Session's own transcript, so the host must not record it `completed` there (its
+    next Turn would resume without it, a fork through it would find no such Turn). It fails,
+    typed, naming the session the CLI wrote to."""
+    import claude_agent_sdk
+
+    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    program = tmp_path / "claude-moving"
+    program.write_text(
+        "#!/bin/sh\n"
+        f'case " $* " in *" --resume="*) exec {bundled} "$@" --fork-session ;; esac\n'
+        f'exec {bundled} "$@"\n'
+    )
+    program.chmod(0o755)
+    driver = ClaudeDriver(
+        ClaudeDriverConfig(model_base_url=harness.server.base_url, cli_path=str(program)),
+        Failpoints(),
+    )
+    try:
+        session = harness.start("moving", driver=driver)
+        _, first = harness.turn(session, "first", driver=driver)
+        assert first["outcome"] == "completed"
+        _, second = harness.turn(session, "second", driver=driver)
+    finally:
+        driver.close()
+    others = [
+        p.stem
+        for p in harness.transcript(session).parent.glob("*.jsonl")
+        if p.stem != session.provider_session_id
+    ]
+    assert len(others) == 1  # the CLI really wrote the second Turn elsewhere
+    assert second["outcome"] == "failed", second
+    assert second["error"].startswith("provider_protocol_error: "), second
+    assert others[0] in second["error"]

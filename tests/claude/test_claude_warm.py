@@ -9,6 +9,7 @@ import os
 import signal
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -216,3 +217,37 @@ def test_a_parked_cli_that_ended_unseen_before_its_prompt_gives_way_to_one_of_it
         ("user", "second words")
     ]
     assert model_input_texts(warm.server.requests[-1])[0] == ("user", "first words")
+
+
+def test_a_cli_program_replaced_while_a_cli_is_parked_gets_a_new_cli(
+    warm: Harness, tmp_path: Path
+) -> None:
+    """The configured Claude Code program replaced on disk (an upgrade) while a CLI of the old
+    one is parked: the next Turn starts the new program (the host re-attests a new program by
+    its identity), and the parked one ends."""
+    import claude_agent_sdk
+
+    bundled = Path(claude_agent_sdk.__file__).parent / "_bundled" / "claude"
+    program = tmp_path / "claude"
+
+    def install(marker: Path | None) -> None:
+        touch = f"touch {marker}\n" if marker is not None else ""
+        staged = tmp_path / "claude.new"
+        staged.write_text(f'#!/bin/sh\n{touch}exec {bundled} "$@"\n')
+        staged.chmod(0o755)
+        os.replace(staged, program)  # a new file at the same path, as an upgrade writes
+
+    install(None)
+    driver = driver_with(warm, cli_path=str(program))
+    try:
+        session = warm.start("upgraded", driver=driver)
+        warm.turn(session, "before the upgrade", driver=driver)
+        pid = pid_of(parked(driver, session))
+        marker = tmp_path / "new-program-ran"
+        install(marker)
+        used = turn_pid(driver, session, "after the upgrade", warm)
+        assert used not in (pid, -1)
+        assert marker.exists()  # the Turn ran the new program
+        wait_for(lambda: exited(pid), timeout=30)
+    finally:
+        driver.close()

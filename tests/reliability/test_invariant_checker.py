@@ -1811,3 +1811,39 @@ def test_a_file_an_abandon_quarantined_then_removed_is_reported(base: Base, tmp_
     assert quarantine_laws() == []
     shutil.rmtree(kept)
     assert quarantine_laws() == [f"{dest}, quarantined by {op}, was removed"]
+
+
+@pytest.mark.claude
+def test_a_committed_claude_child_cut_short_in_its_own_home_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    """`child_readable`, Claude's: the committed child's transcript in its own home holds the
+    Turns the fork recorded for it (their root user messages, in order). One cut back to its
+    first line still names the child's session, but its boundary Turn is gone."""
+    from model_fakes.messages import MessagesServer
+    from tests.daemon.test_fork_saga import fork, until_terminal
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    with MessagesServer() as server:
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="c", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            turns = [run_turn(c, sid, text) for text in ("one", "two")]
+            op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+            assert op["status"] == "committed", op
+        finally:
+            d.stop()
+    assert Law.CHILD_READABLE not in laws(home)
+    target = op["targetAgentSessionId"]
+    (child,) = home.glob(f"runtimes/{WS}/{target}/claude-config/projects/*/*.jsonl")
+    child.write_bytes(child.read_bytes().splitlines(keepends=True)[0])
+    assert Law.CHILD_READABLE in laws(home)

@@ -538,13 +538,23 @@ def _codex_readable(home_dir: Path, child_id: str) -> str | None:
     return None
 
 
-def _claude_readable(home_dir: Path, child_id: str) -> str | None:
+def _claude_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str | None:
+    """The child's one transcript in its own home names its session and holds the Turns the
+    fork recorded for it (`prefix`: their root user messages), first and in order."""
+    from drivers.claude_transcript import parse_entry_bytes, split_turns
+
     matches = sorted(home_dir.glob(f"projects/*/{child_id}.jsonl"))
     if len(matches) != 1:
         return f"{len(matches)} transcripts for {child_id} in {home_dir}"
     entries = list(_json_lines(matches[0]))
     if not any(e.get("sessionId") == child_id for e in entries):
         return f"transcript {matches[0]} holds no entry of session {child_id}"
+    try:
+        roots = [t.root_uuid for t in split_turns(parse_entry_bytes(matches[0].read_bytes()))]
+    except OSError as exc:
+        return f"transcript {matches[0]} unreadable: {exc}"
+    if roots[: len(prefix)] != list(prefix):
+        return f"turns {roots} do not start with the recorded prefix {list(prefix)}"
     return None
 
 
@@ -558,7 +568,7 @@ def child_readable_problem(
     if provider == "codex":
         return _codex_readable(home_dir, provider_session_id)
     if provider == "claude-code":
-        return _claude_readable(home_dir, provider_session_id)
+        return _claude_readable(home_dir, provider_session_id, prefix)
     return f"unknown provider {provider!r}"
 
 
