@@ -114,6 +114,11 @@ class SessionRuntime:
         # actor settles `completed` without a durable binding, a binding write that did not
         # land, a re-bind and any plain mutation all bring back.
         self._all_bound = False
+        # True once a Turn of the Session is known bound to its provider (the store asked
+        # at the first Turn start, or this actor's own bind write landed): the provider then
+        # holds a history the Session's next Turn must resume, never start afresh. A bound
+        # Turn stays bound, so True is kept.
+        self._bound_history = False
         # False until this actor's first re-bind check has also asked for settled Turns that
         # are not `completed` and unbound (a kill mid-Turn leaves one when its bind was still
         # queued, or one its provider never got): asked on the cold path only
@@ -211,6 +216,21 @@ class SessionRuntime:
         store is asked again."""
         if error is not None:
             self._all_bound = False
+        else:
+            self._bound_history = True
+
+    def bound_history(self) -> bool:
+        """Whether a Turn of the Session is bound to its provider (its history holds it): the
+        store is asked until it says so or this actor's own bind lands. A store that cannot
+        answer: False, the start as it was (the driver alone decides)."""
+        if not self._bound_history:
+            try:
+                self._bound_history = self._core.session_store.turns.has_bound_turn(
+                    self._core.ws, self._core.sid
+                )
+            except HostError:
+                return False
+        return self._bound_history
 
     def forget_bindings(self) -> None:
         """A write this actor cannot see into (a plain mutation) ran: ask the store again."""

@@ -201,14 +201,16 @@ class TurnRunner:
         state.start_maybe_sent = True
         state.start_unanswered = True
         state.last_activity = time.monotonic()
+        # A bound Turn: the provider's history of the Session must be there to resume.
+        bound = self._runtime.bound_history()
         if warm:
             # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
             # before the provider sees anything; then it is prepared and started once more.
             request = TurnStart(
-                self._core.key, state.turn_id, text, runtime.home, runtime.generation
+                self._core.key, state.turn_id, text, runtime.home, runtime.generation, bound
             )
         else:
-            request = TurnStart(self._core.key, state.turn_id, text)
+            request = TurnStart(self._core.key, state.turn_id, text, bound_history=bound)
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )

@@ -270,7 +270,8 @@ def _workspace(text: str | None) -> wire.TurnWorkspace | None:
 
 _TURN_REASON = re.compile(
     r"\b(model_unreachable|model_auth_failed|model_timeout"
-    r"|provider_stopped|provider_unresponsive|provider_protocol_error): "
+    r"|provider_stopped|provider_unresponsive|provider_protocol_error"
+    r"|provider_history_missing): "
 )
 
 
@@ -279,7 +280,7 @@ def error_reason(error: str | None) -> str | None:
     credential or did not answer in time (the error text names the provider, the endpoint and
     the cause; for a timeout, the limit and its config key), or whose provider process stayed
     stopped, answered nothing or broke its stdio protocol (it names the provider and the
-    process)."""
+    process), or whose bound history the provider no longer holds."""
     if not error:
         return None
     match = _TURN_REASON.search(error)

@@ -649,7 +649,9 @@ class SessionHistory:
 @dataclass(frozen=True, slots=True)
 class TurnStart:
     """`turn.start`: run a Turn. With `runtime_generation` (and `home`) it goes to that warm
-    runtime only: the worker refuses it (`runtime_changed`) if another one is live."""
+    runtime only: the worker refuses it (`runtime_changed`) if another one is live.
+    `bound_history`: a Turn of the Session is bound to its provider, so the provider's history
+    of it must exist (a driver that finds none fails the Turn rather than start afresh)."""
 
     METHOD: ClassVar[str] = "turn.start"
 
@@ -658,6 +660,7 @@ class TurnStart:
     text: str
     home: str | None = None
     runtime_generation: str | None = None
+    bound_history: bool = False
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -667,6 +670,8 @@ class TurnStart:
         }
         if self.runtime_generation is not None:
             out.update(home=self.home, runtimeGeneration=self.runtime_generation)
+        if self.bound_history:
+            out["boundHistory"] = True
         return out
 
 

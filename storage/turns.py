@@ -215,6 +215,16 @@ class TurnStore:
         )
         return [str(r[0]) for r in rows]
 
+    def has_bound_turn(self, ws: str, sid: str) -> bool:
+        """Whether a Turn of the Session carries its provider turn id: the provider's
+        history of the Session holds a Turn of it."""
+        rows = self._all(
+            "SELECT 1 FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND root_provider_turn_id IS NOT NULL LIMIT 1",
+            (ws, sid),
+        )
+        return bool(rows)
+
     def unanswered_turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled Turns not `completed` with no provider turn id, in sequence order: a Turn
         the provider ran (and perhaps answered) whose bind was lost with a killed daemon, which

@@ -134,6 +134,19 @@ def protocol_error(pid: int | None, what: str) -> str:
     )
 
 
+PROVIDER_HISTORY_MISSING = "provider_history_missing"
+
+
+def history_missing_text(session: SessionState) -> str:
+    """Why a Turn of a Session whose bound history is gone is not started."""
+    return (
+        f"{PROVIDER_HISTORY_MISSING}: claude-code session {session.provider_session_id} has "
+        f"Turns the host bound, but its transcript {session.transcript} is gone (or holds no "
+        "message); a Turn would start a fresh history without the conversation, so none was "
+        "started. Put the transcript back, or start a new Session"
+    )
+
+
 class Turns:
     """Turn start, interrupt and the CLI process of each Session's active turn."""
 
@@ -154,6 +167,11 @@ class Turns:
     def start(self, session: SessionState, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
         turn = TurnState(turn_id=required(params, "turnId"), emit=emit)
         text = str(params.get("text") or "")
+        if params.get("boundHistory") is True and not resumable(session.transcript):
+            # The host has Turns of this Session bound to the transcript, which is gone: a
+            # CLI would start a fresh history under the same id, the conversation lost
+            # unseen. Nothing is started, nothing written.
+            raise ProviderNotCalled(history_missing_text(session))
         with session.lock:
             # Two concurrent turns on one Claude session both succeed and branch the
             # transcript (PROVIDERS.md): one at a time, enforced here.

@@ -356,3 +356,31 @@ def test_claude_sidechain_in_the_boundary_is_a_descendant_lane(tmp_path: Path) -
             assert until_terminal(c, op)["status"] == "committed"
         finally:
             d.stop()
+
+
+def test_a_turn_after_the_sessions_transcript_vanished_fails_typed_not_a_fresh_history(
+    claude_daemon: tuple[DaemonProcess, MessagesServer], tmp_path: Path
+) -> None:
+    """A Claude Session with settled, bound Turns whose transcript then vanished (removed by
+    hand): its next Turn cannot resume the conversation. It fails typed
+    (`provider_history_missing`, naming the transcript), the model is not called, and no new
+    transcript is started under the Session's id, rather than a fresh history the model
+    answers from without the conversation and nobody is told."""
+    d, server = claude_daemon
+    c = d.client()
+    sid = create_session(c, provider="claude-code", title="c", cwd=str(tmp_path / "cwd"))[
+        "agentSessionId"
+    ]
+    assert run_turn(c, sid, "one")["outcome"] == "completed"
+    provider_id = c.call("session.get", {"workspaceId": WS, "agentSessionId": sid})["session"][
+        "providerSessionId"
+    ]
+    (source,) = d.home.glob(f"runtimes/*/{sid}/claude-config/projects/*/{provider_id}.jsonl")
+    source.unlink()
+    asked = len(server.requests)
+    second = run_turn(c, sid, "two")
+    assert second["outcome"] == "failed", second
+    assert second["errorReason"] == "provider_history_missing", second
+    assert provider_id in second["error"], second
+    assert [last_user_text(b) for b in server.requests[asked:]] == []  # the model never asked
+    assert not source.exists()  # no fresh history under the Session's id

@@ -2729,6 +2729,7 @@ TURN_REASONS = frozenset(
         "provider_stopped",
         "provider_unresponsive",
         "provider_protocol_error",
+        "provider_history_missing",
     }
 )
 """A failed Turn's typed reasons (`errorReason`, docs/protocol.md "Turn errors")."""
