@@ -270,6 +270,16 @@ def stop_start_when(asked: Callable[[], bool]) -> None:
     _stop_asked = asked
 
 
+_tell_waiting: Callable[[str | None], None] = lambda _what: None  # noqa: E731 - nobody told
+
+
+def tell_store_wait(tell: Callable[[str | None], None]) -> None:
+    """`tell(what)`: a start-up write (`what`) waits for a busy store; `tell(None)`: a write
+    that waited has landed. Set by `serve` (it publishes the words for clients)."""
+    global _tell_waiting  # noqa: PLW0603 - the process's one start, told by its one `serve`
+    _tell_waiting = tell
+
+
 def _sleep_unless_stopped(delay: float) -> bool:
     """Sleep `delay` seconds in short slices; True when a stop was asked meanwhile."""
     deadline = time.monotonic() + delay
@@ -311,9 +321,13 @@ def start_write(
     at once (`StoreDiskFull`): waiting frees no space. Any other error is raised as it is (the
     caller logs it and goes on with the rest)."""
     delay, deadline = RETRY_FIRST_S, time.monotonic() + retry_limit_s
+    waited = False
     while True:
         try:
-            return write()
+            done = write()
+            if waited:
+                _tell_waiting(None)
+            return done
         except Exception as exc:
             busy = typed_store_error(exc)
             if busy is None:
@@ -325,6 +339,9 @@ def start_write(
             if time.monotonic() + delay > deadline:
                 raise busy from exc
             log.warning("%s deferred %.2f s: %s", what, delay, busy.message)
+            if not waited:
+                waited = True
+                _tell_waiting(what)
             if _sleep_unless_stopped(delay):
                 raise StartStopped(what) from exc
             delay = min(RETRY_MAX_S, delay * 2)

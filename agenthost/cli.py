@@ -193,6 +193,12 @@ def _serve_logged(args: argparse.Namespace) -> int:
     switch_s = gil_policy.apply()
     # A start that waits for a store another process keeps busy ends at a stop signal.
     recovery.stop_start_when(lambda: bool(signalled))
+    # A client that gets no answer meanwhile says the start waits for the store, not "hung".
+    recovery.tell_store_wait(
+        lambda what: daemon.publish_state(
+            "starting" if what is None else f"starting: waiting for the store ({what})"
+        )
+    )
     try:
         daemon.start()
     except recovery.StartStopped as exc:
@@ -216,6 +222,8 @@ def _serve_logged(args: argparse.Namespace) -> int:
         # Ready (or not started): a write retried later is a running daemon's, stopped by
         # `close()`, never by this.
         recovery.stop_start_when(lambda: False)
+        recovery.tell_store_wait(lambda _what: None)
+    daemon.publish_state(None)  # serving: nothing to tell
     accept_shim.log_status()
     gc_timings = gc_policy.GcTimings.from_env()
     print(json.dumps(daemon.ready_line()), flush=True)

@@ -598,8 +598,15 @@ class Daemon:
         self._stream_activity[turn_id] = now
         return True
 
+    def publish_state(self, state: str | None) -> None:
+        """What clients are told this daemon does while it does not answer (`run/daemon.state`,
+        `HomeLock.publish`); None once it serves."""
+        if self._home_lock is not None:
+            self._home_lock.publish(state)
+
     def close(self) -> None:
         self._closing.set()
+        self.publish_state("stopping")
         if self._keeper is not None and self._keeper is not threading.current_thread():
             self._keeper.join(15)
         if self.server is not None:

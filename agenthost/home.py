@@ -29,6 +29,7 @@ from pathlib import Path
 
 from domain.home_layout import (
     LOCK_NAME,
+    STATE_NAME,
     Probe,
     lock_path,
     open_home_dir,
@@ -92,7 +93,21 @@ class HomeLock:
         self.fd = _lock_file(self.home, self.path)
         _write_pid(self.fd)
 
+    def publish(self, state: str | None) -> None:
+        """The one line a client reads to say what this daemon is doing while it does not
+        answer (`domain.home_layout.STATE_NAME`): written whole (a rename), None removes it.
+        Best effort: a client without it says less, nothing more."""
+        path = self.path.with_name(STATE_NAME)
+        with contextlib.suppress(OSError):
+            if state is None:
+                path.unlink(missing_ok=True)
+                return
+            part = path.with_name(f".{STATE_NAME}.{os.getpid()}")
+            part.write_text(state + "\n", encoding="utf-8")
+            os.replace(part, path)
+
     def release(self) -> None:
+        self.publish(None)
         fd, self.fd = self.fd, None
         if fd is not None:
             # The pid is cleared first so a reader never names a daemon that has gone.
@@ -163,7 +178,9 @@ def acquire(home: Path) -> HomeLock:
         os.close(home_fd)
         raise
     _write_pid(fd)
-    return HomeLock(home, home_fd, path, fd)
+    held = HomeLock(home, home_fd, path, fd)
+    held.publish("starting")
+    return held
 
 
 # -- ours alone ----------------------------------------------------------------------------

@@ -32,6 +32,10 @@ EVENTS_SOCKET = "events.sock"
 EVENTS_EXACT_SOCKET = "events-exact.sock"
 """The terminated-topic events socket (topic `workspaceId + "\\0"`)."""
 LOCK_NAME = "daemon.lock"
+STATE_NAME = "daemon.state"
+"""One line the daemon holding the home keeps up to date while it is not simply serving:
+`starting`, `starting: waiting for the store (...)`, `stopping`; gone once it serves or has
+stopped. Meaningful only while the home's lock is held (a killed daemon's is stale)."""
 
 
 def default_home() -> Path:
@@ -55,6 +59,17 @@ def run_dir(home: Path) -> Path:
 
 def lock_path(home: Path) -> Path:
     return run_dir(home) / LOCK_NAME
+
+
+def read_state(home: Path) -> str | None:
+    """The daemon's published state line (`STATE_NAME`); None when there is none. Trust it
+    only while `probe_home(home).served`."""
+    try:
+        with open(run_dir(home) / STATE_NAME, encoding="utf-8", errors="replace") as fh:
+            text = fh.read(512).strip()
+    except OSError:
+        return None
+    return text or None
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from typing import Any, Generic, NamedTuple, TypeVar, cast, overload
@@ -76,6 +76,15 @@ class ClientTimeout(TimeoutError):
     """No reply arrived in time. The request may still have been executed (delivery unknown)."""
 
 
+class ServerGone(ClientTimeout):
+    """No reply will come: the caller's `gone` check said the server stopped or is stopping
+    (its words are the message). The request may still have been executed."""
+
+
+GONE_CHECK_S = 0.2
+"""How often a call waiting for its reply asks the client's `gone` check."""
+
+
 class ClientClosed(RuntimeError):
     """The client was closed before the reply arrived."""
 
@@ -112,11 +121,15 @@ class Client:
         timeout: float = 10.0,
         context: zmq.Context[Any] | None = None,
         curve: ClientCurve | None = None,
+        gone: Callable[[], str | None] | None = None,
     ) -> None:
         """`curve`: the keys of a connection file, needed on a tcp endpoint (a daemon drops a
-        tcp client without an authorized key: its calls time out)."""
+        tcp client without an authorized key: its calls time out). `gone`: asked every
+        `GONE_CHECK_S` while a call waits; words (the server stopped, or is stopping) end the
+        wait at once (`ServerGone`), None waits on."""
         self.endpoint = endpoint
         self.timeout = timeout
+        self._gone = gone
         self._own_context = context is None
         self._ctx: zmq.Context[Any] = context if context is not None else zmq.Context()
         self._pending: dict[str, Future[Reply[Any]]] = {}
@@ -232,11 +245,21 @@ class Client:
         self, request_id: str, future: Future[Reply[Any]], timeout: float | None
     ) -> Reply[Any]:
         limit = self.timeout if timeout is None else timeout
-        try:
-            return future.result(limit)
-        except FutureTimeout:
+        deadline = time.monotonic() + limit
+        while True:
+            left = deadline - time.monotonic()
+            step = left if self._gone is None else min(left, GONE_CHECK_S)
+            try:
+                return future.result(max(step, 0.0))
+            except FutureTimeout:
+                pass
+            why = None if self._gone is None or step >= left else self._gone()
+            if step < left and why is None:
+                continue
             with self._pending_lock:
                 self._pending.pop(request_id, None)
+            if why is not None:
+                raise ServerGone(why) from None
             raise ClientTimeout(f"no reply to {request_id} within {limit}s") from None
 
     # -- raw frames (tests, fuzzing) ---------------------------------------------------------

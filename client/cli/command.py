@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from client.cli.endpoints import curve, endpoints
 from client.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail
-from client.cli.reach import check_reachable, no_reply
+from client.cli.reach import check_reachable, gone_check, no_reply, unreachable
 from protocol.methods import HOST_STATUS, Method
 
 if TYPE_CHECKING:
@@ -26,7 +26,7 @@ def open_client(args: argparse.Namespace) -> Client:
 
     api, _ = endpoints(args)
     check_reachable(args, api)
-    return Client(api, timeout=args.timeout, curve=curve(args))
+    return Client(api, timeout=args.timeout, curve=curve(args), gone=gone_check(args, api))
 
 
 def api_error(exc: Any) -> CliError:
@@ -51,7 +51,7 @@ def with_client(
 
     def run(args: argparse.Namespace) -> int:
         from client.session_client import ReferenceError_
-        from transport.client import ApiError, ClientTimeout
+        from transport.client import ApiError, ClientTimeout, ServerGone
 
         client = None
         try:
@@ -63,6 +63,8 @@ def with_client(
             return fail(args, api_error(exc))
         except ReferenceError_ as exc:
             return fail(args, CliError(exc.reason, exc.message))
+        except ServerGone as exc:
+            return fail(args, unreachable(str(exc)))
         except (ClientTimeout, TimeoutError):
             return fail(args, no_reply(args))
         except KeyboardInterrupt:

@@ -10,11 +10,12 @@ import argparse
 import os
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from client.cli.endpoints import endpoints, home_path
 from client.cli.output import EXIT_UNREACHABLE, CliError
-from domain.home_layout import API_SOCKET, probe_home, run_dir
+from domain.home_layout import API_SOCKET, probe_home, read_state, run_dir
 
 
 def unreachable(message: str) -> CliError:
@@ -38,10 +39,14 @@ def check_reachable(args: argparse.Namespace, api: str) -> None:
         while not sock.exists():
             if not probe_home(home).served:
                 raise unreachable(f"the agenthost serving {home} has exited")
+            state = read_state(home)
+            if state == "stopping":
+                raise unreachable(_stopping(home, probe.pid))
             if time.monotonic() > deadline:
+                doing = f"is {_words(state)}" if state else "has not opened it (still starting?)"
                 raise unreachable(
                     f"agenthost (pid {probe.pid}) holds {home} but has not opened {sock} "
-                    f"within {args.timeout:g} s (still starting?)"
+                    f"within {args.timeout:g} s: it {doing}"
                 )
             time.sleep(0.05)
         return
@@ -96,6 +101,38 @@ def home_of(args: argparse.Namespace, api: str) -> Path | None:
     return None
 
 
+def _words(state: str) -> str:
+    """A published daemon state (`run/daemon.state`) as the words after "it is"."""
+    return state.replace("starting: waiting", "starting and waiting", 1)
+
+
+def _stopping(home: Path, pid: int | None) -> str:
+    who = f" (pid {pid})" if pid else ""
+    return (
+        f"the agenthost serving {home}{who} is stopping and will not reply; whether it ran "
+        "the request is unknown (`agenthost serve` again, then look)"
+    )
+
+
+def gone_check(args: argparse.Namespace, api: str) -> Callable[[], str | None] | None:
+    """For a client of the home's own socket: words when its daemon has exited or is stopping
+    (a call waiting for a reply then ends at once, `transport.client.ServerGone`), else None;
+    None for another endpoint (nothing to look at)."""
+    home = home_of(args, api)
+    if home is None:
+        return None
+
+    def check() -> str | None:
+        probe = probe_home(home)
+        if not probe.served:
+            return f"the agenthost serving {home} exited without replying"
+        if read_state(home) == "stopping":
+            return _stopping(home, probe.pid)
+        return None
+
+    return check
+
+
 def no_reply(args: argparse.Namespace) -> CliError:
     api = endpoints(args)[0]
     if not api.startswith("ipc://"):
@@ -110,6 +147,14 @@ def no_reply(args: argparse.Namespace) -> CliError:
         probe = probe_home(home)
         if not probe.served:
             return unreachable(f"the agenthost serving {home} exited without replying")
+        state = read_state(home)
+        if state == "stopping":
+            return unreachable(_stopping(home, probe.pid))
+        if state:
+            return unreachable(
+                f"no reply within {args.timeout:g} s; agenthost (pid {probe.pid}) is "
+                f"{_words(state)} (--timeout waits longer)"
+            )
         who = f"agenthost (pid {probe.pid})"
     # No request id here: it means nothing to the user (the daemon logs it with `-v`).
     return unreachable(

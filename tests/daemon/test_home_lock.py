@@ -344,3 +344,32 @@ def test_a_hung_daemon_is_reported_without_an_internal_request_id(tmp_path: Path
         assert not REQUEST_ID.search(done.stderr)
     finally:
         d.stop()
+
+
+def test_say_during_a_stop_is_told_the_daemon_is_stopping_at_once(tmp_path: Path) -> None:
+    """A stop held up (its worker SIGSTOPped: the stop waits for it within its bound) has
+    closed the API socket and still holds the home: a `say` then is told in words that the
+    daemon is stopping, exit 3, at once — not after its `--timeout` (600 here, far beyond the
+    subprocess limit) as "has not opened" or "exited without replying"."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        assert run_turn(c, sid, "warm")["outcome"] == "completed"
+        workers = [w["pid"] for w in c.call("host.status", {})["workers"] if w.get("pid")]
+        assert workers
+        for pid in workers:
+            os.kill(pid, signal.SIGSTOP)
+        assert d.proc is not None
+        d.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: not (home / "run" / "api.sock").exists(), 30)
+        assert d.proc.poll() is None  # still stopping: it waits for the stopped worker
+        done = agenthost(home, "--timeout", "600", "say", sid, "during the stop", timeout=45)
+        assert done.returncode == 3, done.stderr
+        assert f"the agenthost serving {home} (pid {d.proc.pid}) is stopping" in done.stderr, (
+            done.stderr
+        )
+        assert not REQUEST_ID.search(done.stderr)
+    finally:
+        d.kill()
