@@ -134,3 +134,57 @@ def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
         assert holder.stdin is not None
         holder.stdin.close()
         holder.wait(30)
+
+
+def test_status_during_a_start_waiting_for_a_busy_store_says_it_is_starting(
+    tmp_path: Path,
+) -> None:
+    """A start whose first write waits for a store another process keeps busy: `status`
+    meanwhile says the daemon is starting and waiting for the store (exit 3 after its
+    `--timeout`), not that it is "running but busy or hung" nor "still starting?"."""
+    home = tmp_path / "home"
+    first, _ = _serve(home)
+    first.terminate()
+    assert first.wait(60) == 0
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLD_WRITE_LOCK, str(home / "store.sqlite3")],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    proc: subprocess.Popen[bytes] | None = None
+    try:
+        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
+        log_path = home / "daemon.log"
+        log_path.write_text("")
+        env = dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO))
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
+            stdout=subprocess.PIPE,
+            stderr=open(log_path, "ab"),  # noqa: SIM115 - the child's for its life
+            env=env,
+        )
+        deadline = time.monotonic() + 60
+        while "deferred" not in log_path.read_text():
+            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
+            time.sleep(0.05)
+        done = subprocess.run(
+            [sys.executable, "-m", "agenthost.cli", "--home", str(home), "--timeout", "1"]
+            + ["status"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        assert done.returncode == 3, done.stderr
+        assert f"agenthost (pid {proc.pid})" in done.stderr, done.stderr
+        assert "is starting and waiting for the store (" in done.stderr, done.stderr
+        assert "busy or hung" not in done.stderr and "still starting?" not in done.stderr
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.terminate()
+            proc.wait(60)
+        assert holder.stdin is not None
+        holder.stdin.close()
+        holder.wait(30)
