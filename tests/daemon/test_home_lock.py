@@ -7,6 +7,7 @@ the CLI tells a dead daemon (lock free: exit 3 at once) from a hung one."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -353,6 +354,7 @@ def test_say_during_a_stop_is_told_the_daemon_is_stopping_at_once(tmp_path: Path
     subprocess limit) as "has not opened" or "exited without replying"."""
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
+    workers: list[int] = []
     try:
         c = d.client()
         sid = create_session(c)["agentSessionId"]
@@ -372,4 +374,7 @@ def test_say_during_a_stop_is_told_the_daemon_is_stopping_at_once(tmp_path: Path
         )
         assert not REQUEST_ID.search(done.stderr)
     finally:
+        for pid in workers:  # stopped: nothing else ends them once the daemon is killed
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         d.kill()
