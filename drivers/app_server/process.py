@@ -685,10 +685,13 @@ class AppServerProcess:
             sent_method, fut = entry
             if "error" in msg and msg["error"] is not None:
                 err = msg["error"] if isinstance(msg["error"], dict) else {}
+                # A code that is no integer is read as the generic server error: raising on it
+                # here would leave the request, taken off the table, to wait out its timeout.
+                code = err.get("code")
                 fut.set_exception(
                     JsonRpcError(
                         sent_method,
-                        int(err.get("code", -32000)),
+                        code if type(code) is int else -32000,
                         str(err.get("message", "")),
                         err.get("data"),
                     )

@@ -8,7 +8,15 @@ import time
 from pathlib import Path
 
 import pytest
-from codex_helpers import EventLog, MakeDriver, codex_bin, home_of, run_turns, start
+from codex_helpers import (
+    EventLog,
+    MakeDriver,
+    codex_bin,
+    home_of,
+    relayed,
+    run_turns,
+    start,
+)
 
 from drivers.app_server.process import STDERR_LOG_BYTES
 from drivers.errors import DriverError
@@ -55,3 +63,18 @@ def test_a_codex_app_server_flooding_its_stderr_fills_its_log_only_to_the_bound(
     data = (home_of(tmp_path, "src") / ".app-server.log").read_bytes()
     assert len(data) <= STDERR_LOG_BYTES + 200, len(data)
     assert data.rstrip().endswith(b"bytes of stderr dropped past the log's bound]"), data[-200:]
+
+
+def test_an_error_answer_with_a_code_that_is_no_integer_fails_the_request_in_its_words(
+    make_driver: MakeDriver, tmp_path: Path
+) -> None:
+    """`thread/start` answered `{"error": {"code": "oops", "message": "relay refused"}}` (a
+    real Codex behind a relay that rewrites its answer): the start fails typed, in the
+    answer's words, as any error answer does; the request is not left to wait out its timeout
+    (the reader dropped it, raising on the code, after it took it off the pending table)."""
+    calls = tmp_path / "calls.jsonl"
+    driver = make_driver(command=relayed("bad_error_code", calls), request_timeout_s=20)
+    with pytest.raises(DriverError) as raised:
+        start(driver, tmp_path, "src")
+    assert raised.value.reason == "provider_session_unavailable", raised.value
+    assert "relay refused" in str(raised.value), raised.value
