@@ -1,6 +1,7 @@
-"""A Codex app-server's stderr, with the real `codex app-server` 0.171.0: what it wrote before it
-failed to start is named in the start's error, and a server that floods its stderr fills its
-home's `.app-server.log` only up to the log's bound (the rest is dropped and counted)."""
+"""A Codex app-server's stderr and its answers, with the real `codex app-server` 0.171.0: what
+it wrote before it failed to start is named in the start's error, a server that floods its
+stderr fills its home's `.app-server.log` only up to the log's bound (the rest is dropped and
+counted), and an error answer whose code is no integer fails its request in its words."""
 
 from __future__ import annotations
 

@@ -519,22 +519,51 @@ def _tutti_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str
     return None
 
 
-def _codex_readable(home_dir: Path, child_id: str) -> str | None:
-    """The child rollout and every rollout it references (Codex children are Referenced) must
-    be in the child's own home."""
-    seen: set[str] = set()
-    thread = child_id
-    while thread and thread not in seen:
-        seen.add(thread)
-        matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
-        if len(matches) != 1:
-            return f"{len(matches)} rollouts for thread {thread} in {home_dir}"
-        meta = _first_json_line(matches[0])
-        payload = (meta or {}).get("payload") or {}
-        if payload.get("id") != thread:
-            return f"rollout {matches[0].name} does not start with session_meta of {thread}"
-        parent = payload.get("forked_from_id")
-        thread = parent if payload.get("forked_from_ordinal_exclusive") is not None else ""
+def _codex_history(home_dir: Path, thread: str, seen: set[str]) -> list[dict[str, Any]] | str:
+    """The records of `thread`'s logical history read from `home_dir` alone: its one rollout
+    (its complete JSON lines, the first the session_meta of `thread`) and, for a Referenced
+    child (`forked_from_ordinal_exclusive`), its parent's history up to that ordinal first;
+    else why it cannot be read."""
+    if thread in seen or len(seen) >= 64:
+        return f"lineage loops at {thread}"
+    seen.add(thread)
+    matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
+    if len(matches) != 1:
+        return f"{len(matches)} rollouts for thread {thread} in {home_dir}"
+    # Its complete JSON lines: a line torn by a crash while the child's own Codex appended
+    # (which Codex reads past) is no finding; a missing record of the history is one below.
+    records = list(_json_lines(matches[0]))
+    payload = (records[0].get("payload") if records else None) or {}
+    if not isinstance(payload, dict) or payload.get("id") != thread:
+        return f"rollout {matches[0].name} does not start with session_meta of {thread}"
+    end = payload.get("forked_from_ordinal_exclusive")
+    if end is None:
+        return records
+    parent = _codex_history(home_dir, str(payload.get("forked_from_id") or ""), seen)
+    if isinstance(parent, str):
+        return parent
+    head = [r for r in parent if isinstance(r.get("ordinal"), int) and r["ordinal"] < end]
+    if len(head) != end:
+        return f"{thread} reads {end} records of its parent, which holds {len(head)} of them"
+    return head + records
+
+
+def _codex_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str | None:
+    """The child rollout and every rollout it references (Codex children are Referenced) are
+    in the child's own home, and its logical history's Turns (`task_started` events) start
+    with the Turns the fork recorded for it (`prefix`)."""
+    history = _codex_history(home_dir, child_id, set())
+    if isinstance(history, str):
+        return history
+    turn_ids = [
+        str(r["payload"].get("turn_id"))
+        for r in history
+        if r.get("type") == "event_msg"
+        and isinstance(r.get("payload"), dict)
+        and r["payload"].get("type") == "task_started"
+    ]
+    if turn_ids[: len(prefix)] != list(prefix):
+        return f"turns {turn_ids} do not start with the recorded prefix {list(prefix)}"
     return None
 
 
@@ -566,7 +595,7 @@ def child_readable_problem(
     if provider == "tutti-agent":
         return _tutti_readable(home_dir, provider_session_id, prefix)
     if provider == "codex":
-        return _codex_readable(home_dir, provider_session_id)
+        return _codex_readable(home_dir, provider_session_id, prefix)
     if provider == "claude-code":
         return _claude_readable(home_dir, provider_session_id, prefix)
     return f"unknown provider {provider!r}"
