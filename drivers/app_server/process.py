@@ -679,7 +679,8 @@ class AppServerProcess:
         elif method is None:
             req_id = msg.get("id")
             with self._lock:
-                entry = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
+                # Ours are ints: `true` (a bool, equal to 1) answers none of them.
+                entry = self._pending.pop(req_id, None) if type(req_id) is int else None
             if entry is None:
                 return
             sent_method, fut = entry

@@ -79,3 +79,18 @@ def test_an_error_answer_with_a_code_that_is_no_integer_fails_the_request_in_its
         start(driver, tmp_path, "src")
     assert raised.value.reason == "provider_session_unavailable", raised.value
     assert "relay refused" in str(raised.value), raised.value
+
+
+def test_an_answer_for_the_id_true_is_no_answer_to_request_1(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path
+) -> None:
+    """An answer whose id is `true` (no request has it; JSON-RPC ids are numbers or strings)
+    written before the real `initialize` answer (request 1): dropped, so the real one is read
+    and the attestation is Codex's (before, `true` was taken for 1: the Session was attested
+    as `bogus/0.0.1`, its forks refused)."""
+    driver = make_driver(command=relayed("bool_id", tmp_path / "calls.jsonl"))
+    started = start(driver, tmp_path, "src")
+    context = started["runtimeContext"]
+    assert context["userAgent"] != "bogus/0.0.1", context
+    assert context["forkThroughTurn"] is True, context
+    run_turns(driver, log, "src", ("one",))
