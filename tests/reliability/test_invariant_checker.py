@@ -1762,6 +1762,32 @@ def test_a_committed_codex_child_cut_short_in_its_own_home_is_unreadable(tmp_pat
     assert Law.CHILD_READABLE in laws(home)
 
 
+def test_an_app_server_log_past_its_bound_is_reported(tmp_path: Path) -> None:
+    """`provider_logs_bounded` over a real daemon's home after a Turn: its app-server's
+    stderr log is within the bound; one byte past the bound and its closing line is reported,
+    in the log and in the one moved aside."""
+    from drivers.app_server.process import STDERR_LOG_BYTES
+    from tests.support.invariants import PROVIDER_LOG_SLACK
+
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        assert run_turn(c, sid, "hello")["outcome"] == "completed"
+    finally:
+        d.stop()
+    [log] = home.glob(f"runtimes/{WS}/{sid}/*/.app-server.log")
+    assert Law.PROVIDER_LOGS_BOUNDED not in laws(home)
+    with log.open("ab") as f:
+        f.write(b"x" * (STDERR_LOG_BYTES + PROVIDER_LOG_SLACK + 1 - log.stat().st_size))
+    assert Law.PROVIDER_LOGS_BOUNDED in laws(home)
+    log.rename(log.with_name(log.name + ".1"))
+    assert Law.PROVIDER_LOGS_BOUNDED in laws(home)
+    log.with_name(log.name + ".1").write_bytes(b"x" * (STDERR_LOG_BYTES + PROVIDER_LOG_SLACK))
+    assert Law.PROVIDER_LOGS_BOUNDED not in laws(home)
+
+
 def test_an_event_past_its_cap_is_reported(tmp_path: Path) -> None:
     """`events_bounded` over the events a real daemon published for a Session whose settings
     are too big to carry: within the cap; one byte more of any type is reported."""

@@ -131,6 +131,10 @@ class Law(StrEnum):
     evidence a person must decide on is lost (law 9, seed 000 §10)."""
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
+    PROVIDER_LOGS_BOUNDED = "provider_logs_bounded"
+    """An app-server's stderr log in a provider home (`.app-server.log`, `.app-server.log.1`)
+    is longer than its bound (`STDERR_LOG_BYTES` and the one closing line saying how much
+    was dropped)."""
     QUARANTINE = "quarantine"
     """A quarantined provider file belongs to no `abandoned` operation nor an `unknown` one an
     abandon of it began, or was emptied, or a file a finished abandon moved aside is gone
@@ -585,6 +589,31 @@ def _claude_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> st
     if roots[: len(prefix)] != list(prefix):
         return f"turns {roots} do not start with the recorded prefix {list(prefix)}"
     return None
+
+
+PROVIDER_LOG_SLACK = 200
+"""The closing line an app-server's stderr log may hold past its bound."""
+
+
+def provider_log_problems(home: Path) -> list[str]:
+    """Every app-server stderr log under `home/runtimes` longer than its bound."""
+    from drivers.app_server.process import STDERR_LOG_BYTES
+
+    out = []
+    for name in (".app-server.log", ".app-server.log.1"):
+        for path in _glob(home / "runtimes", f"*/*/*/{name}"):
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size > STDERR_LOG_BYTES + PROVIDER_LOG_SLACK:
+                out.append(f"{path}: {size} bytes, past the bound {STDERR_LOG_BYTES}")
+    return out
+
+
+def _check_provider_logs(ctx: _Ctx, home: Path) -> None:
+    for problem in provider_log_problems(home):
+        ctx.fail(Law.PROVIDER_LOGS_BOUNDED, problem)
 
 
 def child_readable_problem(
@@ -2926,6 +2955,7 @@ def check_invariants(
             conn.close()
         _check_single_holders(ctx, ops)
         _check_step_order(ctx, ops)
+        _check_provider_logs(ctx, home)
         n_children = _check_provider_children(
             ctx, children, ops, alive, after_copy=provider_children(home)
         )
