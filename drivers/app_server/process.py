@@ -21,7 +21,6 @@ import signal
 import subprocess
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
@@ -51,6 +50,13 @@ the reader names the closed stdout before the liveness check calls the runtime u
 and the process is gone before its Turns are failed (the next Turn starts a new one on the
 same home)."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
+STDERR_LOG_BYTES = 4 << 20
+"""The bound of an app-server's stderr log (`stderr_path`): past it a server's further stderr
+is dropped, counted in one closing line; a log found at the bound when a server starts is moved
+to `<name>.1` (replacing the one before), so a home holds at most twice this."""
+STDERR_TAIL_BYTES = 2048
+"""How much of the end of a server's stderr is kept in memory (`stderr_tail`): the words a
+start that failed is reported with."""
 """The reason word a Turn fails with when its app-server broke the stdio protocol the reader
 cannot go on from: a line longer than `MAX_LINE_BYTES`, or its stdout closed while it runs; or
 the driver cannot follow its Turn (`break_protocol`: `turn/start` answered without a turn id)."""
@@ -283,7 +289,8 @@ class AppServerProcess:
         broken server (the reader leaves the exit to `close`'s own bounds)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._reader: threading.Thread | None = None
-        self._stderr_tail: deque[str] = deque(maxlen=20)
+        self._stderr_tail = b""
+        self._stderr_reader: threading.Thread | None = None
         self.last_activity = time.monotonic()
         # The last line read from the server: what a liveness probe waits to see move.
         self.last_read = time.monotonic()
@@ -291,12 +298,13 @@ class AppServerProcess:
     # ------------------------------------------------------------------ lifecycle
 
     def start(self) -> None:
-        stderr: int | IO[bytes] = subprocess.DEVNULL
+        stderr: int = subprocess.DEVNULL
         log: IO[bytes] | None = None
         if self._stderr_path is not None:
-            self._stderr_path.parent.mkdir(parents=True, exist_ok=True)
-            log = open(self._stderr_path, "ab")  # noqa: SIM115 - handed to the child
-            stderr = log
+            # Read by a thread of its own (`_drain_stderr`): kept to a bound in the log, its
+            # tail in memory for a failed start's words.
+            log = _open_stderr_log(self._stderr_path)
+            stderr = subprocess.PIPE
         try:
             self._proc = spawn_tied(
                 self.argv,
@@ -307,10 +315,17 @@ class AppServerProcess:
                 cwd=self._cwd,
             )
         except OSError as exc:
-            raise AppServerClosed(f"cannot start {self.argv[0]}: {exc}", sent=False) from exc
-        finally:
             if log is not None:
                 log.close()
+            raise AppServerClosed(f"cannot start {self.argv[0]}: {exc}", sent=False) from exc
+        if log is not None and self._proc.stderr is not None:
+            self._stderr_reader = threading.Thread(
+                target=self._drain_stderr,
+                args=(self._proc.stderr, log),
+                name="app-server-stderr",
+                daemon=True,
+            )
+            self._stderr_reader.start()
         if self._proc.stdin is not None:
             # Written by `os.write` under the write lock, never through the buffer: a full pipe
             # answers EAGAIN, so a write waits in `poll` with a bound, not in `write` for good.
@@ -491,8 +506,44 @@ class AppServerProcess:
     def respond_error(self, req_id: int | str, code: int, message: str) -> None:
         self._write({"id": req_id, "error": {"code": code, "message": message}})
 
-    def stderr_tail(self) -> str:
-        return "".join(self._stderr_tail)
+    def stderr_tail(self, wait: float = 1.0) -> str:
+        """The end of what the server wrote on its stderr (at most `STDERR_TAIL_BYTES`); of
+        a server that exited, once its stderr was read to its end (waited up to `wait`)."""
+        reader, proc = self._stderr_reader, self._proc
+        exited = proc is not None and proc.poll() is not None
+        if reader is not None and exited and reader is not threading.current_thread():
+            reader.join(wait)
+        return self._stderr_tail.decode(errors="replace").strip()
+
+    def _drain_stderr(self, pipe: IO[bytes], log: IO[bytes]) -> None:
+        """Read the server's stderr to its end: into the log up to `STDERR_LOG_BYTES` (the rest
+        dropped, counted in a closing line), its last `STDERR_TAIL_BYTES` kept in memory."""
+        dropped = 0
+        try:
+            room = STDERR_LOG_BYTES - os.fstat(log.fileno()).st_size
+            fd = pipe.fileno()
+            while chunk := os.read(fd, 1 << 16):
+                self._stderr_tail = (self._stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
+                kept = chunk[: max(room, 0)]
+                dropped += len(chunk) - len(kept)
+                room -= len(chunk)
+                if kept:
+                    try:
+                        log.write(kept)
+                    except OSError:
+                        room = 0  # a log we cannot write: the stderr is still read to its end
+            if dropped:
+                log.write(
+                    f"\n[agenthost: {dropped} bytes of stderr dropped past the log's "
+                    "bound]\n".encode()
+                )
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                log.close()
+            with contextlib.suppress(OSError):
+                pipe.close()
 
     # ------------------------------------------------------------------ internals
 
@@ -628,16 +679,20 @@ class AppServerProcess:
         elif method is None:
             req_id = msg.get("id")
             with self._lock:
-                entry = self._pending.pop(req_id, None) if isinstance(req_id, int) else None
+                # Ours are ints: `true` (a bool, equal to 1) answers none of them.
+                entry = self._pending.pop(req_id, None) if type(req_id) is int else None
             if entry is None:
                 return
             sent_method, fut = entry
             if "error" in msg and msg["error"] is not None:
                 err = msg["error"] if isinstance(msg["error"], dict) else {}
+                # A code that is no integer is read as the generic server error: raising on it
+                # here would leave the request, taken off the table, to wait out its timeout.
+                code = err.get("code")
                 fut.set_exception(
                     JsonRpcError(
                         sent_method,
-                        int(err.get("code", -32000)),
+                        code if type(code) is int else -32000,
                         str(err.get("message", "")),
                         err.get("data"),
                     )
@@ -667,6 +722,16 @@ class AppServerProcess:
                 fut.set_exception(AppServerClosed(f"{method}: {reason}", sent=True))
         if self._on_exit is not None:
             self._on_exit(reason)
+
+
+def _open_stderr_log(path: Path) -> IO[bytes]:
+    """`path` opened to append (unbuffered), moved to `<name>.1` first when it reached the
+    bound."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with contextlib.suppress(FileNotFoundError):
+        if path.stat().st_size >= STDERR_LOG_BYTES:
+            os.replace(path, path.with_name(path.name + ".1"))
+    return open(path, "ab", buffering=0)  # noqa: SIM115 - closed by `_drain_stderr`
 
 
 def private_env(

@@ -9,6 +9,8 @@ client request (`{"method", "params"}`) to LOG as one JSON line. MODE:
   does not hold, so the real provider answers with its own JSON-RPC error;
 - `die_on_fork` — the `thread/fork` request reaches Codex, then the relay dies before any answer;
 - `hang_on_fork` — the `thread/fork` answer is swallowed (the driver times out);
+- `bad_error_code` — the `thread/start` answer becomes an error whose `code` is a string;
+- `bool_id` — the `initialize` answer comes after one for the id `true` (no request's);
 - anything else rewrites the `thread/fork` answer (see `tamper`), and for the turn modes
   (`drop_first_turn`, `extra_turn`, `reorder`) also the `thread/turns/list` answer of a thread
   that a `thread/fork` answer named as its child (the driver lists a child's turns there when
@@ -110,7 +112,15 @@ def main() -> int:
                 entry = pending.pop(msg.get("id"), None)
         if entry is not None and "result" in msg:
             method, source = entry
-            if method == "initialize" and mode.startswith("ua="):
+            if method == "initialize" and mode == "bool_id":
+                # First an answer for an id no request has (`true`), naming another program.
+                fake = {"id": True, "result": dict(msg["result"], userAgent="bogus/0.0.1")}
+                out.write((json.dumps(fake) + "\n").encode())
+            if method == "thread/start" and mode == "bad_error_code":
+                # An error answer whose code is no integer (JSON-RPC says it is one).
+                msg = {"id": msg["id"], "error": {"code": "oops", "message": "relay refused"}}
+                line = (json.dumps(msg) + "\n").encode()
+            elif method == "initialize" and mode.startswith("ua="):
                 msg["result"]["userAgent"] = mode[3:]
                 line = (json.dumps(msg) + "\n").encode()
             elif method == "thread/fork" and mode == "hang_on_fork":

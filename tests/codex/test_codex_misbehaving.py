@@ -21,6 +21,7 @@ from tests.reliability.provider_chaos import (
     codex_front,
     every_fault,
 )
+from tests.support.invariants import provider_log_problems
 
 pytestmark = [pytest.mark.timeout(240)]
 
@@ -38,5 +39,7 @@ def test_every_stdout_fault_of_a_codex_app_server_settles_as_the_law_says(
     # Every breaking fault met the relay and was named by the reader, not the liveness check.
     for fault in ("endless", "close", "close_mid", "noid"):
         assert chaos.calls[f"codex {fault} failed provider_protocol_error"] == 1, summary
-    for fault in ("garbage", "notobject"):
+    for fault in ("garbage", "notobject", "stderr"):
         assert chaos.calls[f"codex {fault} completed None"] == 1, summary
+    # The stderr flood (past twice the bound) kept to the bound of the app-server's log.
+    assert provider_log_problems(tmp_path / "home") == []

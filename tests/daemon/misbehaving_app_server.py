@@ -23,6 +23,9 @@ relay's pid) and does what it says:
 - `noid` — the request goes on, and the provider's answer to it loses its Turn's id (its
   `result.turn` without `id`), and no later line naming that id is relayed: a provider that
   answers `turn/start` without a turn id and never names the Turn it started;
+- `stderr` — the request goes on, after the relay wrote 9 MiB to its stderr (the app-server's
+  stderr, which the driver keeps in a bounded log: more than twice its bound); in the
+  `--claude` dialect it is relayed as is;
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
@@ -107,6 +110,10 @@ CLAUDE_NOT_OBJECTS = (
 def _die_with_parent() -> None:
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+STDERR_FLOOD_MIB = 9
+"""How much the `stderr` fault writes: more than twice the driver's stderr log bound."""
 
 
 def main() -> None:
@@ -241,6 +248,11 @@ def main() -> None:
                 request = json.loads(line)
                 if isinstance(request, dict):
                     interrupts.add(request.get("id"))
+        if mode == "stderr" and not claude:
+            err = sys.stderr.buffer
+            for _ in range(STDERR_FLOOD_MIB):
+                err.write(b"stderr flood " * 80659 + b"\n")
+            err.flush()
         if mode in ("garbage", "notobject"):
             with lock:
                 out.writelines(garbage if mode == "garbage" else not_objects)

@@ -40,7 +40,7 @@ from tests.support.invariants import (
 from transport.client import Client, ClientClosed, ClientTimeout
 
 RELAY = Path(__file__).parents[1] / "daemon" / "misbehaving_app_server.py"
-FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid")
+FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid", "stderr")
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""

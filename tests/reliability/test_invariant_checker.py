@@ -1722,6 +1722,72 @@ def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported(
         assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]
 
 
+@pytest.mark.codex
+def test_a_committed_codex_child_cut_short_in_its_own_home_is_unreadable(tmp_path: Path) -> None:
+    """`child_readable`, Codex's: a committed child's own home holds its rollout and every one
+    it references, and the logical history they make starts with the Turns the fork recorded
+    for it. The `worker.bind.after_copy` tamper's damage (each rollout of the child's home cut
+    to its session_meta line; here the ancestor's copy, which holds the Turns the child reads
+    through) keeps every identity and link, but the boundary Turn is gone."""
+    from model_fakes.responses import ResponsesServer
+    from tests.daemon.test_fork_saga import fork, until_terminal
+    from tests.reliability.reliability_harness import codex_binary
+
+    program = codex_binary()
+    assert program is not None, "no codex program (AGENTHOST_CODEX_BIN)"
+    home = tmp_path / "home"
+    home.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    with ResponsesServer() as server:
+        (home / "agenthost.toml").write_text(
+            f'[providers.codex]\ncommand = "{program}"\nmodel = "mock-model"\n'
+            f'model_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", title="c", cwd=str(cwd))["agentSessionId"]
+            turns = [run_turn(c, sid, text) for text in ("one", "two")]
+            op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+            assert op["status"] == "committed", op
+        finally:
+            d.stop()
+    assert Law.CHILD_READABLE not in laws(home)
+    child_home = runtime_home(home, WS, op["targetAgentSessionId"], "codex-home")
+    [child] = child_rollouts(child_home)
+    [ancestor] = [p for p in rollouts(child_home) if p != child]
+    data = ancestor.read_bytes()
+    ancestor.write_bytes(data[: data.index(b"\n") + 1])
+    assert Law.CHILD_READABLE in laws(home)
+
+
+def test_an_app_server_log_past_its_bound_is_reported(tmp_path: Path) -> None:
+    """`provider_logs_bounded` over a real daemon's home after a Turn: its app-server's
+    stderr log is within the bound; one byte past the bound and its closing line is reported,
+    in the log and in the one moved aside."""
+    from drivers.app_server.process import STDERR_LOG_BYTES
+    from tests.support.invariants import PROVIDER_LOG_SLACK
+
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        assert run_turn(c, sid, "hello")["outcome"] == "completed"
+    finally:
+        d.stop()
+    [log] = home.glob(f"runtimes/{WS}/{sid}/*/.app-server.log")
+    assert Law.PROVIDER_LOGS_BOUNDED not in laws(home)
+    with log.open("ab") as f:
+        f.write(b"x" * (STDERR_LOG_BYTES + PROVIDER_LOG_SLACK + 1 - log.stat().st_size))
+    assert Law.PROVIDER_LOGS_BOUNDED in laws(home)
+    log.rename(log.with_name(log.name + ".1"))
+    assert Law.PROVIDER_LOGS_BOUNDED in laws(home)
+    log.with_name(log.name + ".1").write_bytes(b"x" * (STDERR_LOG_BYTES + PROVIDER_LOG_SLACK))
+    assert Law.PROVIDER_LOGS_BOUNDED not in laws(home)
+
+
 def test_an_event_past_its_cap_is_reported(tmp_path: Path) -> None:
     """`events_bounded` over the events a real daemon published for a Session whose settings
     are too big to carry: within the cap; one byte more of any type is reported."""

@@ -131,6 +131,10 @@ class Law(StrEnum):
     evidence a person must decide on is lost (law 9, seed 000 §10)."""
     CHILD_READABLE = "child_readable"
     """A committed child's provider state cannot be read from its own home alone."""
+    PROVIDER_LOGS_BOUNDED = "provider_logs_bounded"
+    """An app-server's stderr log in a provider home (`.app-server.log`, `.app-server.log.1`)
+    is longer than its bound (`STDERR_LOG_BYTES` and the one closing line saying how much
+    was dropped)."""
     QUARANTINE = "quarantine"
     """A quarantined provider file belongs to no `abandoned` operation nor an `unknown` one an
     abandon of it began, or was emptied, or a file a finished abandon moved aside is gone
@@ -519,22 +523,51 @@ def _tutti_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str
     return None
 
 
-def _codex_readable(home_dir: Path, child_id: str) -> str | None:
-    """The child rollout and every rollout it references (Codex children are Referenced) must
-    be in the child's own home."""
-    seen: set[str] = set()
-    thread = child_id
-    while thread and thread not in seen:
-        seen.add(thread)
-        matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
-        if len(matches) != 1:
-            return f"{len(matches)} rollouts for thread {thread} in {home_dir}"
-        meta = _first_json_line(matches[0])
-        payload = (meta or {}).get("payload") or {}
-        if payload.get("id") != thread:
-            return f"rollout {matches[0].name} does not start with session_meta of {thread}"
-        parent = payload.get("forked_from_id")
-        thread = parent if payload.get("forked_from_ordinal_exclusive") is not None else ""
+def _codex_history(home_dir: Path, thread: str, seen: set[str]) -> list[dict[str, Any]] | str:
+    """The records of `thread`'s logical history read from `home_dir` alone: its one rollout
+    (its complete JSON lines, the first the session_meta of `thread`) and, for a Referenced
+    child (`forked_from_ordinal_exclusive`), its parent's history up to that ordinal first;
+    else why it cannot be read."""
+    if thread in seen or len(seen) >= 64:
+        return f"lineage loops at {thread}"
+    seen.add(thread)
+    matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
+    if len(matches) != 1:
+        return f"{len(matches)} rollouts for thread {thread} in {home_dir}"
+    # Its complete JSON lines: a line torn by a crash while the child's own Codex appended
+    # (which Codex reads past) is no finding; a missing record of the history is one below.
+    records = list(_json_lines(matches[0]))
+    payload = (records[0].get("payload") if records else None) or {}
+    if not isinstance(payload, dict) or payload.get("id") != thread:
+        return f"rollout {matches[0].name} does not start with session_meta of {thread}"
+    end = payload.get("forked_from_ordinal_exclusive")
+    if end is None:
+        return records
+    parent = _codex_history(home_dir, str(payload.get("forked_from_id") or ""), seen)
+    if isinstance(parent, str):
+        return parent
+    head = [r for r in parent if isinstance(r.get("ordinal"), int) and r["ordinal"] < end]
+    if len(head) != end:
+        return f"{thread} reads {end} records of its parent, which holds {len(head)} of them"
+    return head + records
+
+
+def _codex_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str | None:
+    """The child rollout and every rollout it references (Codex children are Referenced) are
+    in the child's own home, and its logical history's Turns (`task_started` events) start
+    with the Turns the fork recorded for it (`prefix`)."""
+    history = _codex_history(home_dir, child_id, set())
+    if isinstance(history, str):
+        return history
+    turn_ids = [
+        str(r["payload"].get("turn_id"))
+        for r in history
+        if r.get("type") == "event_msg"
+        and isinstance(r.get("payload"), dict)
+        and r["payload"].get("type") == "task_started"
+    ]
+    if turn_ids[: len(prefix)] != list(prefix):
+        return f"turns {turn_ids} do not start with the recorded prefix {list(prefix)}"
     return None
 
 
@@ -558,6 +591,31 @@ def _claude_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> st
     return None
 
 
+PROVIDER_LOG_SLACK = 200
+"""The closing line an app-server's stderr log may hold past its bound."""
+
+
+def provider_log_problems(home: Path) -> list[str]:
+    """Every app-server stderr log under `home/runtimes` longer than its bound."""
+    from drivers.app_server.process import STDERR_LOG_BYTES
+
+    out = []
+    for name in (".app-server.log", ".app-server.log.1"):
+        for path in _glob(home / "runtimes", f"*/*/*/{name}"):
+            try:
+                size = path.stat().st_size
+            except OSError:
+                continue
+            if size > STDERR_LOG_BYTES + PROVIDER_LOG_SLACK:
+                out.append(f"{path}: {size} bytes, past the bound {STDERR_LOG_BYTES}")
+    return out
+
+
+def _check_provider_logs(ctx: _Ctx, home: Path) -> None:
+    for problem in provider_log_problems(home):
+        ctx.fail(Law.PROVIDER_LOGS_BOUNDED, problem)
+
+
 def child_readable_problem(
     home: Path, ws: str, sid: str, provider: str, provider_session_id: str, prefix: Sequence[str]
 ) -> str | None:
@@ -566,7 +624,7 @@ def child_readable_problem(
     if provider == "tutti-agent":
         return _tutti_readable(home_dir, provider_session_id, prefix)
     if provider == "codex":
-        return _codex_readable(home_dir, provider_session_id)
+        return _codex_readable(home_dir, provider_session_id, prefix)
     if provider == "claude-code":
         return _claude_readable(home_dir, provider_session_id, prefix)
     return f"unknown provider {provider!r}"
@@ -2898,6 +2956,7 @@ def check_invariants(
             conn.close()
         _check_single_holders(ctx, ops)
         _check_step_order(ctx, ops)
+        _check_provider_logs(ctx, home)
         n_children = _check_provider_children(
             ctx, children, ops, alive, after_copy=provider_children(home)
         )
