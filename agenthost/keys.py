@@ -96,6 +96,8 @@ class KeyStore:
         "default". Existing keys are kept (a revoked "default" stays revoked)."""
         _private_dir(self.dir)
         _private_dir(self.authorized_dir)
+        for name in ("server", "client"):
+            self._repair_public(name)
         if not (self.dir / "server.key_secret").exists():
             self._mint(self.dir, "server")
         if not (self.dir / "client.key_secret").exists():
@@ -108,6 +110,22 @@ class KeyStore:
                     os.replace(staging / f"client{suffix}", self.dir / f"client{suffix}")
             finally:
                 shutil.rmtree(staging, ignore_errors=True)
+
+    def _repair_public(self, name: str) -> None:
+        """A pair whose secret file is there and whose public file is not (a removal of `run/`
+        racing the live daemon putting its keys back, or a person's `rm`): the public half is
+        written again from the secret file, which holds both. A new pair would not match the
+        key clients and the connection file know."""
+        public_file = self.dir / f"{name}.key"
+        secret_file = self.dir / f"{name}.key_secret"
+        if public_file.exists() or not secret_file.exists():
+            return
+        public, _ = self._load(secret_file)
+        write_private(
+            public_file,
+            f"# agenthost {name} key (zmq.auth certificate)\n"
+            f'curve\n    public-key = "{public.decode()}"\n',
+        )
 
     def _mint(self, directory: Path, name: str) -> tuple[bytes, bytes]:
         """A new pair as `name.key` + `name.key_secret` (0600) in `directory`, via zmq.auth."""

@@ -20,6 +20,7 @@ from typing import Any
 import msgpack
 import pytest
 import zmq
+import zmq.auth
 
 from agenthost.keys import Connection, load_connection
 from client.engine.lifecycle import Engine
@@ -406,3 +407,31 @@ def test_a_connection_file_others_can_read_is_refused_with_the_fix_in_words(
     path.chmod(0o600)
     assert served(load_connection(path).api, load_connection(path).curve)
     assert cli(daemon.home, "--connection", str(path), "status").returncode == 0
+
+
+@pytest.mark.parametrize("name", ["server", "client"])
+def test_a_key_pair_missing_its_public_half_is_repaired_at_start_not_a_failed_start(
+    tmp_path: Path, name: str
+) -> None:
+    """A removal of `run/` racing the live daemon putting its keys back can leave a pair's secret
+    file without its public file: the next start writes the public half again from the secret
+    (the same key, which clients and the connection file know) and serves."""
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    keys = home / "run" / "keys"
+    before = (keys / f"{name}.key").read_text()
+    d.stop()
+    (keys / f"{name}.key").unlink()
+    again = DaemonProcess(home).start()
+    try:
+        assert again.client().call("host.status", {})["protocol"] == 1
+        assert zmq.auth.load_certificate(keys / f"{name}.key")[0] == _public_key_in(before)
+        assert stat.S_IMODE((keys / f"{name}.key").stat().st_mode) == 0o600
+    finally:
+        again.stop()
+
+
+def _public_key_in(text: str) -> bytes:
+    """The public key a zmq.auth certificate's text names."""
+    (line,) = [x for x in text.splitlines() if x.strip().startswith("public-key")]
+    return line.split("=", 1)[1].strip().strip('"').encode()
