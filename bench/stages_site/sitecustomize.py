@@ -412,23 +412,47 @@ if _DIR and "serve" in sys.argv:
                     got[name] = got.get(name, 0.0) + ms
         return got
 
-    def _install() -> None:
-        pending = dict(_WRAPS)
+    class _Finder:
+        """Finds a wrapped module with the other finders and wraps it as soon as it has run:
+        before any of its classes has an instance (the stores keep `db.submit_write` bound at
+        their construction, so a wrap that came later, as a thread polling `sys.modules` could
+        on a loaded machine, would never see their writes)."""
+
+        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
+            if name not in _WRAPS:
+                return None
+            for finder in sys.meta_path:
+                if finder is self or not hasattr(finder, "find_spec"):
+                    continue
+                spec = finder.find_spec(name, path, target)
+                if spec is not None:
+                    break
+            else:
+                return None
+            exec_module = getattr(spec.loader, "exec_module", None)
+            if exec_module is None:
+                return spec
+
+            def exec_and_wrap(module: Any) -> None:
+                exec_module(module)
+                attr, wrap = _WRAPS[name]
+                if hasattr(module, attr):
+                    wrap(module)
+
+            spec.loader.exec_module = exec_and_wrap
+            return spec
+
+    def _sample() -> None:
         last_dump = time.monotonic()
         while True:
-            for name, (attr, wrap) in list(pending.items()):
-                module = sys.modules.get(name)
-                if module is not None and hasattr(module, attr):
-                    wrap(module)
-                    del pending[name]
-            time.sleep(0.002 if pending else 0.25)
-            if not pending:
-                _cpu.append((_now() * 1000.0, _thread_cpu()))
-                if time.monotonic() - last_dump >= 1.0:
-                    _dump()
-                    last_dump = time.monotonic()
+            time.sleep(0.25)
+            _cpu.append((_now() * 1000.0, _thread_cpu()))
+            if time.monotonic() - last_dump >= 1.0:
+                _dump()
+                last_dump = time.monotonic()
 
-    threading.Thread(target=_install, name="mutation-stages", daemon=True).start()
+    sys.meta_path.insert(0, _Finder())  # type: ignore[arg-type]
+    threading.Thread(target=_sample, name="mutation-stages", daemon=True).start()
     import atexit
 
     atexit.register(_dump)
