@@ -96,27 +96,7 @@ def test_a_fork_unknown_by_the_workers_limit_leaves_no_child_after_its_abandon(
         failpoints="",
         env={"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=sleep:4000"},
     )
-    try:
-        c = d.client()
-        sid = create_session(c)["agentSessionId"]
-        boundary = run_turn(c, sid, "fork me")
-        op = _fork(c, sid, boundary["turnId"])
-        assert op["status"] == "unknown", op
-        answer = c.call(
-            "fork.resolve",
-            {
-                "workspaceId": WS,
-                "operationId": op["operationId"],
-                "requestId": str(uuid.uuid4()),
-                "action": "abandon",
-            },
-            timeout=60,
-        )
-        assert answer["operation"]["status"] == "abandoned", answer
-        time.sleep(4)  # past the provider's slow fork
-        run_turn(c, sid, "after the abandon")  # the Session goes on
-    finally:
-        d.stop()
+    _abandon_at_once_then_go_on(d, resolve_timeout=60, slow_fork_s=4)
     # No provider child outside quarantine: the abandoned operation owns none.
     report = assert_invariants(d.home)
     assert report.operations == {"abandoned": 1}
@@ -137,6 +117,16 @@ def test_a_fork_unknown_by_the_hosts_deadline_leaves_no_child_after_its_abandon(
         failpoints="host.fork.deadline=error",
         env={"TUTTI_AGENT_FAILPOINTS": "fork.before_materialize=sleep:4000"},
     ).start()
+    _abandon_at_once_then_go_on(d, resolve_timeout=90, slow_fork_s=5)
+    report = assert_invariants(d.home)
+    assert report.operations == {"abandoned": 1}
+
+
+def _abandon_at_once_then_go_on(
+    d: DaemonProcess, *, resolve_timeout: float, slow_fork_s: float
+) -> None:
+    """A fork of a new Session's first Turn ends `unknown`; a person abandons it at once
+    (`abandoned`); past the provider's slow fork the Session runs a Turn; the daemon stops."""
     try:
         c = d.client()
         sid = create_session(c)["agentSessionId"]
@@ -151,12 +141,10 @@ def test_a_fork_unknown_by_the_hosts_deadline_leaves_no_child_after_its_abandon(
                 "requestId": str(uuid.uuid4()),
                 "action": "abandon",
             },
-            timeout=90,
+            timeout=resolve_timeout,
         )
         assert answer["operation"]["status"] == "abandoned", answer
-        time.sleep(5)  # past the provider's slow fork
+        time.sleep(slow_fork_s)  # past the provider's slow fork
         run_turn(c, sid, "after the abandon")  # the Session goes on
     finally:
         d.stop()
-    report = assert_invariants(d.home)
-    assert report.operations == {"abandoned": 1}
