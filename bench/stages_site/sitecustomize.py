@@ -40,6 +40,8 @@ if _DIR and "serve" in sys.argv:
     import time
     from typing import Any
 
+    from bench.import_wrap import wrap_on_import
+
     _now = time.time
     _stamps: dict[str, dict[str, float]] = {}
     _commits: list[tuple[float, float, int]] = []
@@ -412,35 +414,10 @@ if _DIR and "serve" in sys.argv:
                     got[name] = got.get(name, 0.0) + ms
         return got
 
-    class _Finder:
-        """Finds a wrapped module with the other finders and wraps it as soon as it has run:
-        before any of its classes has an instance (the stores keep `db.submit_write` bound at
-        their construction, so a wrap that came later, as a thread polling `sys.modules` could
-        on a loaded machine, would never see their writes)."""
-
-        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-            if name not in _WRAPS:
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-            exec_module = getattr(spec.loader, "exec_module", None)
-            if exec_module is None:
-                return spec
-
-            def exec_and_wrap(module: Any) -> None:
-                exec_module(module)
-                attr, wrap = _WRAPS[name]
-                if hasattr(module, attr):
-                    wrap(module)
-
-            spec.loader.exec_module = exec_and_wrap
-            return spec
+    def _wrap_module(name: str, module: Any) -> None:
+        attr, wrap = _WRAPS[name]
+        if hasattr(module, attr):
+            wrap(module)
 
     def _sample() -> None:
         last_dump = time.monotonic()
@@ -451,7 +428,7 @@ if _DIR and "serve" in sys.argv:
                 _dump()
                 last_dump = time.monotonic()
 
-    sys.meta_path.insert(0, _Finder())  # type: ignore[arg-type]
+    wrap_on_import(_WRAPS, _wrap_module)
     threading.Thread(target=_sample, name="mutation-stages", daemon=True).start()
     import atexit
 

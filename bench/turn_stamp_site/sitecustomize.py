@@ -229,6 +229,8 @@ if _DIR:
     import threading
     import time
 
+    from bench.import_wrap import wrap_on_import
+
     _rec: list[tuple[str, float, str]] = []
     _clock = time.perf_counter
 
@@ -287,33 +289,6 @@ if _DIR:
         if name == WRITES[0] and hasattr(module, WRITES[1]):
             _wrap_writes(getattr(module, WRITES[1]))
 
-    class _Finder:
-        """Finds a point's module with the other finders and wraps its points as soon as
-        the module has run."""
-
-        def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-            if name not in MODULES:
-                return None
-            for finder in sys.meta_path:
-                if finder is self or not hasattr(finder, "find_spec"):
-                    continue
-                spec = finder.find_spec(name, path, target)
-                if spec is not None:
-                    break
-            else:
-                return None
-            loader = spec.loader
-            exec_module = getattr(loader, "exec_module", None)
-            if exec_module is None:
-                return spec
-
-            def exec_and_wrap(module: Any) -> None:
-                exec_module(module)
-                _wrap_module(name, module)
-
-            loader.exec_module = exec_and_wrap
-            return spec
-
     def _wrap_sample(cls: Any) -> None:
         """Each timed Turn's deltas (either side): when the model emitted each (`M.emit`)
         and when the bench's client had it (`c.delta`), the same clock as every stamp."""
@@ -359,9 +334,6 @@ if _DIR:
             _dump()
             time.sleep(0.1)
 
-    for _name in MODULES:
-        if _name in sys.modules:  # imported before this site (none of today's)
-            _wrap_module(_name, sys.modules[_name])
-    sys.meta_path.insert(0, _Finder())  # type: ignore[arg-type]
+    wrap_on_import(MODULES, _wrap_module)
     threading.Thread(target=_watch, name="turn-stamps", daemon=True).start()
     atexit.register(_dump)
