@@ -6,6 +6,7 @@ start. A SIGHUP ignored when it was started
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import select
@@ -13,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -87,15 +89,11 @@ conn.execute("ROLLBACK")
 """
 
 
-@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
-def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
-    stop: signal.Signals, tmp_path: Path
-) -> None:
-    """Another process holds the store's write lock, so the start's first write waits (and is
-    retried, up to its limit); a stop signal meanwhile ends the start there — exit 0, the log
-    saying why, nothing left running — instead of being ignored until the retries run out and
-    then failing `cannot start: the store is busy`."""
-    home = tmp_path / "home"
+@contextlib.contextmanager
+def _start_waiting_for_a_busy_store(home: Path) -> Iterator[tuple[subprocess.Popen[bytes], Path]]:
+    """A daemon started (and stopped) once in `home`, then started again while another process
+    holds the store's write lock: yields the second start once its log says its first write
+    was deferred, and its log file. The start is killed if still running, the lock let go."""
     first, _ = _serve(home)
     first.terminate()
     assert first.wait(60) == 0
@@ -120,13 +118,7 @@ def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
         while "deferred" not in log_path.read_text():
             assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
             time.sleep(0.05)
-        proc.send_signal(stop)
-        assert proc.wait(60) == 0, log_path.read_text()
-        log = log_path.read_text()
-        assert f"stopping on {stop.name}: stopped while " in log, log[-800:]
-        assert log.rstrip().endswith("stopped") and "cannot start" not in log, log[-800:]
-        assert proc.stdout is not None and proc.stdout.read() == b""  # never ready
-        assert check_processes(home, None) == []
+        yield proc, log_path
     finally:
         if proc is not None and proc.poll() is None:
             proc.kill()
@@ -136,6 +128,25 @@ def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
         holder.wait(30)
 
 
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGINT])
+def test_a_stop_during_a_start_waiting_for_a_busy_store_ends_the_start(
+    stop: signal.Signals, tmp_path: Path
+) -> None:
+    """Another process holds the store's write lock, so the start's first write waits (and is
+    retried, up to its limit); a stop signal meanwhile ends the start there — exit 0, the log
+    saying why, nothing left running — instead of being ignored until the retries run out and
+    then failing `cannot start: the store is busy`."""
+    home = tmp_path / "home"
+    with _start_waiting_for_a_busy_store(home) as (proc, log_path):
+        proc.send_signal(stop)
+        assert proc.wait(60) == 0, log_path.read_text()
+        log = log_path.read_text()
+        assert f"stopping on {stop.name}: stopped while " in log, log[-800:]
+        assert log.rstrip().endswith("stopped") and "cannot start" not in log, log[-800:]
+        assert proc.stdout is not None and proc.stdout.read() == b""  # never ready
+        assert check_processes(home, None) == []
+
+
 def test_status_during_a_start_waiting_for_a_busy_store_says_it_is_starting(
     tmp_path: Path,
 ) -> None:
@@ -143,31 +154,7 @@ def test_status_during_a_start_waiting_for_a_busy_store_says_it_is_starting(
     meanwhile says the daemon is starting and waiting for the store (exit 3 after its
     `--timeout`), not that it is "running but busy or hung" nor "still starting?"."""
     home = tmp_path / "home"
-    first, _ = _serve(home)
-    first.terminate()
-    assert first.wait(60) == 0
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLD_WRITE_LOCK, str(home / "store.sqlite3")],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    proc: subprocess.Popen[bytes] | None = None
-    try:
-        assert holder.stdout is not None and holder.stdout.readline() == "held\n"
-        log_path = home / "daemon.log"
-        log_path.write_text("")
-        env = dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO))
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
-            stdout=subprocess.PIPE,
-            stderr=open(log_path, "ab"),  # noqa: SIM115 - the child's for its life
-            env=env,
-        )
-        deadline = time.monotonic() + 60
-        while "deferred" not in log_path.read_text():
-            assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()
-            time.sleep(0.05)
+    with _start_waiting_for_a_busy_store(home) as (proc, _log):
         done = subprocess.run(
             [sys.executable, "-m", "agenthost.cli", "--home", str(home), "--timeout", "1"]
             + ["status"],
@@ -175,16 +162,9 @@ def test_status_during_a_start_waiting_for_a_busy_store_says_it_is_starting(
             text=True,
             timeout=60,
             stdin=subprocess.DEVNULL,
-            env=env,
+            env=dict(os.environ, AGENTHOST_HOME=str(home), PYTHONPATH=str(REPO)),
         )
         assert done.returncode == 3, done.stderr
         assert f"agenthost (pid {proc.pid})" in done.stderr, done.stderr
         assert "is starting and waiting for the store (" in done.stderr, done.stderr
         assert "busy or hung" not in done.stderr and "still starting?" not in done.stderr
-    finally:
-        if proc is not None and proc.poll() is None:
-            proc.terminate()
-            proc.wait(60)
-        assert holder.stdin is not None
-        holder.stdin.close()
-        holder.wait(30)
