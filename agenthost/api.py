@@ -138,6 +138,11 @@ hundreds of MB for a client that may never read it."""
 TIMELINE_PAGE_CHARS = 1 << 20
 """A `session.timeline` page ends before the Turn that would take its stored text past ~1 MiB
 (never before its first), `nextSequence` set: 1,000 Turns of 900 KiB were one ~1.8 GB reply."""
+LINEAGE_SETTINGS_CHARS = 1 << 20
+"""`session.lineage`'s ancestors carry their settings while those carried so far (nearest
+first) stay within ~1 MiB of stored text; past it an ancestor's Session carries `settings: {}`
+and `settingsOmitted: true`. A fork child takes its source's settings, so a chain of 10,000
+forks of a Session with 900 KiB of settings answered ~9 GB."""
 STATUS_THREADS = 2
 """`host.status`'s own threads (each status bounded: two keep a second answered while one
 waits out a part's bound)."""
@@ -335,6 +340,7 @@ class Api:
                     max_depth=depth or DEFAULT_MAX_DEPTH,
                     max_nodes=nodes or DEFAULT_MAX_NODES,
                     after_ordinal=after or 0,
+                    settings_chars=LINEAGE_SETTINGS_CHARS,
                 ),
                 self.catalog,
             ),

@@ -16,7 +16,7 @@ from actors.fork_saga import full_session_capable
 from actors.ports import BindingState, ProviderCatalog
 from protocol import objects as wire
 from protocol.methods import LineageResult
-from storage.lineage_tree import LineageNode, LineageTree, Truncation
+from storage.lineage_tree import LineageAncestor, LineageNode, LineageTree, Truncation
 from storage.models import (
     ForkOperation,
     ForkPointKind,
@@ -412,6 +412,17 @@ def lineage_nodes(values: list[LineageNode]) -> list[wire.LineageNode]:
     return out
 
 
+def _ancestor_session(value: LineageAncestor, catalog: ProviderCatalog) -> wire.Session | None:
+    """An ancestor's Session: None when deleted; read without its settings (the lineage
+    read's bound), `settings: {}` with `settingsOmitted: true`, as an event carries it."""
+    if value.session is None:
+        return None
+    out = session(value.session, catalog)
+    if value.settings_omitted:
+        out["settingsOmitted"] = True
+    return out
+
+
 def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> LineageResult:
     """`session.lineage`: ancestors nearest first, then the descendant tree;
     `truncated` null, or why the read stopped (docs/protocol.md)."""
@@ -421,7 +432,7 @@ def lineage_tree(value: LineageTree, catalog: ProviderCatalog) -> LineageResult:
         "ancestors": [
             {
                 "agentSessionId": a.session_id,
-                "session": None if a.session is None else session(a.session, catalog),
+                "session": _ancestor_session(a, catalog),
                 "lineage": lineage(a.lineage),
             }
             for a in value.ancestors

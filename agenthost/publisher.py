@@ -64,6 +64,7 @@ from actors.ports import ProviderCatalog
 from agenthost import projection
 from agenthost.turn_events import TurnDeltas, updated_turn
 from domain.errors import HostError
+from domain.turn_events import PROGRESS
 from protocol.envelope import encode_event
 from protocol.events import (
     FORK_OPERATION,
@@ -342,6 +343,35 @@ def _newest_rows(
     return rows
 
 
+DELTA_PIECE_CHARS = MAX_EVENT_BYTES // 8
+"""The most characters of text one `message.delta` event carries (at most 4 UTF-8 bytes each:
+half the cap, the other half far more than its ids and keys take). A longer streamed delta is
+published as several events of the same item, in order, each of at most this many characters
+(`delta_pieces`): joined they are the delta, and each event stays under `MAX_EVENT_BYTES`."""
+
+
+def delta_pieces(delta: StreamDelta) -> list[StreamDelta]:
+    """`delta` as events carry it: itself when its text fits one event (the common case: one
+    `len`), else its text cut into runs of `DELTA_PIECE_CHARS`, in order. A `progress` delta
+    is one line for a person that a client shows in place of the one before, so it is cut to
+    its first run (ending in `…`) instead of split."""
+    event = delta.event
+    text = event.get("delta")
+    if not isinstance(text, str) or len(text) <= DELTA_PIECE_CHARS:
+        return [delta]
+    if event.get("kind") == PROGRESS:
+        cut = {**event, "delta": text[: DELTA_PIECE_CHARS - 1] + "\u2026"}
+        return [StreamDelta(delta.workspace_id, delta.session_id, cut)]
+    return [
+        StreamDelta(
+            delta.workspace_id,
+            delta.session_id,
+            {**event, "delta": text[at : at + DELTA_PIECE_CHARS]},
+        )
+        for at in range(0, len(text), DELTA_PIECE_CHARS)
+    ]
+
+
 def delta_event(change: StreamDelta) -> MessageDelta:
     """The `message.delta` event of a worker's streamed delta."""
     event = change.event
@@ -524,7 +554,13 @@ class EventPublisher:
         """A streamed delta (the worker supervisor's thread, in arrival order): handed to the
         sink now, encoded once here, when nothing is queued or in hand; else queued behind
         what is. Never held to wait for another delta (design/internals.md, "A delta's way
-        to the transport")."""
+        to the transport"). A delta too big for one event goes as several (`delta_pieces`),
+        one after another from this thread, so in order."""
+        text = delta.event.get("delta")
+        if isinstance(text, str) and len(text) > DELTA_PIECE_CHARS:
+            for piece in delta_pieces(delta):
+                self.offer_delta(piece)
+            return
         sink = self.sink
         if self._held == 0 and sink is not None:  # a first look; decided under `_order`
             if not sink.wants(delta.workspace_id):

@@ -11,10 +11,12 @@ timeout — except a fork, whose saga records a confirmed non-dispatch as `faile
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future
+from dataclasses import replace
 from typing import Any, TypeVar
 
 from actors.ports import DeliveryUnknown, NotDelivered, WorkerFailed
@@ -25,6 +27,7 @@ from domain.worker_messages import (
     ForkRequest,
     ForkResult,
     HistoryRequest,
+    HistoryTurn,
     InteractionRespond,
     ResolveAdopt,
     ResolveInspection,
@@ -121,9 +124,36 @@ class SupervisorPort:
     def history(
         self, provider: str, request: HistoryRequest, timeout: float
     ) -> Future[SessionHistory]:
-        return self._call(
-            provider, request.METHOD, request.to_wire(), timeout, SessionHistory.from_wire
-        )
+        """The whole history, page by page (each page asked when the one before answered,
+        each within `timeout`): its Turns joined in order, `final` only when every page said
+        so. A page that fails fails the whole."""
+        out: Future[SessionHistory] = Future()
+        turns: list[HistoryTurn] = []
+        finals: list[bool] = []
+
+        def ask(after_index: int) -> None:
+            page = replace(request, after_index=after_index)
+            answer = self._call(
+                provider, page.METHOD, page.to_wire(), timeout, SessionHistory.from_wire
+            )
+            answer.add_done_callback(functools.partial(answered, after_index))
+
+        def answered(after_index: int, f: Future[SessionHistory]) -> None:
+            exc = f.exception()
+            if exc is not None:
+                out.set_exception(exc)
+                return
+            page = f.result()
+            turns.extend(page.turns)
+            finals.append(page.final)
+            # A next page that would not move on (a worker's mistake) ends the paging.
+            if page.next_index is not None and page.next_index > after_index:
+                ask(page.next_index)
+                return
+            out.set_result(SessionHistory(tuple(turns), final=all(finals)))
+
+        ask(request.after_index)
+        return out
 
     def start_turn(self, provider: str, request: TurnStart, timeout: float) -> Future[TurnAccepted]:
         return self._call(

@@ -18,7 +18,7 @@ type's shape (the turn events a driver streams, `domain.turn_events`, raise it t
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, ClassVar
@@ -592,12 +592,47 @@ class HistoryRequest:
 
     agent_session_id: str
     home: str | None = None
+    after_index: int = 0
+    """The page's first Turn: the index (in the provider's order) the last page's
+    `nextIndex` named; 0 for the first page."""
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agentSessionId": self.agent_session_id}
         if self.home is not None:
             out["home"] = self.home
+        if self.after_index:
+            out["afterIndex"] = self.after_index
         return out
+
+
+HISTORY_PAGE_CHARS = 8 << 20
+"""The most characters of text (user texts, bindings, ids) one `session.history` page carries:
+at most 4 UTF-8 bytes each, 32 MiB, half the host↔worker link's 64 MiB frame. A page ends
+before the Turn that would take it past this (never before its first Turn)."""
+
+HISTORY_TURN_ALLOWANCE = 64
+"""Characters counted per Turn of a page beyond its texts (its keys, its status)."""
+
+
+def history_page(
+    turns: Sequence[Mapping[str, Any]], after_index: int, max_chars: int = HISTORY_PAGE_CHARS
+) -> tuple[list[Mapping[str, Any]], int | None]:
+    """The page of `turns` (a provider's whole history, in its order) that starts at
+    `after_index`, and the index the next page starts at (None: this page ends the history).
+    The page ends before the Turn that would take its text past `max_chars`, never before its
+    first, so paging always moves on."""
+    page: list[Mapping[str, Any]] = []
+    used = 0
+    for index in range(max(after_index, 0), len(turns)):
+        turn = turns[index]
+        size = HISTORY_TURN_ALLOWANCE + sum(
+            len(value) for value in turn.values() if isinstance(value, str)
+        )
+        if page and used + size > max_chars:
+            return page, index
+        page.append(turn)
+        used += size
+    return page, None
 
 
 @dataclass(frozen=True, slots=True)
@@ -625,6 +660,8 @@ class SessionHistory:
 
     turns: tuple[HistoryTurn, ...]
     final: bool = False
+    next_index: int | None = None
+    """Set: the history goes on past this page; ask again with `after_index` = it."""
 
     @classmethod
     def from_wire(cls, result: Mapping[str, Any]) -> SessionHistory:
@@ -643,7 +680,10 @@ class SessionHistory:
                     binding_json=binding if isinstance(binding, str) and binding else None,
                 )
             )
-        return cls(tuple(turns), final=result.get("final") is True)
+        next_index = result.get("nextIndex")
+        if next_index is not None and (type(next_index) is not int or next_index < 1):
+            raise MalformedMessage("nextIndex must be a positive integer")
+        return cls(tuple(turns), final=result.get("final") is True, next_index=next_index)
 
 
 @dataclass(frozen=True, slots=True)

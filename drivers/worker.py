@@ -21,13 +21,19 @@ import threading
 import time
 import traceback
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.turn_events import TurnEvent
 from domain.wake_one import WakeOneQueue
-from domain.worker_messages import ForkRequest, ForkResult, ResolveAdopt, ResolveRequest
+from domain.worker_messages import (
+    ForkRequest,
+    ForkResult,
+    ResolveAdopt,
+    ResolveRequest,
+    history_page,
+)
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
@@ -499,7 +505,14 @@ class WorkerServer:
         this request is counted), and no process outside this worker that may hold one is
         alive (`history_final`: an earlier worker of the provider, a provider process of the
         Session's `home`; it waits a moment for those already exiting — a Claude Code CLI a
-        killed worker parked). Without `home`, or unsure, it is not final."""
+        killed worker parked). Without `home`, or unsure, it is not final.
+
+        Paged (`history_page`): the Turns from `afterIndex` (default 0) that fit a page, and
+        `nextIndex` when more follow — a long history answered whole would pass the link's
+        frame bound, and a frame past it never reaches the host."""
+        after = params.get("afterIndex", 0)
+        if type(after) is not int or after < 0:
+            raise InvalidRequest("afterIndex must be a non-negative integer")
         history = getattr(self.driver(), "history", None)
         if history is None:
             raise InvalidRequest(
@@ -513,7 +526,14 @@ class WorkerServer:
             # Asked again: the judge may have waited for processes already exiting.
             and sid not in self._started_sessions
         )
-        return {**history(params), "final": final}
+        answer = history(params)
+        raw = answer.get("turns")
+        turns: Sequence[Mapping[str, Any]] = raw if isinstance(raw, list) else []
+        page, next_index = history_page(turns, after)
+        out = {**answer, "turns": page, "final": final}
+        if next_index is not None:
+            out["nextIndex"] = next_index
+        return out
 
     def _respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
         answered = self.driver().respond_interaction(params)

@@ -123,6 +123,7 @@ class ResponsesServer(FakeModelServer[Reply]):
         drip_s: float = 0.0,
         hold_after: int = 3,
         tls: ssl.SSLContext | None = None,
+        delta_chars: int = 4,
     ) -> None:
         super().__init__(reply or default_reply, api_key=api_key, tls=tls)
         self.gate = gate
@@ -131,6 +132,9 @@ class ResponsesServer(FakeModelServer[Reply]):
         """When > 0, streamed replies send their events this many seconds apart."""
         self.hold_after = hold_after
         """With `gate`: how many SSE events of a streamed reply are sent before it waits."""
+        self.delta_chars = delta_chars
+        """The characters of a streamed reply's text deltas (the last may be shorter): a large
+        one makes a model that streams its whole reply as one delta."""
 
     @property
     def base_url(self) -> str:
@@ -181,7 +185,7 @@ class ResponsesServer(FakeModelServer[Reply]):
                             "delta": piece,
                         },
                     )
-                    for piece in chunks(item["content"][0]["text"])
+                    for piece in chunks(item["content"][0]["text"], server.delta_chars)
                 ]
                 send = self.send_sse
                 if server.gate is not None or server.drip_s:

@@ -64,8 +64,8 @@ class Session(TypedDict):
     lifecycleCapabilities: LifecycleCapabilities
     forkedFrom: Lineage | None
     settingsOmitted: NotRequired[bool]
-    """In an event only: true when the Session's `settings` were too big to carry (sent as
-    `{}`); `session.get` reads them."""
+    """In an event, or a `session.lineage` ancestor past that reply's bound, only: true when
+    the Session's `settings` were too big to carry (sent as `{}`); `session.get` reads them."""
 
 
 class Message(TypedDict):

@@ -24,7 +24,7 @@ import apsw
 
 from storage.base import Database
 from storage.models import Lineage, Session
-from storage.rows import load_session, require_session
+from storage.rows import SESSION_SELECT, load_session, require_session, session_from_row
 from storage.sqlite import Row
 
 MAX_ANCESTORS = 10_000
@@ -43,11 +43,14 @@ NODES = "nodes"
 
 @dataclass(frozen=True, slots=True)
 class LineageAncestor:
-    """One ancestor: `session` is None when it was deleted; `lineage` is its own forkedFrom."""
+    """One ancestor: `session` is None when it was deleted; `lineage` is its own forkedFrom.
+    `settings_omitted`: its settings were not read (the `settings_chars` bound of the read):
+    `session.settings` is empty, not the Session's."""
 
     session_id: str
     session: Session | None
     lineage: Lineage | None
+    settings_omitted: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,10 +126,21 @@ _COUNTS = (
 )
 
 
+_WITHOUT_SETTINGS = SESSION_SELECT.replace("s.settings_json", "'{}'", 1)
+"""A Session's row read with empty settings (its settings not read at all)."""
+assert _WITHOUT_SETTINGS != SESSION_SELECT
+
+
 def _ancestors(
-    conn: apsw.Connection, ws: str, session: Session, seen: set[str]
+    conn: apsw.Connection, ws: str, session: Session, seen: set[str], settings_chars: int | None
 ) -> tuple[list[LineageAncestor], bool]:
+    """The chain upwards, nearest first. With `settings_chars`, an ancestor's settings are read
+    only while the settings read so far (nearest first, their stored JSON's length) stay
+    within it; past it the ancestor is read without them (`settings_omitted`), so the chain's
+    settings — a fork child's are its source's — are not read, nor answered, once per
+    ancestor."""
     ancestors: list[LineageAncestor] = []
+    used = 0
     current = session.lineage
     while current is not None:
         up = current.source_session_id
@@ -135,10 +149,28 @@ def _ancestors(
         if len(ancestors) >= MAX_ANCESTORS:
             return ancestors, True
         seen.add(up)
-        ancestor = load_session(conn, ws, up, include_deleted=True)
+        omitted = False
+        if settings_chars is None:
+            ancestor = load_session(conn, ws, up, include_deleted=True)
+        else:
+            size = conn.execute(
+                "SELECT length(settings_json) FROM sessions"
+                " WHERE workspace_id = ? AND session_id = ?",
+                (ws, up),
+            ).fetchone()
+            used += int(size[0] or 0) if size is not None else 0
+            omitted = used > settings_chars
+            if omitted:
+                row = conn.execute(
+                    _WITHOUT_SETTINGS + " WHERE s.workspace_id = ? AND s.session_id = ?",
+                    (ws, up),
+                ).fetchone()
+                ancestor = None if row is None else session_from_row(row)
+            else:
+                ancestor = load_session(conn, ws, up, include_deleted=True)
         own = _lineage_row(conn, ws, up)
         visible = None if ancestor is None or ancestor.deleted else ancestor
-        ancestors.append(LineageAncestor(up, visible, own))
+        ancestors.append(LineageAncestor(up, visible, own, omitted and visible is not None))
         current = own
     return ancestors, False
 
@@ -222,10 +254,13 @@ def lineage_tree(
     max_depth: int = DEFAULT_MAX_DEPTH,
     max_nodes: int = DEFAULT_MAX_NODES,
     after_ordinal: int = 0,
+    settings_chars: int | None = None,
 ) -> LineageTree:
+    """`settings_chars`: the most characters of settings the ancestors carry together
+    (`_ancestors`); None: every ancestor's."""
     session = require_session(conn, ws, sid)
     seen = {sid}
-    ancestors, ancestors_cut = _ancestors(conn, ws, session, seen)
+    ancestors, ancestors_cut = _ancestors(conn, ws, session, seen, settings_chars)
     descendants, stopped, omitted = _descendants(
         conn, ws, sid, seen, max_depth, max_nodes, after_ordinal
     )
@@ -257,12 +292,14 @@ class LineageStore:
         max_depth: int = DEFAULT_MAX_DEPTH,
         max_nodes: int = DEFAULT_MAX_NODES,
         after_ordinal: int = 0,
+        settings_chars: int | None = None,
     ) -> LineageTree:
         with self._read() as conn:
             return lineage_tree(
                 conn,
                 ws,
                 sid,
+                settings_chars=settings_chars,
                 max_depth=max_depth,
                 max_nodes=max_nodes,
                 after_ordinal=after_ordinal,

@@ -106,6 +106,21 @@ def evt_msg(agent_session_id: str, event: Mapping[str, Any]) -> dict[str, Any]:
 HB_MSG: dict[str, Any] = {"t": MsgType.HB.value}
 
 
+def too_large_error(size: int) -> dict[str, Any]:
+    """The error map (`domain.errors.HostError.to_wire`'s shape) a worker answers in place of a
+    result whose frame of `size` bytes would pass `MAX_LINK_FRAME`: `provider_error` /
+    `reply_too_large`, not retryable (the same request would be as large)."""
+    return {
+        "code": "provider_error",
+        "reason": "reply_too_large",
+        "message": (
+            f"the worker's answer is {size} bytes, past the link's {MAX_LINK_FRAME}-byte frame"
+        ),
+        "retryable": False,
+        "params": {"bytes": size, "maxBytes": MAX_LINK_FRAME},
+    }
+
+
 class _Packers(threading.local):
     """One msgpack `Packer` per thread: `msgpack.packb` builds (and frees) a `Packer` and its
     buffer at every call, a streamed delta's frame at each end of the link."""
@@ -321,7 +336,13 @@ class WorkerEnd:
         self._send_frame(encode(msg))
 
     def send_result(self, req_id: int, result: Mapping[str, Any]) -> None:
-        self.send(ok_msg(req_id, result))
+        """The request's result; one whose frame would pass `MAX_LINK_FRAME` (the host's end
+        would drop it, and the link with it) is answered as a typed error instead
+        (`too_large_error`), so the host hears an answer at once."""
+        frame = encode(ok_msg(req_id, result))
+        if len(frame) > MAX_LINK_FRAME:
+            frame = encode(err_msg(req_id, too_large_error(len(frame))))
+        self._send_frame(frame)
 
     def send_error(self, req_id: int, error: Mapping[str, Any]) -> None:
         self.send(err_msg(req_id, error))

@@ -26,6 +26,11 @@ relay's pid) and does what it says:
 - `stderr` — the request goes on, after the relay wrote 9 MiB to its stderr (the app-server's
   stderr, which the driver keeps in a bounded log: more than twice its bound); in the
   `--claude` dialect it is relayed as is;
+- `bigdelta` — the request goes on, and the Turn's streamed reply
+  (`item/agentMessage/delta` notifications) reaches the driver as one delta of its whole text,
+  written before the next other line: a model that streams its reply at once (a Turn of
+  `/stream <text>` with a long text makes one delta past the event cap); in the `--claude`
+  dialect it is relayed as is;
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
@@ -59,7 +64,10 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
+DELTA = b'"item/agentMessage/delta"'
+"""What names a line of the Turn's streamed reply (`bigdelta`)."""
 HOLD_END_S = 10.0
 """`hold_end`: how long a held `turn/completed` waits for an interrupt's answer at most."""
 
@@ -145,6 +153,31 @@ def main() -> None:
     end_after = [0.0]  # `hold_end N`: seconds between the interrupt's answer and the end
     interrupts: set[object] = set()  # the ids of the `turn/interrupt` requests passed on
     noid: list[object] = []  # `noid`: the `turn/start`'s request id, then its Turn's id (bytes)
+    coalesce = threading.Event()  # `bigdelta`: the Turn's reply deltas are joined into one
+    joined: list[dict[str, Any]] = []  # `bigdelta`: the first delta held, its text the joined
+
+    def flush_joined() -> None:  # under the lock: the joined delta, as one line
+        if joined:
+            out.write(json.dumps(joined.pop(), separators=(",", ":")).encode() + b"\n")
+
+    def joins(line: bytes) -> bool:  # under the lock: `bigdelta` took the line
+        if not coalesce.is_set():
+            return False
+        if DELTA in line:
+            with contextlib.suppress(ValueError):
+                msg = json.loads(line)
+                params = msg.get("params") if isinstance(msg, dict) else None
+                if isinstance(params, dict) and isinstance(params.get("delta"), str):
+                    if joined and joined[0]["params"].get("itemId") == params.get("itemId"):
+                        joined[0]["params"]["delta"] += params["delta"]
+                        return True
+                    flush_joined()
+                    joined.append(msg)
+                    return True
+        flush_joined()
+        if b'"turn/completed"' in line:
+            coalesce.clear()
+        return False
 
     def release() -> None:  # under the lock
         hold_end.clear()
@@ -191,6 +224,8 @@ def main() -> None:
         for line in child.stdout:
             with lock:
                 if silenced.is_set():
+                    continue
+                if joins(line):
                     continue
                 if noid:
                     kept = unnamed(line)
@@ -240,6 +275,8 @@ def main() -> None:
                 request = json.loads(line)
                 if isinstance(request, dict):
                     noid[:] = [request.get("id")]
+        if mode == "bigdelta" and not claude:
+            coalesce.set()
         if mode == "hold_end":
             end_after[0] = int(count) / 1000 if count else 0.0
             hold_end.set()

@@ -11,13 +11,17 @@ import contextlib
 import os
 import signal
 import sys
+import time
 from pathlib import Path
 
+import msgpack
 import pytest
+import zmq
 
 from drivers.app_server.process import MAX_LINE_BYTES
 from tests.support.daemon import DaemonProcess, create_session, run_turn, settle, submit, wait_for
 from tests.support.freezer import running
+from transport.server import MAX_EVENT_BYTES
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -186,4 +190,44 @@ def test_a_turn_start_answered_without_a_turn_id_fails_the_turn_and_the_next_tur
         assert run_turn(c, sid, "after")["outcome"] == "completed"
     finally:
         _kill(pid)
+        d.stop()
+
+
+def test_a_reply_streamed_as_one_delta_past_the_cap_reaches_subscribers_in_pieces(
+    tmp_path: Path,
+) -> None:
+    """The relay's `bigdelta` (the soaks' fault): the Turn's reply deltas reach the driver as
+    one delta of 300 KiB, as a model streaming its reply at once would send it; subscribers
+    hear it as several `message.delta` events, each within the event cap, joined the reply."""
+    relay = Relay(tmp_path)
+    d = _daemon(tmp_path, relay)
+    ctx = zmq.Context()
+    sub = ctx.socket(zmq.SUB)
+    sub.setsockopt(zmq.LINGER, 0)
+    sub.setsockopt(zmq.SUBSCRIBE, b"")
+    sub.connect(d.events)
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "warm")
+        time.sleep(0.5)  # ZeroMQ's slow joiner: the subscription reaches the PUB side
+        relay.arm("bigdelta")
+        text = "b" * (300 << 10)
+        turn = submit(c, sid, "/stream " + text)
+        relay.taken_pid()
+        done = settle(c, sid, turn["turnId"], timeout=60)
+        assert done["outcome"] == "completed", done
+        sizes: list[int] = []
+        joined = ""
+        while sub.poll(1000):
+            body = sub.recv_multipart()[-1]
+            event = msgpack.unpackb(body, raw=False)
+            if event["type"] == "message.delta" and event["turnId"] == turn["turnId"]:
+                sizes.append(len(body))
+                joined += event["delta"]
+        assert joined == "echo: " + text == done["messages"][-1]["text"]
+        assert len(sizes) > 1 and max(sizes) <= MAX_EVENT_BYTES, sizes
+    finally:
+        sub.close()
+        ctx.term()
         d.stop()

@@ -5,7 +5,9 @@ module makes (`FAULT_SESSIONS` Tutti Agent ones, `CODEX_FAULT_SESSIONS` Codex on
 its arm directory) and execs the real program for every other. A round picks one of them and a
 fault — one endless line, garbage between the provider's lines, its stdout closed
 at a `turn/start` or once the Turn runs, notifications whose params are no object, a
-`turn/start` answered without a turn id (the Turn never named after) — arms it,
+`turn/start` answered without a turn id (the Turn never named after), a reply streamed as one
+delta past the event cap (`bigdelta`, heard by the contention soak's reading subscriber for
+`events_bounded`) — arms it,
 submits a Turn, waits for it to settle, then runs the Session's next Turn, and keeps what it
 saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
 within its bound (`failed` with a typed reason where the pipe broke, `completed` where the
@@ -40,7 +42,7 @@ from tests.support.invariants import (
 from transport.client import Client, ClientClosed, ClientTimeout
 
 RELAY = Path(__file__).parents[1] / "daemon" / "misbehaving_app_server.py"
-FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid", "stderr")
+FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid", "stderr", "bigdelta")
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
@@ -70,10 +72,13 @@ SETTLE_S = 120.0
 """How long any other Turn of the chaos is waited for."""
 KILLED_S = 10.0
 """The broken runtime's relay is gone this soon after its Turn settled."""
-TEXT = {"close_mid": "/slow 600000 never"}
-"""The faulted Tutti Agent Turn's text (else `hello`): a Turn the model keeps running for 10
-minutes. A Codex Turn's is `hello` (its fake Responses API answers at once: `close_mid` closes
-the relay's stdout at the Turn's `turn/started`, so the driver never reads its end)."""
+BIG_DELTA_CHARS = 300 << 10
+"""`bigdelta`'s streamed reply: one delta past the 256 KiB event cap (`events_bounded`)."""
+TEXT = {"close_mid": "/slow 600000 never", "bigdelta": "/stream " + "b" * BIG_DELTA_CHARS}
+"""The faulted Tutti Agent Turn's text (else `hello`): `close_mid`'s a Turn the model keeps
+running for 10 minutes; `bigdelta`'s a reply streamed (joined by the relay into one delta).
+A Codex Turn's is `hello` (its fake Responses API answers at once: `close_mid` closes the
+relay's stdout at the Turn's `turn/started`, so the driver never reads its end)."""
 
 
 def _front(
@@ -388,13 +393,9 @@ class ProviderChaos:
         """The Turn once settled, or None if it is still active after `timeout` seconds."""
         deadline = time.monotonic() + timeout
         while True:
-            status, body = c.call_raw(
-                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
-            )
-            if status == 200:
-                turn = next((t for t in body["turns"] if t["turnId"] == turn_id), None)
-                if turn is not None and turn["phase"] == "settled":
-                    return dict(turn)
+            turn = next((t for t in _timeline(c, sid) or () if t["turnId"] == turn_id), None)
+            if turn is not None and turn["phase"] == "settled":
+                return dict(turn)
             if time.monotonic() >= deadline:
                 return None
             time.sleep(0.1)
@@ -402,13 +403,29 @@ class ProviderChaos:
     def _idle(self, c: Client, sid: str, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            status, body = c.call_raw(
-                "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 1000}
-            )
-            if status == 200 and all(t["phase"] == "settled" for t in body["turns"]):
+            turns = _timeline(c, sid)
+            if turns is not None and all(t["phase"] == "settled" for t in turns):
                 return True
             time.sleep(0.2)
         return False
+
+
+def _timeline(c: Client, sid: str) -> list[dict[str, Any]] | None:
+    """Every Turn of the Session (its timeline paged to the end: a page ends at ~1 MiB, and a
+    `bigdelta` Turn holds ~600 KiB), or None when a page was not answered."""
+    turns: list[dict[str, Any]] = []
+    after = 0
+    while True:
+        status, body = c.call_raw(
+            "session.timeline",
+            {"workspaceId": WS, "agentSessionId": sid, "limit": 1000, "afterSequence": after},
+        )
+        if status != 200:
+            return None
+        turns += body["turns"]
+        if body.get("nextSequence") is None:
+            return turns
+        after = int(body["nextSequence"])
 
 
 def every_fault(

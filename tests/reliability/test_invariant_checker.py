@@ -1790,28 +1790,40 @@ def test_an_app_server_log_past_its_bound_is_reported(tmp_path: Path) -> None:
 
 def test_an_event_past_its_cap_is_reported(tmp_path: Path) -> None:
     """`events_bounded` over the events a real daemon published for a Session whose settings
-    are too big to carry: within the cap; one byte more of any type is reported."""
-    d = DaemonProcess(tmp_path / "home").start()
-    ctx = zmq.Context()
-    sub = ctx.socket(zmq.SUB)
-    sub.setsockopt(zmq.LINGER, 0)
-    sub.setsockopt(zmq.SUBSCRIBE, b"")
-    sub.connect(d.events)
+    are too big to carry and a Turn whose model streamed its reply as one delta too big for an
+    event: within the cap; one byte more of any type is reported."""
+    from model_fakes.responses import ResponsesServer
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    reply = "d" * (600 << 10)
     largest: dict[str, int] = {}
-    try:
-        time.sleep(0.5)  # ZeroMQ's slow joiner
-        c = d.client()
-        sid = create_session(c, settings={"blob": "s" * (300 << 10)})["agentSessionId"]
-        c.call("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
-        while sub.poll(1000):
-            body = sub.recv_multipart()[-1]
-            kind = str(msgpack.unpackb(body, raw=False)["type"])
-            largest[kind] = max(largest.get(kind, 0), len(body))
-    finally:
-        sub.close()
-        ctx.term()
-        d.stop()
+    with ResponsesServer(lambda body: reply, delta_chars=len(reply)) as model:
+        (home / "agenthost.toml").write_text(
+            f'[providers.tutti-agent]\nmodel_base_url = "{model.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        ctx = zmq.Context()
+        sub = ctx.socket(zmq.SUB)
+        sub.setsockopt(zmq.LINGER, 0)
+        sub.setsockopt(zmq.SUBSCRIBE, b"")
+        sub.connect(d.events)
+        try:
+            time.sleep(0.5)  # ZeroMQ's slow joiner
+            c = d.client(timeout=60)
+            sid = create_session(c, settings={"blob": "s" * (300 << 10)})["agentSessionId"]
+            c.call("session.pin", {"workspaceId": WS, "agentSessionId": sid, "pinned": True})
+            assert run_turn(c, sid, "big")["outcome"] == "completed"
+            while sub.poll(1000):
+                body = sub.recv_multipart()[-1]
+                kind = str(msgpack.unpackb(body, raw=False)["type"])
+                largest[kind] = max(largest.get(kind, 0), len(body))
+        finally:
+            sub.close()
+            ctx.term()
+            d.stop()
     assert largest.get("session.upserted"), largest
+    assert largest.get("message.delta"), largest
     assert check_event_bounds(largest) == []
     tampered = {kind: MAX_EVENT_BYTES + 1 for kind in largest}
     found = check_event_bounds(tampered)

@@ -269,9 +269,11 @@ class Law(StrEnum):
     EVENTS_BOUNDED = "events_bounded"
     """An event a subscriber heard encodes past `MAX_EVENT_BYTES` (256 KiB): a Turn's
     Interactions or a Session's settings carried whole where they do not fit (they are carried
-    `omitted` / `settingsOmitted`), so a subscriber that does not read holds more than its
-    1,000-event queue of capped events (docs/protocol.md, "Size cap"). `check_event_bounds`,
-    over the largest event of each type a soak's reading subscriber heard."""
+    `omitted` / `settingsOmitted`), or a streamed delta too long for one event published whole
+    (it goes as several `message.delta` events of its item), so a subscriber that does not
+    read holds more than its 1,000-event queue of capped events (docs/protocol.md, "Size
+    cap"). `check_event_bounds`, over the largest event of each type a soak's reading
+    subscriber heard."""
 
     INTERACTION_STATE = "interaction_state"
     """An Interaction's record is not one its Turn can leave: `pending` on a settled Turn (the

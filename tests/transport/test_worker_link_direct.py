@@ -16,7 +16,14 @@ import pytest
 import zmq
 
 from tests.support.python_calls import python_calls
-from transport.worker_link import HEARTBEAT_INTERVAL_S, HostEnd, MsgType, WorkerEnd, req_msg
+from transport.worker_link import (
+    HEARTBEAT_INTERVAL_S,
+    MAX_LINK_FRAME,
+    HostEnd,
+    MsgType,
+    WorkerEnd,
+    req_msg,
+)
 
 
 @pytest.fixture
@@ -293,3 +300,32 @@ def test_no_heartbeat_leaves_while_other_frames_do_and_they_resume_once_quiet(
         assert end.heartbeats >= 1
     finally:
         end.close()
+
+
+def _answer(host: HostEnd) -> dict[str, Any]:
+    """The next frame from the worker that is not a heartbeat."""
+    deadline = time.monotonic() + 30.0
+    while time.monotonic() < deadline:
+        msg = _recv(host, max(0.1, deadline - time.monotonic()))
+        if msg["t"] != MsgType.HB:
+            return msg
+    raise AssertionError("no answer from the worker")
+
+
+def test_a_result_past_the_link_frame_is_answered_as_a_typed_error(host: HostEnd) -> None:
+    # The host's end drops a frame past `MAX_LINK_FRAME` (ZeroMQ's MAXMSGSIZE), and the
+    # connection with it: a result that large was never heard and the host waited out its
+    # timeout. The worker answers it as a typed error instead; the link carries on.
+    worker = _worker(host)
+    try:
+        worker.send_result(1, {"blob": "x" * MAX_LINK_FRAME})
+        answer = _answer(host)
+        assert answer["t"] == MsgType.RES and answer["id"] == 1 and answer["ok"] is False
+        error = answer["error"]
+        assert (error["code"], error["reason"]) == ("provider_error", "reply_too_large")
+        assert error["params"]["maxBytes"] == MAX_LINK_FRAME
+        assert error["params"]["bytes"] > MAX_LINK_FRAME
+        worker.send_result(2, {"fits": True})
+        assert _answer(host)["result"] == {"fits": True}
+    finally:
+        worker.close()
