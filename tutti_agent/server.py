@@ -390,8 +390,8 @@ class AppServer:
         without items and made the turns' columns (what a host reads of a source before it forks
         it, `turnColumns`: the `thread/read` that follows finds them made, or waits for the
         reduction). A history
-        that fails to load leaves the thread unloaded; `turn/start` on it answers that
-        failure, and the next `thread/resume` loads it whole (and answers it)."""
+        that fails to load leaves the thread unloaded; the next `turn/start` on it, and the
+        next `thread/resume`, load it whole again (and answer the failure if it holds)."""
         try:
             with gc_paused():
                 history = self.store.load(thread_id)
@@ -560,8 +560,18 @@ class AppServer:
         live = self._live(thread_id)
         if live is None:
             with self._threads_lock:
-                failed = self._unloadable.get(thread_id)
-            raise failed if failed is not None else ThreadNotFound(thread_id)
+                failed = self._unloadable.pop(thread_id, None)
+            if failed is None:
+                raise ThreadNotFound(thread_id)
+            # Its deferred load failed: loaded now, as the next resume would (a failure that
+            # has passed — a rollout repaired, a descriptor free again — no longer answers
+            # every Turn of the thread until this server exits), else that failure again.
+            self._load_resumed(thread_id)
+            live = self._live(thread_id)
+            if live is None:
+                with self._threads_lock:
+                    failed = self._unloadable.get(thread_id, failed)
+                raise failed
         text = _input_text(params.get("input"))
         turn, starter = live.start_turn(text)
         return Reply({"turn": turn}, starter)
