@@ -470,20 +470,22 @@ class ForkThroughTurn:
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
         """Prove the child reads from the target home alone (lineage included): a fresh
-        app-server there lists exactly the frozen prefix."""
+        app-server there lists exactly the frozen prefix, none of its Turns in progress (the
+        judgement the in-worker readers make, `prefix_problem`)."""
         try:
             # The target home held (after the source's, when the source is a transient: a
             # fork's target is a new Session's home, never a source of a fork in flight).
             with self.runtimes.transient(home, None) as runtime:
                 self.runtimes.load_lineage(runtime, home, child_id)
-                turns = [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, child_id)]
+                turns = [
+                    (str(t.get("id")), t.get("status") == "inProgress")
+                    for t in self.runtimes.thread_turns(runtime, child_id)
+                ]
         except HostError as exc:
             return str(exc)
         except AppServerFailure as exc:
             return str(exc)
-        if turns != prefix:
-            return f"target home shows turns {turns}"
-        return None
+        return prefix_problem(turns, prefix)
 
 
 class _DeriveForProof:

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from drv_helpers import TUTTI_BIN, EventLog, completed
 from test_tutti_driver import fork_request, open_session
 
 from domain.enums import DeliveryDisposition
+from domain.worker_messages import ForkResult
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.fork import ReaderNotApplicable
 from drivers.app_server.process import AppServerProcess, private_env
@@ -110,6 +113,48 @@ def test_copy_tampered_between_bind_and_proof_is_unknown(
     # The tamper really happened: the copy holds only its first line.
     [copied] = list(iter_rollouts(target))
     assert len(copied.read_bytes().splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("proof", ["in_worker", "app_server"])
+def test_a_copy_whose_boundary_turn_lost_its_end_is_unknown(
+    make_driver: Make, tmp_path: Path, proof: str
+) -> None:
+    """The bound copy cut at a line before its boundary Turn's `task_complete` (between the
+    bind and the proof, `worker.bind.after_copy` held) still lists the prefix's Turn ids, the
+    last one in progress: either proof refuses it (each requires every prefix Turn ended), so
+    the fork is `unknown`, never `accepted`."""
+    points = Failpoints({"worker.bind.after_copy": "hang"})
+    driver = tutti_agent_driver({"command": TUTTI_BIN, "readability_proof": proof}, points)
+    try:
+        home, thread_id, version, turns = open_session(
+            driver, EventLog(), tmp_path, texts=("a", "b")
+        )
+        target = tmp_path / "t"
+        results: list[ForkResult] = []
+        forking = threading.Thread(
+            target=lambda: results.append(
+                driver.fork(fork_request(home, thread_id, version, turns, target))
+            )
+        )
+        forking.start()
+        deadline = time.monotonic() + 30
+        while not list(iter_rollouts(target)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the copy written whole (the point holds the bind after it)
+        [copied] = list(iter_rollouts(target))
+        lines = copied.read_bytes().split(b"\n")
+        ends = [i for i, raw in enumerate(lines) if b'"task_complete"' in raw]
+        copied.write_bytes(b"\n".join(lines[: ends[-1]]) + b"\n")
+        points.set({"worker.bind.after_copy": "off"})
+        forking.join(30)
+        [result] = results
+        assert result.disposition is DeliveryDisposition.UNKNOWN, result
+        assert result.error is not None and "in progress" in result.error
+        assert result.binding is None
+    finally:
+        points.set({"worker.bind.after_copy": "off"})
+        driver.close()
 
 
 # --------------------------------------------------------------------- the readers, directly
