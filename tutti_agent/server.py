@@ -168,6 +168,9 @@ class AppServer:
 
     def handle_line(self, raw: str) -> None:
         try:
+            if not raw.isascii():
+                raw.encode()  # a line holding bytes that are no UTF-8 (`cli`'s decoder kept
+                # them as lone surrogates) is no JSON text: refused as one
             msg = json.loads(raw)
         except ValueError:
             self.conn.send({"id": None, "error": {"code": -32700, "message": "parse error"}})
@@ -596,4 +599,14 @@ def _input_text(raw: object) -> str:
         if not isinstance(part, Mapping) or part.get("type") != "text":
             raise InvalidParams("only text inputs are supported")
         texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
+    text = "\n".join(texts)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (a JSON `\ud800` escape) the rollout's UTF-8 cannot hold: the
+            # Turn's user message could never be written, and the Turn never ended.
+            raise InvalidParams(
+                "input text holds a lone surrogate, which is no Unicode text"
+            ) from None
+    return text
