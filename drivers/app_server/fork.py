@@ -35,7 +35,7 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from tutti_agent.rollout import gc_paused, hold_collector
+from tutti_agent.rollout import file_holds, gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
@@ -450,6 +450,15 @@ class ForkThroughTurn:
                 )
             except ReaderNotApplicable:
                 pass
+        for name, parsed in (known or {}).items():
+            # What the fresh app-server will read is what the binder wrote (its `thread/read`
+            # judges only the Turns: a file changed since would pass with the same ones).
+            try:
+                holds = file_holds(Path(name), parsed.data)
+            except OSError as exc:
+                return f"{name}: {exc}", READABILITY_APP_SERVER
+            if not holds:
+                return f"{name} no longer holds the bytes the binder wrote", READABILITY_APP_SERVER
         return self._verify_readable(home, child_id, prefix), READABILITY_APP_SERVER
 
     def _read_child_in_worker(
