@@ -158,7 +158,8 @@ def prove_tutti_child(
     `known`: the binder's validated bytes and decoded lines of the files it just bound, by
     path. The reader still finds, reads and compares each file in full; a file that holds
     exactly those bytes has its lines taken from the binder's decoding of them (the same
-    JSON values a second decode would return) instead of decoding 60,000 lines again.
+    JSON values a second decode would return) instead of decoding 60,000 lines again, and a
+    file that holds anything else is the problem.
     `litter`: the reader's store and the child's history go there (freed by the caller after
     the verdict is answered: 120,000 line objects for a 10,000-Turn child), not freed here."""
     import tutti_agent
@@ -178,7 +179,12 @@ def prove_tutti_child(
     try:
         for name, parsed in (known or {}).items():
             path = Path(name)
-            store.adopt_decoded(path, parsed.data, parsed.records, known_lines(parsed, path))
+            if not store.adopt_decoded(
+                path, parsed.data, parsed.records, known_lines(parsed, path)
+            ):
+                # Changed since the bind (a child whose Turns still read right would pass a
+                # proof that only judged what the file holds now).
+                return f"{name} no longer holds the bytes the binder wrote"
         history = store.load(child_id)
         if litter is not None:
             litter.append(history)

@@ -111,7 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"tutti-agent: {exc}", file=sys.stderr)
         return 2
     model = build_model(args)
-    stdin = io.TextIOWrapper(sys.stdin.buffer, encoding="utf-8", newline="\n")
+    # A byte that is no UTF-8 is kept as a lone surrogate (`surrogateescape`) for the server to
+    # refuse that one line (`AppServer.handle_line`): a strict decoder raised out of the
+    # read loop, and the server exited at a bad request.
+    stdin = io.TextIOWrapper(
+        sys.stdin.buffer, encoding="utf-8", errors="surrogateescape", newline="\n"
+    )
     stdout = io.TextIOWrapper(sys.stdout.buffer, encoding="utf-8", newline="\n")
     server = AppServer(ThreadStore(home), model, stdout, hooks=FailpointHooks(points))
     server.serve(stdin)

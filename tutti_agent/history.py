@@ -527,6 +527,46 @@ def model_context(items: Sequence[RolloutItem]) -> list[Mapping[str, Any]]:
     ]
 
 
+ABORTED_CALL_OUTPUT = "aborted"
+"""The output a `function_call` left without one (a crash, a full disk or an interrupt between
+the call's line and its output's) is given in the model's input, as Codex gives it: the
+Responses and Chat Completions APIs refuse an input whose tool call has no output, so every
+later request of the thread would fail."""
+
+
+def unanswered_calls(context: Sequence[Mapping[str, Any]]) -> set[str]:
+    """The `call_id`s of the `function_call`s in `context` (model-visible payloads) that no
+    `function_call_output` answers."""
+    calls: set[str] = set()
+    for payload in context:
+        kind = payload.get("type")
+        if kind == "function_call":
+            call_id = payload.get("call_id")
+            if isinstance(call_id, str):
+                calls.add(call_id)
+        elif kind == "function_call_output":
+            calls.discard(payload.get("call_id"))  # type: ignore[arg-type]
+    return calls
+
+
+def answer_calls(
+    context: Sequence[Mapping[str, Any]], unanswered: set[str]
+) -> list[Mapping[str, Any]]:
+    """`context` with an `ABORTED_CALL_OUTPUT` output right after each call of `unanswered`."""
+    out: list[Mapping[str, Any]] = []
+    for payload in context:
+        out.append(payload)
+        if payload.get("type") == "function_call" and payload.get("call_id") in unanswered:
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": payload["call_id"],
+                    "output": ABORTED_CALL_OUTPUT,
+                }
+            )
+    return out
+
+
 _NUMBER = (int, float)
 
 

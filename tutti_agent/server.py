@@ -168,6 +168,9 @@ class AppServer:
 
     def handle_line(self, raw: str) -> None:
         try:
+            if not raw.isascii():
+                raw.encode()  # a line holding bytes that are no UTF-8 (`cli`'s decoder kept
+                # them as lone surrogates) is no JSON text: refused as one
             msg = json.loads(raw)
         except ValueError:
             self.conn.send({"id": None, "error": {"code": -32700, "message": "parse error"}})
@@ -390,8 +393,8 @@ class AppServer:
         without items and made the turns' columns (what a host reads of a source before it forks
         it, `turnColumns`: the `thread/read` that follows finds them made, or waits for the
         reduction). A history
-        that fails to load leaves the thread unloaded; `turn/start` on it answers that
-        failure, and the next `thread/resume` loads it whole (and answers it)."""
+        that fails to load leaves the thread unloaded; the next `turn/start` on it, and the
+        next `thread/resume`, load it whole again (and answer the failure if it holds)."""
         try:
             with gc_paused():
                 history = self.store.load(thread_id)
@@ -560,8 +563,18 @@ class AppServer:
         live = self._live(thread_id)
         if live is None:
             with self._threads_lock:
-                failed = self._unloadable.get(thread_id)
-            raise failed if failed is not None else ThreadNotFound(thread_id)
+                failed = self._unloadable.pop(thread_id, None)
+            if failed is None:
+                raise ThreadNotFound(thread_id)
+            # Its deferred load failed: loaded now, as the next resume would (a failure that
+            # has passed — a rollout repaired, a descriptor free again — no longer answers
+            # every Turn of the thread until this server exits), else that failure again.
+            self._load_resumed(thread_id)
+            live = self._live(thread_id)
+            if live is None:
+                with self._threads_lock:
+                    failed = self._unloadable.get(thread_id, failed)
+                raise failed
         text = _input_text(params.get("input"))
         turn, starter = live.start_turn(text)
         return Reply({"turn": turn}, starter)
@@ -586,4 +599,14 @@ def _input_text(raw: object) -> str:
         if not isinstance(part, Mapping) or part.get("type") != "text":
             raise InvalidParams("only text inputs are supported")
         texts.append(str(part.get("text", "")))
-    return "\n".join(texts)
+    text = "\n".join(texts)
+    if not text.isascii():
+        try:
+            text.encode()
+        except UnicodeEncodeError:
+            # A lone surrogate (a JSON `\ud800` escape) the rollout's UTF-8 cannot hold: the
+            # Turn's user message could never be written, and the Turn never ended.
+            raise InvalidParams(
+                "input text holds a lone surrogate, which is no Unicode text"
+            ) from None
+    return text

@@ -17,9 +17,11 @@ from tutti_agent.errors import ModelError, NoActiveTurn, RolloutUnwritten, Threa
 from tutti_agent.history import (
     InterruptedMarker,
     TurnStatus,
+    answer_calls,
     interrupted_marker_item,
     model_context,
     turn_aborted_item,
+    unanswered_calls,
 )
 from tutti_agent.ids import uuid7
 from tutti_agent.model import Model, TurnCancelled
@@ -123,6 +125,10 @@ class LiveThread:
         every Turn. Not made at load (a fork loads its child, which may never run a Turn, and
         a 10,000-Turn history is a 60,000-line pass); None again once an append failed (what
         reached the file is then unknown): the next Turn reads the file again."""
+        self._unanswered: set[str] = set()
+        """The `call_id`s of the context's `function_call`s no output answers yet, kept with
+        `_context` (found when it is read from the file, then as lines append): a request
+        gives each an aborted output (`answer_calls`); none, the usual case, costs nothing."""
         settings = store.settings(history)  # one pass over the history's lines, kept with it
         self.cwd = str(settings.get("cwd") or ".")
         # The Session's own model (thread/start `model`), which an HTTP model sends.
@@ -146,15 +152,27 @@ class LiveThread:
             self._context = None
             raise
         if self._context is not None:
-            self._context.extend(model_context((item,)))  # the same test, one item
+            visible = model_context((item,))  # the same test, one item
+            if visible:
+                self._context.extend(visible)
+                kind, call_id = item.payload.get("type"), item.payload.get("call_id")
+                if kind == "function_call" and isinstance(call_id, str):
+                    self._unanswered.add(call_id)
+                elif kind == "function_call_output":
+                    self._unanswered.discard(call_id)  # type: ignore[arg-type]
 
     def model_input(self) -> list[Mapping[str, Any]]:
         """The model's input for the next request: `model_context` of the thread's history
-        as the rollout holds it (a copy: the caller may keep it while later lines append)."""
+        as the rollout holds it (a copy: the caller may keep it while later lines append),
+        each tool call no output answers given an aborted one (a crash, a full disk or an
+        interrupt came between the two lines: the model APIs refuse an unanswered call)."""
         context = self._context
         if context is None:
             context = model_context(self.store.load(self.thread_id).items)
+            self._unanswered = unanswered_calls(context)
             self._context = context
+        if self._unanswered:
+            return answer_calls(context, self._unanswered)
         return list(context)
 
     def start_turn(self, text: str) -> tuple[dict[str, Any], Callable[[], None]]:

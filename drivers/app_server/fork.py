@@ -35,7 +35,7 @@ from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
 from drivers.failpoints import Failpoints
-from tutti_agent.rollout import gc_paused, hold_collector
+from tutti_agent.rollout import file_holds, gc_paused, hold_collector
 
 READABILITY_IN_WORKER = "in_worker"
 """The bound child is proven readable by the provider's own reader inside the worker."""
@@ -450,6 +450,15 @@ class ForkThroughTurn:
                 )
             except ReaderNotApplicable:
                 pass
+        for name, parsed in (known or {}).items():
+            # What the fresh app-server will read is what the binder wrote (its `thread/read`
+            # judges only the Turns: a file changed since would pass with the same ones).
+            try:
+                holds = file_holds(Path(name), parsed.data)
+            except OSError as exc:
+                return f"{name}: {exc}", READABILITY_APP_SERVER
+            if not holds:
+                return f"{name} no longer holds the bytes the binder wrote", READABILITY_APP_SERVER
         return self._verify_readable(home, child_id, prefix), READABILITY_APP_SERVER
 
     def _read_child_in_worker(
@@ -470,20 +479,22 @@ class ForkThroughTurn:
 
     def _verify_readable(self, home: Path, child_id: str, prefix: list[str]) -> str | None:
         """Prove the child reads from the target home alone (lineage included): a fresh
-        app-server there lists exactly the frozen prefix."""
+        app-server there lists exactly the frozen prefix, none of its Turns in progress (the
+        judgement the in-worker readers make, `prefix_problem`)."""
         try:
             # The target home held (after the source's, when the source is a transient: a
             # fork's target is a new Session's home, never a source of a fork in flight).
             with self.runtimes.transient(home, None) as runtime:
                 self.runtimes.load_lineage(runtime, home, child_id)
-                turns = [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, child_id)]
+                turns = [
+                    (str(t.get("id")), t.get("status") == "inProgress")
+                    for t in self.runtimes.thread_turns(runtime, child_id)
+                ]
         except HostError as exc:
             return str(exc)
         except AppServerFailure as exc:
             return str(exc)
-        if turns != prefix:
-            return f"target home shows turns {turns}"
-        return None
+        return prefix_problem(turns, prefix)
 
 
 class _DeriveForProof:

@@ -30,6 +30,7 @@ from domain.worker_messages import (
     ResolveQuarantined,
     ResolveRequest,
 )
+from drivers.app_server.fork import prefix_problem
 from drivers.app_server.runtimes import Runtimes
 from drivers.app_server.state import Runtime, Sessions
 from drivers.binder import ROLLOUT_DIRS, BinderError, RolloutBinder, iter_rollouts
@@ -58,6 +59,12 @@ def _child_rollouts(home: Path, source_id: str, exclude: set[str]) -> dict[str, 
         if meta.get("forked_from_id") == source_id and child and child not in exclude:
             out.setdefault(child, []).append(path)
     return out
+
+
+def _shows_prefix(turns: list[tuple[str, bool]] | str, prefix: list[str]) -> bool:
+    """Whether Turns read as (id, in progress) are exactly the frozen prefix, none of them in
+    progress (`prefix_problem`); False for a read that failed (its reason)."""
+    return not isinstance(turns, str) and prefix_problem(turns, prefix) is None
 
 
 def _params(request: ResolveRequest) -> tuple[Path, Path, str, list[str], set[str]]:
@@ -89,11 +96,11 @@ class AppServerResolution:
         self.binder = binder
         self.binding_mode = binding_mode
 
-    def _turns_in(self, home: Path, thread_id: str) -> list[str] | str:
-        """The thread's provider Turn ids read by an app-server on `home` alone (the live one
-        of that home if any, else a transient one), or why not. A live one whose read fails is
-        asked no more: a transient one reads it again (the live one may have been stopped and
-        killed under the read, and an unread child is no evidence)."""
+    def _turns_in(self, home: Path, thread_id: str) -> list[tuple[str, bool]] | str:
+        """The thread's provider Turns as (id, in progress) read by an app-server on `home`
+        alone (the live one of that home if any, else a transient one), or why not. A live one
+        whose read fails is asked no more: a transient one reads it again (the live one may
+        have been stopped and killed under the read, and an unread child is no evidence)."""
         # The home held throughout: a Session runtime starting meanwhile waits, and one that
         # started first is the live one read here (never a second writer of its thread).
         with self.runtimes.home(home):
@@ -122,14 +129,17 @@ class AppServerResolution:
         keep: str | None = None,
         *,
         transient: bool = False,
-    ) -> list[str] | str:
+    ) -> list[tuple[str, bool]] | str:
         try:
             # Codex loads a thread (and the ancestors it reads through) only once projected.
             # A transient's first thread resumed (its writer, until unsubscribed) is where a
             # test holds it (`worker.resolve.transient_loaded`).
             hold = self._hold if transient and self.failpoints.armed else None
             self.runtimes.load_lineage(runtime, home, thread_id, keep, hold)
-            return [str(t.get("id")) for t in self.runtimes.thread_turns(runtime, thread_id)]
+            return [
+                (str(t.get("id")), t.get("status") == "inProgress")
+                for t in self.runtimes.thread_turns(runtime, thread_id)
+            ]
         except Exception as exc:  # noqa: BLE001
             return str(exc)
 
@@ -147,18 +157,21 @@ class AppServerResolution:
             ]
             # Read it where the provider wrote it (source home) or, failing that, the target's.
             turns = self._turns_in(source_home if child in in_source else target_home, child)
-            if not request.attributes(tuple(turns) if isinstance(turns, list) else None):
+            ids = tuple(t for t, _ in turns) if isinstance(turns, list) else None
+            if not request.attributes(ids):
                 continue  # another operation's child (law 9): never this one's evidence
             own = self._turns_in(target_home, child) if child in in_target else "not in its home"
             children.append(
                 ResolvedChild(
                     provider_session_id=child,
                     forked_from_id=source_id,
-                    provider_turn_ids=tuple(turns) if isinstance(turns, list) else (),
+                    provider_turn_ids=ids or (),
                     read_error=None if isinstance(turns, list) else turns,
                     reports_read_error=True,
-                    turns_equal_prefix=isinstance(turns, list) and turns == prefix,
-                    reads_from_own_home=isinstance(own, list) and own == prefix,
+                    # Its Turns are the prefix and each has ended (none in progress), as a
+                    # fork's own proof requires of the child it binds (`prefix_problem`).
+                    turns_equal_prefix=_shows_prefix(turns, prefix),
+                    reads_from_own_home=_shows_prefix(own, prefix),
                     locations=tuple(locations),
                 )
             )
@@ -180,8 +193,11 @@ class AppServerResolution:
         if child not in found and child not in _child_rollouts(target_home, source_id, exclude):
             raise DriverError(f"provider child {child!r} of this operation is not there")
         turns = self._turns_in(source_home if child in found else target_home, child)
-        if turns != prefix:
-            raise DriverError(f"provider child {child!r} does not show the frozen prefix: {turns}")
+        if not _shows_prefix(turns, prefix):
+            problem = turns if isinstance(turns, str) else prefix_problem(turns, prefix)
+            raise DriverError(
+                f"provider child {child!r} does not show the frozen prefix: {problem}"
+            )
         if child in found:
             try:
                 receipt = self.binder.bind(source_home, target_home, child)
@@ -195,8 +211,9 @@ class AppServerResolution:
                 "targetHome": str(target_home),
             }
         own = self._turns_in(target_home, child)
-        if own != prefix:
-            raise DriverError(f"adopted child not readable from its own home: {own}")
+        if not _shows_prefix(own, prefix):
+            problem = own if isinstance(own, str) else prefix_problem(own, prefix)
+            raise DriverError(f"adopted child not readable from its own home: {problem}")
         wire["verifiedReadable"] = True
         wire["forkedFromId"] = source_id
         return ForkResult(

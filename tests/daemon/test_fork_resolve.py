@@ -273,3 +273,34 @@ def test_concurrent_resolves_one_wins_others_get_its_result_or_409(
     assert {r["operation"]["status"] for r in results} == {"committed"}
     assert len({r["operation"]["targetAgentSessionId"] for r in results}) == 1
     assert len(child_rollouts(runtime_home(daemon.home, WS, sid))) == 1
+
+
+def test_a_child_whose_boundary_turn_lost_its_end_is_not_adoptable(daemon: DaemonProcess) -> None:
+    """An `unknown` fork's child in the source home cut at a line before its boundary Turn's
+    `task_complete` (a write a crash cut short) reads with the frozen prefix's Turn ids, the
+    last one in progress: not the child a fork would bind (its proof refuses a Turn in
+    progress), so not `adoptable` — the adopt is refused, never committed; the abandon
+    quarantines it and the Turn forks again."""
+    c = daemon.client()
+    sid, turns = three_turn_source(c)
+    op = unknown_fork(c, sid, turns[1]["turnId"], "worker.fork.after_provider_call")
+    source_home = runtime_home(daemon.home, WS, sid)
+    (child_file,) = child_rollouts(source_home)
+    lines = child_file.read_bytes().split(b"\n")
+    ends = [i for i, raw in enumerate(lines) if b'"task_complete"' in raw]
+    child_file.write_bytes(b"\n".join(lines[: ends[-1]]) + b"\n")
+    evidence = resolve(c, op["operationId"], "inspect")["evidence"]
+    (child,) = evidence["children"]
+    assert len(child["providerTurnIds"]) == 2  # the prefix's Turn ids, read
+    assert child["turnsEqualPrefix"] is False
+    assert evidence["verdict"] == "ambiguous"
+    with pytest.raises(ApiError) as err:
+        resolve(c, op["operationId"], "adopt")
+    assert err.value.status == 409
+    got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})["operation"]
+    assert got["status"] == "unknown"
+    abandoned = resolve(c, op["operationId"], "abandon")
+    assert abandoned["operation"]["status"] == "abandoned"
+    assert [Path(p).name for p in abandoned["evidence"]["quarantinedNow"]] == [child_file.name]
+    _, again = fork(c, sid, turns[1]["turnId"], target=op["targetAgentSessionId"])
+    assert until_terminal(c, again)["status"] == "committed"

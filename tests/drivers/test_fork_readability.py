@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,6 +18,7 @@ from drv_helpers import TUTTI_BIN, EventLog, completed
 from test_tutti_driver import fork_request, open_session
 
 from domain.enums import DeliveryDisposition
+from domain.worker_messages import ForkResult
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.fork import ReaderNotApplicable
 from drivers.app_server.process import AppServerProcess, private_env
@@ -110,6 +113,89 @@ def test_copy_tampered_between_bind_and_proof_is_unknown(
     # The tamper really happened: the copy holds only its first line.
     [copied] = list(iter_rollouts(target))
     assert len(copied.read_bytes().splitlines()) == 1
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("proof", ["in_worker", "app_server"])
+def test_a_child_whose_boundary_turn_lost_its_end_is_unknown(
+    make_driver: Make, tmp_path: Path, proof: str
+) -> None:
+    """The provider's child cut at a line before its boundary Turn's `task_complete` after
+    `thread/fork` answered (`worker.fork.after_provider_call` held), so the binder copies it
+    as it is: it lists the prefix's Turn ids, the last one in progress, and either proof
+    refuses it (each requires every prefix Turn ended): the fork is `unknown`, never
+    `accepted`."""
+    points = Failpoints({"worker.fork.after_provider_call": "hang"})
+    driver = tutti_agent_driver({"command": TUTTI_BIN, "readability_proof": proof}, points)
+    try:
+        home, thread_id, version, turns = open_session(
+            driver, EventLog(), tmp_path, texts=("a", "b")
+        )
+        results: list[ForkResult] = []
+        forking = threading.Thread(
+            target=lambda: results.append(
+                driver.fork(fork_request(home, thread_id, version, turns, tmp_path / "t"))
+            )
+        )
+        forking.start()
+        deadline = time.monotonic() + 30
+        while len(list(iter_rollouts(home))) < 2 and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the answer sent (the point holds the fork after it)
+        [child] = [p for p in iter_rollouts(home) if thread_id not in p.name]
+        lines = child.read_bytes().split(b"\n")
+        ends = [i for i, raw in enumerate(lines) if b'"task_complete"' in raw]
+        child.write_bytes(b"\n".join(lines[: ends[-1]]) + b"\n")
+        points.set({"worker.fork.after_provider_call": "off"})
+        forking.join(30)
+        [result] = results
+        assert result.disposition is DeliveryDisposition.UNKNOWN, result
+        assert result.error is not None and "in progress" in result.error
+        assert result.binding is None
+    finally:
+        points.set({"worker.fork.after_provider_call": "off"})
+        driver.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("proof", ["in_worker", "app_server"])
+def test_a_copy_changed_after_the_bind_with_its_turns_intact_is_unknown(
+    make_driver: Make, tmp_path: Path, proof: str
+) -> None:
+    """A bound copy whose reply text is changed between the bind and the proof (its Turns'
+    ids and statuses intact, `worker.bind.after_copy` held): the child the proof would accept
+    is not the one the binder wrote and verified, so the fork is `unknown`."""
+    points = Failpoints({"worker.bind.after_copy": "hang"})
+    driver = tutti_agent_driver({"command": TUTTI_BIN, "readability_proof": proof}, points)
+    try:
+        home, thread_id, version, turns = open_session(
+            driver, EventLog(), tmp_path, texts=("a", "b")
+        )
+        target = tmp_path / "t"
+        results: list[ForkResult] = []
+        forking = threading.Thread(
+            target=lambda: results.append(
+                driver.fork(fork_request(home, thread_id, version, turns, target))
+            )
+        )
+        forking.start()
+        deadline = time.monotonic() + 30
+        while not list(iter_rollouts(target)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        time.sleep(0.2)  # the copy written whole (the point holds the bind after it)
+        [copied] = list(iter_rollouts(target))
+        data = copied.read_bytes()
+        assert data.count(b"echo: b") >= 1
+        copied.write_bytes(data.replace(b"echo: b", b"forged!"))  # same length, same Turns
+        points.set({"worker.bind.after_copy": "off"})
+        forking.join(30)
+        [result] = results
+        assert result.disposition is DeliveryDisposition.UNKNOWN, result
+        assert result.error is not None and "no longer holds the bytes" in result.error
+        assert result.binding is None
+    finally:
+        points.set({"worker.bind.after_copy": "off"})
+        driver.close()
 
 
 # --------------------------------------------------------------------- the readers, directly

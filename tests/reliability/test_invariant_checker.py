@@ -269,6 +269,48 @@ def test_child_without_its_rollout_in_its_own_home_is_unreadable(
     assert Law.CHILD_READABLE in laws(home)
 
 
+def _committed_child_lines(base: Base, home: Path) -> tuple[Path, list[dict[str, Any]]]:
+    """The committed child's one rollout in its own home, and its lines."""
+    (path,) = rollouts(runtime_home(home, WS, base.committed["targetAgentSessionId"]))
+    return path, [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _write_lines(path: Path, lines: list[dict[str, Any]]) -> None:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+
+
+def test_a_committed_tutti_child_naming_another_source_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """`child_readable`, Tutti Agent's: the child names the fork's source thread as the one it
+    was forked from (the driver's own proof requires it); a child whose `session_meta` names
+    another thread reads, but is not the child the fork committed."""
+    home = tampered(base, tmp_path)
+    assert Law.CHILD_READABLE not in laws(home)
+    path, lines = _committed_child_lines(base, home)
+    assert lines[0]["payload"]["forked_from_id"]
+    lines[0]["payload"]["forked_from_id"] = str(uuid.uuid4())
+    _write_lines(path, lines)
+    assert Law.CHILD_READABLE in laws(home)
+
+
+def test_a_committed_tutti_child_whose_boundary_turn_lost_its_end_is_reported(
+    base: Base, tmp_path: Path
+) -> None:
+    """`child_readable`, Tutti Agent's: every Turn of the frozen prefix has ended in the child
+    (the driver's proof refuses one in progress); a child cut before its boundary Turn's
+    `task_complete` still loads and still lists the prefix's `task_started` lines."""
+    home = tampered(base, tmp_path)
+    path, lines = _committed_child_lines(base, home)
+    ends = [
+        i
+        for i, line in enumerate(lines)
+        if line["type"] == "event_msg" and line["payload"].get("type") == "task_complete"
+    ]
+    _write_lines(path, lines[: ends[-1]])
+    assert Law.CHILD_READABLE in laws(home)
+
+
 def test_foreign_key_violation_is_a_store_integrity_failure(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,

@@ -508,13 +508,24 @@ def provider_children(home: Path) -> list[ProviderChild]:
 # -- readability of a committed child from its own home -------------------------------------
 
 
-def _tutti_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str | None:
+def _tutti_readable(
+    home_dir: Path, child_id: str, prefix: Sequence[str], source_id: str | None = None
+) -> str | None:
+    """Why the Tutti Agent child is not what its fork committed, read from its own home by
+    tutti_agent's own store, or None: its history loads, names `source_id` (the fork's source
+    thread) as the thread it was forked from, and its Turns start with the frozen prefix,
+    each of those ended (none still in progress: the app-server would show the boundary Turn
+    running and close it as interrupted at the child's next Turn)."""
+    from tutti_agent.history import TurnStatus, build_turns
     from tutti_agent.store import ThreadStore
 
     try:
         history = ThreadStore(home_dir).load(child_id)
+        turns = build_turns(history.items, with_items=False)
     except Exception as exc:  # noqa: BLE001 - any failure to read is the finding
         return f"{type(exc).__name__}: {exc}"
+    if source_id is not None and history.forked_from_id != source_id:
+        return f"names source {history.forked_from_id!r}, not the fork's source {source_id!r}"
     turn_ids: list[str] = []
     for line in history.lines:
         payload = line.item.payload
@@ -522,6 +533,9 @@ def _tutti_readable(home_dir: Path, child_id: str, prefix: Sequence[str]) -> str
             turn_ids.append(str(payload.get("turn_id")))
     if list(prefix) != turn_ids[: len(prefix)]:
         return f"turns {turn_ids} do not start with the frozen prefix {list(prefix)}"
+    running = [t.id for t in turns[: len(prefix)] if t.status is TurnStatus.IN_PROGRESS]
+    if running:
+        return f"the frozen prefix's turns {running} are still in progress"
     return None
 
 
@@ -619,12 +633,20 @@ def _check_provider_logs(ctx: _Ctx, home: Path) -> None:
 
 
 def child_readable_problem(
-    home: Path, ws: str, sid: str, provider: str, provider_session_id: str, prefix: Sequence[str]
+    home: Path,
+    ws: str,
+    sid: str,
+    provider: str,
+    provider_session_id: str,
+    prefix: Sequence[str],
+    source_provider_session_id: str | None = None,
 ) -> str | None:
-    """Why the child's provider state cannot be read from its own home, or None."""
+    """Why the child's provider state cannot be read from its own home, or None
+    (`source_provider_session_id`: the thread the child must name as its source; Tutti
+    Agent's children are judged by it)."""
     home_dir = provider_home(home, ws, sid, provider)
     if provider == "tutti-agent":
-        return _tutti_readable(home_dir, provider_session_id, prefix)
+        return _tutti_readable(home_dir, provider_session_id, prefix, source_provider_session_id)
     if provider == "codex":
         return _codex_readable(home_dir, provider_session_id, prefix)
     if provider == "claude-code":
@@ -2974,6 +2996,7 @@ def check_invariants(
                 provider,
                 str(op["target_provider_session_id"]),
                 json.loads(op["target_provider_turn_ids"] or "[]"),
+                op.get("source_provider_session_id"),
             )
             if problem:
                 ctx.fail(Law.CHILD_READABLE, f"child {target}: {problem}")

@@ -612,3 +612,37 @@ def test_turn_columns_are_the_turns_ids_and_statuses_and_nothing_else(
         assert [t["id"] for t in again["thread"]["turns"]] == ids
     with pytest.raises(RpcError, match="turnColumns must be a boolean"):
         server.call("thread/read", {"threadId": src, "includeTurns": True, "turnColumns": 1})
+
+
+def test_a_line_that_is_no_utf8_is_refused_and_the_server_serves_on(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """A request line holding a byte that is no UTF-8 is answered `parse error` (id null), as
+    any line that is no JSON text is; the lines around it are served (the server never exits
+    because of a bad request)."""
+    server = tutti_server()
+    assert server.proc.stdin is not None
+    server.proc.stdin.flush()
+    server.proc.stdin.buffer.write(
+        b'{"id":900,"method":"thread/loaded/list","params":{"x":"\xff"}}\n'
+    )
+    server.proc.stdin.buffer.flush()
+    tid = server.start_thread(str(tmp_path))
+    assert server.call("thread/loaded/list", {}, timeout=10)["data"] == [tid]
+    assert server.proc.poll() is None
+
+
+def test_a_turn_whose_text_holds_a_lone_surrogate_is_refused_not_left_running(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """`turn/start` text with a lone surrogate (the JSON escape `\\ud800`), which the rollout's
+    UTF-8 cannot hold: refused as invalid params, nothing written; it was accepted, its
+    `task_started` written, then its user message failed to encode and the Turn never ended
+    (no `turn/completed`, the rollout holding a Turn in progress)."""
+    server = tutti_server()
+    tid = server.start_thread(str(tmp_path))
+    with pytest.raises(RpcError, match="lone surrogate"):
+        server.start_turn(tid, "half of a pair: \ud83d")
+    assert agent_texts(server.run_turn(tid, "whole: \U0001f600")) == ["echo: whole: \U0001f600"]
+    turns = server.call("thread/read", {"threadId": tid, "includeTurns": True})["thread"]["turns"]
+    assert [t["status"] for t in turns] == ["completed"]

@@ -10,9 +10,10 @@ from typing import Any
 
 import pytest
 
-from model_fakes.responses import ResponsesServer, last_user_text
+from model_fakes.responses import FunctionCall, Reply, ResponsesServer, last_user_text
 from tests.tutti_agent.appserver import AppServerProcess, agent_texts
 from tests.tutti_agent.scenario import normalized_input
+from tutti_agent.rollout import iter_rollout_paths
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,3 +96,47 @@ def test_interrupt_during_model_response_interrupts_the_turn(
         turn = server.wait_turn_completed(turn_id)
         release.set()
         assert turn["status"] == "interrupted" and agent_texts(turn) == []
+
+
+def _calls_and_outputs(body: dict[str, Any]) -> tuple[list[str], list[str]]:
+    items = [i for i in body["input"] if isinstance(i, dict)]
+    calls = [str(i["call_id"]) for i in items if i.get("type") == "function_call"]
+    outputs = [str(i["call_id"]) for i in items if i.get("type") == "function_call_output"]
+    return calls, outputs
+
+
+def test_a_tool_call_a_crash_left_without_its_output_is_answered_aborted(
+    tutti_server: Start, tmp_path: Path
+) -> None:
+    """A rollout cut right after a `function_call` line (the app-server killed before the
+    call's output line): the thread's next request gives that call an `aborted` output, right
+    after it, as Codex does — the Responses API refuses an input holding a call without its
+    output (`No tool output found for function call`), so every later Turn would fail."""
+
+    def reply(body: dict[str, Any]) -> Reply:
+        return FunctionCall("shell", '{"cmd": "ls"}') if last_user_text(body) == "one" else "ok"
+
+    with ResponsesServer(reply) as model:
+        server = tutti_server(extra_args=["--model-base-url", model.base_url])
+        tid = server.start_thread(str(tmp_path))
+        assert server.run_turn(tid, "one")["status"] == "completed"
+        assert server.close() == 0
+        [path] = list(iter_rollout_paths(tmp_path / "tutti-home"))
+        lines = path.read_bytes().split(b"\n")
+        call = next(i for i, raw in enumerate(lines) if b'"type":"function_call"' in raw)
+        path.write_bytes(b"\n".join(lines[: call + 1]) + b"\n")  # the crash's cut
+        server = tutti_server(extra_args=["--model-base-url", model.base_url])
+        server.call("thread/resume", {"threadId": tid, "excludeTurns": True})
+        assert agent_texts(server.run_turn(tid, "two")) == ["ok"]
+        for body in model.requests[-1:]:
+            calls, outputs = _calls_and_outputs(body)
+            assert calls and outputs == calls
+            items = body["input"]
+            at = next(i for i, it in enumerate(items) if it.get("type") == "function_call")
+            assert items[at + 1] == {
+                "type": "function_call_output",
+                "call_id": calls[0],
+                "output": "aborted",
+            }
+        assert server.run_turn(tid, "three")["status"] == "completed"
+        assert _calls_and_outputs(model.requests[-1])[1] == calls  # still answered, once
