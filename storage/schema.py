@@ -940,6 +940,9 @@ def migrate(conn: apsw.Connection, target: int = SCHEMA_VERSION) -> int:
             conn.execute(f"PRAGMA user_version = {int(target)}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have rolled the whole transaction back itself (a full disk, an I/O error):
+        # a ROLLBACK then fails "no transaction is active" and would hide the typed cause.
+        if not conn.getautocommit():
+            conn.execute("ROLLBACK")
         raise
     return found
