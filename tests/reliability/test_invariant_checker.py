@@ -1126,6 +1126,41 @@ def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_p
     assert any("index not_in_the_schema is no part" in d for d in found), found
 
 
+def test_a_store_whose_table_lost_a_check_is_reported(base: Base, tmp_path: Path) -> None:
+    """A store whose `fork_operations` lost the CHECK that holds `stage` to the status and whose
+    `turns` lost the one that keeps a `host_only` Turn without a provider turn id (what an edit
+    of a table's SQL that matched nothing leaves: SQLite cannot ALTER a CHECK, so the
+    migrations edit the text): every row still obeys them, so only the tables' SQL shows it,
+    until a writer's mistake that the CHECK would have refused lands."""
+    from storage.schema import STAGE_COLUMN
+
+    assert Law.STORE_SCHEMA not in laws(base.home)
+    host_only_check = " CHECK (host_only = 0 OR (host_only = 1 AND root_provider_turn_id IS NULL))"
+    home = tmp_path / "home"
+    shutil.copytree(base.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        version = conn.execute("PRAGMA schema_version").fetchone()[0]
+        conn.execute("PRAGMA writable_schema = ON")
+        for table, old, new in (
+            ("fork_operations", STAGE_COLUMN[1], STAGE_COLUMN[0]),
+            ("turns", host_only_check, ""),
+        ):
+            conn.execute(
+                "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE name = ?",
+                (old, new, table),
+            )
+            assert conn.changes() == 1
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+        conn.execute("PRAGMA writable_schema = OFF")
+    finally:
+        conn.close()
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.STORE_SCHEMA]
+    assert len(found) == 2, found
+    assert any("table fork_operations" in d for d in found), found
+    assert any("table turns" in d for d in found), found
+
+
 def test_a_kept_digest_that_is_not_the_rows_is_reported(base: Base, tmp_path: Path) -> None:
     """The forks' prepares kept their boundary digests (schema v17); a kept row that is no longer
     the rows' pass would let the next prepare freeze a boundary it never digested."""

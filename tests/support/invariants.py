@@ -64,8 +64,9 @@ class Law(StrEnum):
     STORE_INTEGRITY = "store_integrity"
     """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
     STORE_SCHEMA = "store_schema"
-    """The store lacks a trigger or an index that its schema version has, or holds one changed
-    or unknown to it: the fence's witness counts by triggers, the rows a history link reads are
+    """The store lacks a table, a trigger or an index that its schema version has, or holds one
+    changed or unknown to it (a table's SQL holds the CHECKs of v22's barrier, v23's stage,
+    v24's `host_only`): the fence's witness counts by triggers, the rows a history link reads are
     frozen by triggers, the barrier is a unique index (law 2, law 3, law 8,
     docs/design/store.md). What the migrations make is the reference: a fresh store migrated to
     the same version."""
@@ -700,6 +701,38 @@ def _check_schema(ctx: _Ctx, conn: apsw.Connection) -> None:
             ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} is no part of schema v{version}")
         elif found[key] != expected[key]:
             ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} differs from schema v{version}'s")
+
+
+_TABLE_SQL = "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+_table_schemas: dict[int, dict[str, str]] = {}
+
+
+def _tables(conn: apsw.Connection) -> dict[str, str]:
+    return {str(n): " ".join(str(sql).split()) for n, sql in conn.execute(_TABLE_SQL)}
+
+
+def _check_tables(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`store_schema` over the tables: each as a fresh store migrated to the same version makes
+    it (same SQL). The CHECKs that hold a column to its law (v4's statuses, v14–v16, v22's
+    barrier, v23's stage, v24's `host_only`) are in a table's SQL and nowhere else, and the
+    migrations add them by editing that text (`storage.schema._edit_tables`: an edit that
+    matches nothing changes nothing and says nothing)."""
+    version = user_version(conn)
+    if version not in _table_schemas:
+        fresh = apsw.Connection(":memory:")
+        try:
+            migrate(fresh, version)
+            _table_schemas[version] = _tables(fresh)
+        finally:
+            fresh.close()
+    expected, found = _table_schemas[version], _tables(conn)
+    for name in sorted(expected.keys() | found.keys()):
+        if name not in found:
+            ctx.fail(Law.STORE_SCHEMA, f"schema v{version} has table {name}; the store lacks it")
+        elif name not in expected:
+            ctx.fail(Law.STORE_SCHEMA, f"table {name} is no part of schema v{version}")
+        elif found[name] != expected[name]:
+            ctx.fail(Law.STORE_SCHEMA, f"table {name} differs from schema v{version}'s")
 
 
 def _check_children(
@@ -2926,6 +2959,7 @@ def check_invariants(
         try:
             _check_integrity(ctx, conn)
             _check_schema(ctx, conn)
+            _check_tables(ctx, conn)
             _check_completed_turns(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
