@@ -124,6 +124,11 @@ class Law(StrEnum):
     one: `session.create` finds a deleted child's tree only through that column's index
     (`deleted_tree_at`), so a Session could start in a tree the daemon removes or removed (the
     worktree law), or be refused where no tree was deleted."""
+    SNAPSHOT_KEPT = "snapshot_kept"
+    """An operation that is not `failed` or `abandoned` has no frozen snapshot (its commit, or
+    its committed child's projection, would fail `ForkSnapshotCorrupt`), or a `failed` or
+    `abandoned` one still keeps one (schema v27: nothing reads it again, and the store grew by
+    a whole boundary's document with every fork that ended without a child)."""
     CHILD_OWNED = "child_owned"
     """A provider child in a provider home belongs to no operation that may own it, or its
     Turns are no such operation's frozen prefix (law 9)."""
@@ -344,6 +349,7 @@ STORE_LAWS = frozenset(
         Law.BARRIER_FLAG,
         Law.STAGE_COLUMN,
         Law.DELETED_TREE_PATH,
+        Law.SNAPSHOT_KEPT,
         Law.HOST_ONLY_TURN,
         Law.TURN_CLAIM,
         Law.PROVIDER_TURN_ONCE,
@@ -1127,6 +1133,29 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
                 f"operation {o['operation_id']} ({o['status']}, tree"
                 f" {o.get('workspace_state')}): deleted_tree_path {o['deleted_tree_path']!r},"
                 f" its deleted tree's path {want!r}",
+            )
+
+
+ENDED_SNAPSHOTS_DROPPED_SINCE = 27
+"""The schema version from which a fork that ended without a child keeps no snapshot."""
+
+
+def _check_ended_snapshots(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    """`snapshot_kept`: a snapshot row (the `LEFT JOIN`'s `snapshot_json`, never NULL in its
+    table) for exactly the operations not `failed` or `abandoned`."""
+    if user_version(conn) < ENDED_SNAPSHOTS_DROPPED_SINCE:
+        return  # a store from before v27 kept every snapshot
+    for o in ops:
+        ended = o["status"] in ("failed", "abandoned")
+        if ended and o["snapshot_json"] is not None:
+            ctx.fail(
+                Law.SNAPSHOT_KEPT,
+                f"operation {o['operation_id']} ({o['status']}) still keeps its snapshot",
+            )
+        elif not ended and o["snapshot_json"] is None:
+            ctx.fail(
+                Law.SNAPSHOT_KEPT,
+                f"operation {o['operation_id']} ({o['status']}) has no snapshot",
             )
 
 
@@ -2986,6 +3015,7 @@ def check_invariants(
             _check_fence_witness(ctx, conn, ops)
             _check_kept_digests(ctx, conn)
             _check_fence_window(ctx, conn, ops)
+            _check_ended_snapshots(ctx, conn, ops)
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
