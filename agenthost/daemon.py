@@ -66,7 +66,7 @@ from agenthost.keys import KeyStore
 from agenthost.publisher import EventPublisher, StreamDelta
 from agenthost.workers import SupervisorPort, providers_ahead
 from agenthost.worktree_delete import GIT_FAILED, RemovalRetries, Waiting, finish_removals
-from domain.errors import InvalidArgument
+from domain.errors import InvalidArgument, StoreCorrupt
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
@@ -75,6 +75,7 @@ from domain.worker_messages import SessionStop
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from protocol.methods import HostStatusResult
+from storage.sqlite import CORRUPT_ERRORS
 from storage.store import Store
 from transport import accept_shim
 from transport.connections import ConnectionGuard, raise_fd_limit
@@ -215,6 +216,14 @@ class Daemon:
         except StoreDiskFull as exc:
             # Not another process's lock: the start fails at once, naming the store's path.
             raise exc.at(cfg.store_path) from exc.__cause__
+        except CORRUPT_ERRORS as exc:
+            # A damaged store file (not a database, a damaged schema page): the start says
+            # which file and how to recover it, as a running daemon tells each request.
+            raise StoreCorrupt(
+                f"the store file {cfg.store_path} is damaged (SQLite: {exc}): copy"
+                " store.sqlite3* aside and recover them (`sqlite3 store.sqlite3 .recover`,"
+                " docs/user-guide.md), then start again"
+            ) from exc
 
         self.supervisor = WorkerSupervisor(
             cfg.run_dir / "workers",

@@ -28,7 +28,7 @@ from storage.models import (
 )
 from storage.rows import OP_COLUMNS, decode_op, json_column, op_from_row
 from storage.schema import SESSION_KEY_OF
-from storage.sqlite import Row, Tx, dumps
+from storage.sqlite import TRANSIENT_ERRORS, Row, Tx, dumps
 
 log = logging.getLogger(__name__)
 
@@ -61,8 +61,9 @@ class ForkCommit:
 
     def commit_fork_operations(self, ops: Sequence[OperationKey]) -> tuple[int, int]:
         """Start-up recovery: commit many `provider_accepted` operations in one transaction
-        (one fsync), each inside its own savepoint so a bad one is rolled back alone.
-        Returns (committed, errors)."""
+        (one fsync), each inside its own savepoint so a bad one is rolled back alone; a write
+        the store refuses (busy, full, an I/O error: no row's fault, and SQLite may have rolled
+        the whole transaction back) fails the page whole. Returns (committed, errors)."""
         committed = errors = 0
         with self._write(None) as tx:
             for op in ops:
@@ -72,7 +73,13 @@ class ForkCommit:
                     _, changed = self._commit_in(
                         tx, op.workspace_id, op.operation_id, operation=False
                     )
-                except Exception:  # noqa: BLE001 - recovery goes on with the next row
+                except Exception as exc:  # noqa: BLE001 - recovery goes on with the next row
+                    if tx.conn.getautocommit() or isinstance(exc, TRANSIENT_ERRORS):
+                        # Not this row's fault: the store refused the write (busy, a full
+                        # disk, an I/O error), and SQLite may have rolled the whole page back
+                        # (its savepoint gone with it). The page fails whole, its caller
+                        # tries it again or fails the start saying why.
+                        raise
                     log.exception("recovery commit of fork operation %s failed", op.operation_id)
                     tx.execute("ROLLBACK TO recover_commit")
                     errors += 1

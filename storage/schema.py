@@ -13,7 +13,8 @@ digests prepare kept, each deleted by SQLite with the first change of its Sessio
 v18 a Session row's version, one more at every change of the row; v19–v20 the fork status's
 indexes and comparisons; v21 three indexes a query no longer needs, each a WAL frame per fork;
 v22–v23 the barrier and the stage as columns; v24 a Turn the provider never got; v25 a
-Session's real cwd and a deleted fork child's tree path, indexed.
+Session's real cwd and a deleted fork child's tree path, indexed; v26 that real cwd filled for
+the Sessions from before v25; v27 a fork that ended without a child drops its frozen snapshot.
 """
 
 from __future__ import annotations
@@ -882,6 +883,24 @@ def _v26(conn: apsw.Connection) -> None:
         conn.execute(_V26_FILL, (json.dumps(fills),))
 
 
+# v27: a fork that ended without a child keeps no frozen snapshot (docs/design/store.md v27).
+# The snapshot is read by the operation's commit and by its committed child's projection only;
+# a `failed` or `abandoned` operation is terminal and childless, so neither can read it again,
+# yet it was kept for good: every fork the provider refused, every `prepared` one a restart
+# failed and every abandoned one left its whole boundary's document (~150 bytes a Turn). Each
+# statement that ends an operation so sets its `stage` to 0 (v23's CHECK makes it), and this
+# trigger drops the snapshot in that statement's transaction; a status step that keeps the
+# stage names no `stage` and does not fire it, and a commit (stage 1) only tests the WHEN. The
+# step drops the snapshots a store already kept for its ended operations (one pass over the
+# operations), in the migration's one transaction; over a store that has the trigger already
+# (the steps re-run over a newer store) it only drops.
+_V27 = """
+CREATE TRIGGER IF NOT EXISTS fork_snapshots_of_ended AFTER UPDATE OF stage ON fork_operations
+WHEN NEW.stage = 0
+BEGIN DELETE FROM fork_snapshots WHERE op_seq = NEW.op_seq; END;
+DELETE FROM fork_snapshots WHERE op_seq IN (SELECT op_seq FROM fork_operations WHERE stage = 0);
+"""
+
 MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _V1,
     _V2,
@@ -909,6 +928,7 @@ MIGRATIONS: tuple[str | Callable[[apsw.Connection], None], ...] = (
     _v24,
     _v25,
     _v26,
+    _V27,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 
@@ -940,6 +960,9 @@ def migrate(conn: apsw.Connection, target: int = SCHEMA_VERSION) -> int:
             conn.execute(f"PRAGMA user_version = {int(target)}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        # SQLite may have rolled the whole transaction back itself (a full disk, an I/O error):
+        # a ROLLBACK then fails "no transaction is active" and would hide the typed cause.
+        if not conn.getautocommit():
+            conn.execute("ROLLBACK")
         raise
     return found

@@ -3,6 +3,7 @@ says, page by page, and terminal ones are left alone (seed 000 §10)."""
 
 from __future__ import annotations
 
+import time
 import uuid
 from pathlib import Path
 
@@ -438,3 +439,107 @@ def test_a_start_write_on_a_full_disk_fails_at_once_saying_so(tmp_path: Path) ->
     finally:
         logging.getLogger().removeHandler(handler)
         subprocess.run(["umount", "-l", str(disk)], check=False)
+
+
+def _big_accepted(store: Store, turns: int = 40) -> str:
+    """A `provider_accepted` operation through a Session of `turns` Turns: its commit writes
+    pages of its own (the child's Turns)."""
+    sid = new_session(store)
+    for _ in range(turns):
+        last = settled_turn(store, sid, text="x" * 300)
+    op, _ = store.fork_prepare.prepare_fork(
+        WS,
+        ForkPrepareRequest(
+            source_session_id=sid,
+            request_id=str(uuid.uuid4()),
+            target_session_id=str(uuid.uuid4()),
+            turn_id=last.turn_id,
+            driver_kind="tutti-agent",
+            driver_version="0.0.10",
+            binding_mode="host_copy",
+        ),
+    )
+    store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+    store.fork_transitions.mark_fork_provider_accepted(
+        WS,
+        op.operation_id,
+        ProviderForkEvidence(
+            child_provider_session_id=f"child-{uuid.uuid4().hex[:6]}",
+            provider_turn_ids=op.source_provider_turn_ids,
+            binding_mode="host_copy",
+            receipt={"sha256": "x"},
+        ),
+    )
+    return op.operation_id
+
+
+def _disk_full_now(store: Store) -> None:
+    """SQLite's SQLITE_FULL for every write that grows the store file from now on, on the
+    store's writer connection (`max_page_count` at the current size): what a full disk
+    answers a write mid-transaction, and SQLite rolls that whole transaction back."""
+    with store.db.write(None) as tx:
+        row = tx.one("PRAGMA page_count")
+        assert row is not None
+        tx.one(f"PRAGMA max_page_count = {int(row[0])}")
+
+
+def _disk_freed(store: Store) -> None:
+    with store.db.write(None) as tx:
+        tx.one("PRAGMA max_page_count = 1073741823")
+
+
+def test_a_full_disk_in_recovery_s_commit_page_fails_the_start_saying_so(tmp_path: Path) -> None:
+    """The disk fills while start-up recovery commits a page of `provider_accepted` leftovers
+    (each in its own savepoint): SQLite rolls the whole transaction back, and the page's
+    `ROLLBACK TO` its savepoint raised "no such savepoint: recover_commit", untyped, over the
+    disk's error: the start failed with that, naming neither the store nor the disk (and
+    logged the leftover as a bad one). Now the start fails at once with `StoreDiskFull`;
+    nothing of the page was written, and with space again every leftover commits."""
+    import pytest
+
+    from actors.recovery import StoreDiskFull
+
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        accepted = [_big_accepted(store) for _ in range(3)]
+        _disk_full_now(store)
+        with pytest.raises(StoreDiskFull) as full:
+            recover_fork_operations(store)
+        assert full.value.full and "committing leftover fork operations" in str(full.value)
+        statuses = {store.fork_queries.get_fork_operation(WS, o).status for o in accepted}
+        assert statuses == {ForkStatus.PROVIDER_ACCEPTED}
+        _disk_freed(store)
+        report = recover_fork_operations(store)
+        assert (report.committed, report.errors) == (3, 0)
+    finally:
+        store.close()
+
+
+def test_deferred_commits_on_a_full_disk_retry_the_batch_and_drop_no_leftover(
+    tmp_path: Path,
+) -> None:
+    """The same full disk under `DeferredCommits`: the batch is tried again (nothing of it
+    was written) until the disk has room, then every leftover commits, none counted as an
+    error."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    try:
+        accepted = [_big_accepted(store) for _ in range(3)]
+        report = recover_fork_operations(store, commit_before_ready=0)
+        assert len(report.deferred) == 3
+        _disk_full_now(store)
+        deferred = DeferredCommits(store, report.deferred)
+        deferred.start()
+        try:
+            deadline = time.monotonic() + 60
+            while deferred.retries == 0 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert deferred.retries >= 1 and deferred.pending == 3  # tried, refused, kept
+            _disk_freed(store)
+            assert deferred.wait(30)
+        finally:
+            deferred.close()
+        assert (deferred.committed, deferred.errors, deferred.pending) == (3, 0, 0)
+        for op_id in accepted:
+            assert store.fork_queries.get_fork_operation(WS, op_id).status is ForkStatus.COMMITTED
+    finally:
+        store.close()

@@ -116,3 +116,31 @@ def test_a_damaged_store_file_answers_store_corrupt_not_an_internal_error(
     log = daemon.log_path.read_text()
     assert "the store file is damaged (SQLite: database disk image is malformed)" in log
     assert "internal error [ref" not in log and "Traceback" not in log
+
+
+@pytest.mark.parametrize("damage", ["header", "schema"])
+def test_a_start_on_a_damaged_store_file_names_it_and_says_how_to_recover(
+    tmp_path: Path, damage: str
+) -> None:
+    """A store file SQLite cannot open as a database (its header overwritten) or whose schema
+    page is damaged fails the start, as it must; the start said only `cannot start: file is
+    not a database` (or `database disk image is malformed`), naming no file and no way out,
+    where a running daemon tells each request which file is damaged and how to recover it.
+    Now the start says the store's path, the damage and the recovery step."""
+    home = tmp_path / "home"
+    DaemonProcess(home).start().stop()
+    store = home / "store.sqlite3"
+    data = bytearray(store.read_bytes())
+    if damage == "header":
+        data[0:16] = b"not a database!!"
+    else:
+        data[100:4096] = bytes((i * 7 + 3) % 256 for i in range(3996))  # sqlite_master's page
+    store.write_bytes(bytes(data))
+    daemon = DaemonProcess(home)
+    daemon.log_path = tmp_path / "damaged-start.log"
+    with pytest.raises(RuntimeError):  # it exited before its ready line
+        daemon.start(timeout=60)
+    said = [line for line in daemon.log_path.read_text().splitlines() if "cannot start" in line]
+    assert len(said) == 1, daemon.log_path.read_text()
+    assert str(store) in said[0] and "is damaged" in said[0], said[0]
+    assert ".recover" in said[0], said[0]

@@ -45,6 +45,7 @@ from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
     FAULT_RSS_BOUND_KIB,
+    STORE_LAWS,
     Answered,
     ForkPaging,
     Law,
@@ -1166,6 +1167,101 @@ def test_a_store_missing_a_schema_trigger_or_index_is_reported(base: Base, tmp_p
     assert len(found) == 4, found
     assert any("trigger messages_fenced_update" in d for d in found), found
     assert any("index not_in_the_schema is no part" in d for d in found), found
+
+
+def test_a_store_whose_table_lost_a_check_is_reported(base: Base, tmp_path: Path) -> None:
+    """A store whose `fork_operations` lost the CHECK that holds `stage` to the status and whose
+    `turns` lost the one that keeps a `host_only` Turn without a provider turn id (what an edit
+    of a table's SQL that matched nothing leaves: SQLite cannot ALTER a CHECK, so the
+    migrations edit the text): every row still obeys them, so only the tables' SQL shows it,
+    until a writer's mistake that the CHECK would have refused lands."""
+    from storage.schema import STAGE_COLUMN
+
+    assert Law.STORE_SCHEMA not in laws(base.home)
+    host_only_check = " CHECK (host_only = 0 OR (host_only = 1 AND root_provider_turn_id IS NULL))"
+    home = tmp_path / "home"
+    shutil.copytree(base.home, home, symlinks=True, ignore=shutil.ignore_patterns("run"))
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        version = conn.execute("PRAGMA schema_version").fetchone()[0]
+        conn.execute("PRAGMA writable_schema = ON")
+        for table, old, new in (
+            ("fork_operations", STAGE_COLUMN[1], STAGE_COLUMN[0]),
+            ("turns", host_only_check, ""),
+        ):
+            conn.execute(
+                "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE name = ?",
+                (old, new, table),
+            )
+            assert conn.changes() == 1
+        conn.execute(f"PRAGMA schema_version = {version + 1}")
+        conn.execute("PRAGMA writable_schema = OFF")
+    finally:
+        conn.close()
+    found = [v.detail for v in check_invariants(home).violations if v.law is Law.STORE_SCHEMA]
+    assert len(found) == 2, found
+    assert any("table fork_operations" in d for d in found), found
+    assert any("table turns" in d for d in found), found
+
+
+def test_an_operation_without_its_snapshot_is_reported(base: Base, tmp_path: Path) -> None:
+    """The `unknown` fork's snapshot gone: an adopt would commit it and fail closed."""
+    assert Law.SNAPSHOT_KEPT not in laws(base.home)
+    home = tampered(
+        base,
+        tmp_path,
+        "DELETE FROM fork_snapshots WHERE op_seq = (SELECT op_seq FROM fork_operations"
+        f" WHERE operation_id = '{base.unknown['operationId']}')",
+    )
+    report = check_invariants(home)
+    assert [v.law for v in report.violations] == [Law.SNAPSHOT_KEPT], report.violations
+    assert "has no snapshot" in report.violations[0].detail
+
+
+def test_a_failed_fork_that_keeps_its_snapshot_is_reported(tmp_path: Path) -> None:
+    """A fork the provider refused (`failed`) whose snapshot is still there: what every such
+    fork left before schema v27, a whole boundary's document kept for good."""
+    from storage.models import ForkPrepareRequest
+    from storage.store import Store
+    from tests.storage.store_builders import new_session, settled_turn
+
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    store = Store.open(home / "store.sqlite3")
+    try:
+        sid = new_session(store, ws=WS)
+        last = settled_turn(store, sid, ws=WS, provider_turn_id="p1").turn_id
+        op = store.fork_prepare.prepare_fork(
+            WS,
+            ForkPrepareRequest(
+                source_session_id=sid,
+                request_id=str(uuid.uuid4()),
+                target_session_id=str(uuid.uuid4()),
+                turn_id=last,
+                driver_kind="tutti-agent",
+                driver_version="0.0.10",
+                binding_mode="host_copy",
+            ),
+        )[0]
+        conn = store.db.connection()
+        (frozen,) = conn.execute("SELECT snapshot_json FROM fork_snapshots").fetchone()
+        store.fork_transitions.mark_fork_dispatching(WS, op.operation_id)
+        store.fork_transitions.mark_fork_failed(WS, op.operation_id, "refused")
+    finally:
+        store.close()
+    assert not [v for v in check_invariants(home).violations if v.law in STORE_LAWS]
+    conn = apsw.Connection(str(home / "store.sqlite3"))
+    try:
+        conn.execute(
+            "INSERT INTO fork_snapshots (op_seq, snapshot_json)"
+            " SELECT op_seq, ? FROM fork_operations WHERE operation_id = ?",
+            (frozen, op.operation_id),
+        )
+    finally:
+        conn.close()
+    found = [v for v in check_invariants(home).violations if v.law in STORE_LAWS]
+    assert [v.law for v in found] == [Law.SNAPSHOT_KEPT], found
+    assert "(failed) still keeps its snapshot" in found[0].detail
 
 
 def test_a_kept_digest_that_is_not_the_rows_is_reported(base: Base, tmp_path: Path) -> None:

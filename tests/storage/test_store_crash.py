@@ -34,7 +34,7 @@ def check_invariants(store: Store) -> dict[str, int]:
     assert kept_digest_problems(conn) == []
     ops = conn.execute(
         "SELECT operation_id, source_session_id, target_session_id, source_turn_id, status,"
-        " client_observed_at_ms, snapshot_json FROM fork_operations JOIN fork_snapshots"
+        " client_observed_at_ms, snapshot_json FROM fork_operations LEFT JOIN fork_snapshots"
         " USING (op_seq) WHERE workspace_id = ?",
         (WS,),
     ).fetchall()
@@ -57,6 +57,8 @@ def check_invariants(store: Store) -> dict[str, int]:
         # Child iff committed (with its lineage row); reservation iff not failed.
         assert (child, lineage) == ((1, 1) if status == "committed" else (0, 0)), op_id
         assert reserved == (0 if status == "failed" else 1), op_id
+        # A snapshot iff the operation did not end without a child (schema v27).
+        assert (snapshot is None) == (status == "failed"), op_id
         if status == "committed":
             document = decode_frozen(snapshot)
             frozen = document["turns"]

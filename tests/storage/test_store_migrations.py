@@ -141,6 +141,8 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
         r[0]: (r[1], r[2])
         for r in raw.execute("SELECT op_seq, snapshot_json, snapshot_hash FROM fork_operations")
     }
+    failed = "SELECT op_seq FROM fork_operations WHERE status = 'failed'"
+    ended = {r[0] for r in raw.execute(failed)}
     raw.close()
     assert len(before) == 6
     expected = json.loads((FIXTURES / "store_v4.json").read_text())
@@ -157,8 +159,10 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
     recorded = "SELECT COUNT(*) FROM turns WHERE checkpoint_json IS NOT NULL"
     assert conn.execute(recorded).fetchall() == [(0,)]
     moved = dict(conn.execute("SELECT op_seq, snapshot_json FROM fork_snapshots").fetchall())
-    # The same bytes under the same op_seq: every frozen hash still verifies.
-    assert moved == {seq: text for seq, (text, _) in before.items()}
+    # The same bytes under the same op_seq: every frozen hash still verifies; the failed
+    # operation's, which nothing reads again, dropped by v27.
+    assert len(ended) == 1
+    assert moved == {seq: text for seq, (text, _) in before.items() if seq not in ended}
     for text, digest in before.values():
         assert hashlib.sha256(text.encode()).hexdigest() == digest
 
@@ -204,7 +208,8 @@ def test_a_real_v4_store_moves_its_snapshots_and_keeps_every_operation(tmp_path:
         ),
     )
     assert created
-    assert conn.execute("SELECT COUNT(*) FROM fork_snapshots").fetchone()[0] == 7
+    # Six before (the failed one's dropped by v27) and this one.
+    assert conn.execute("SELECT COUNT(*) FROM fork_snapshots").fetchone()[0] == 6
     store.close()
 
 

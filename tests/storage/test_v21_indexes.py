@@ -18,6 +18,9 @@ from storage.rows import SESSION_SELECT
 from storage.schema import SCHEMA_VERSION, migrate, user_version
 from storage.store import Store
 
+# Schema v27 undone on a v27 store: the trigger that drops an ended fork's snapshot gone (v26
+# made no object).
+TO_V26 = "DROP TRIGGER fork_snapshots_of_ended; PRAGMA user_version = 26;"
 # Schema v25 undone on a v25 store: the real cwd, the deleted tree's path and its index gone.
 TO_V24 = (
     "DROP INDEX fork_operations_deleted_trees; DROP INDEX sessions_real_cwd;"
@@ -115,6 +118,7 @@ def test_a_v20_store_migrates_keeping_its_rows_and_its_reads_indexed(tmp_path: P
         "SELECT sql FROM sqlite_master WHERE name = 'fork_lineage_by_source'"
     ).fetchone()
     conn.execute(f"{by_source};")
+    conn.execute(TO_V26)
     conn.execute(TO_V24)
     conn.execute(TO_V23)
     conn.execute(TO_V22)

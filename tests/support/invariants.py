@@ -64,8 +64,9 @@ class Law(StrEnum):
     STORE_INTEGRITY = "store_integrity"
     """`PRAGMA integrity_check` is not `ok` or `foreign_key_check` reports rows."""
     STORE_SCHEMA = "store_schema"
-    """The store lacks a trigger or an index that its schema version has, or holds one changed
-    or unknown to it: the fence's witness counts by triggers, the rows a history link reads are
+    """The store lacks a table, a trigger or an index that its schema version has, or holds one
+    changed or unknown to it (a table's SQL holds the CHECKs of v22's barrier, v23's stage,
+    v24's `host_only`): the fence's witness counts by triggers, the rows a history link reads are
     frozen by triggers, the barrier is a unique index (law 2, law 3, law 8,
     docs/design/store.md). What the migrations make is the reference: a fresh store migrated to
     the same version."""
@@ -123,6 +124,11 @@ class Law(StrEnum):
     one: `session.create` finds a deleted child's tree only through that column's index
     (`deleted_tree_at`), so a Session could start in a tree the daemon removes or removed (the
     worktree law), or be refused where no tree was deleted."""
+    SNAPSHOT_KEPT = "snapshot_kept"
+    """An operation that is not `failed` or `abandoned` has no frozen snapshot (its commit, or
+    its committed child's projection, would fail `ForkSnapshotCorrupt`), or a `failed` or
+    `abandoned` one still keeps one (schema v27: nothing reads it again, and the store grew by
+    a whole boundary's document with every fork that ended without a child)."""
     CHILD_OWNED = "child_owned"
     """A provider child in a provider home belongs to no operation that may own it, or its
     Turns are no such operation's frozen prefix (law 9)."""
@@ -345,6 +351,7 @@ STORE_LAWS = frozenset(
         Law.BARRIER_FLAG,
         Law.STAGE_COLUMN,
         Law.DELETED_TREE_PATH,
+        Law.SNAPSHOT_KEPT,
         Law.HOST_ONLY_TURN,
         Law.TURN_CLAIM,
         Law.PROVIDER_TURN_ONCE,
@@ -724,6 +731,38 @@ def _check_schema(ctx: _Ctx, conn: apsw.Connection) -> None:
             ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} is no part of schema v{version}")
         elif found[key] != expected[key]:
             ctx.fail(Law.STORE_SCHEMA, f"{key[0]} {key[1]} differs from schema v{version}'s")
+
+
+_TABLE_SQL = "SELECT name, sql FROM sqlite_master WHERE type = 'table'"
+_table_schemas: dict[int, dict[str, str]] = {}
+
+
+def _tables(conn: apsw.Connection) -> dict[str, str]:
+    return {str(n): " ".join(str(sql).split()) for n, sql in conn.execute(_TABLE_SQL)}
+
+
+def _check_tables(ctx: _Ctx, conn: apsw.Connection) -> None:
+    """`store_schema` over the tables: each as a fresh store migrated to the same version makes
+    it (same SQL). The CHECKs that hold a column to its law (v4's statuses, v14–v16, v22's
+    barrier, v23's stage, v24's `host_only`) are in a table's SQL and nowhere else, and the
+    migrations add them by editing that text (`storage.schema._edit_tables`: an edit that
+    matches nothing changes nothing and says nothing)."""
+    version = user_version(conn)
+    if version not in _table_schemas:
+        fresh = apsw.Connection(":memory:")
+        try:
+            migrate(fresh, version)
+            _table_schemas[version] = _tables(fresh)
+        finally:
+            fresh.close()
+    expected, found = _table_schemas[version], _tables(conn)
+    for name in sorted(expected.keys() | found.keys()):
+        if name not in found:
+            ctx.fail(Law.STORE_SCHEMA, f"schema v{version} has table {name}; the store lacks it")
+        elif name not in expected:
+            ctx.fail(Law.STORE_SCHEMA, f"table {name} is no part of schema v{version}")
+        elif found[name] != expected[name]:
+            ctx.fail(Law.STORE_SCHEMA, f"table {name} differs from schema v{version}'s")
 
 
 def _check_children(
@@ -1118,6 +1157,29 @@ def _check_single_holders(ctx: _Ctx, ops: list[dict[str, Any]]) -> None:
                 f"operation {o['operation_id']} ({o['status']}, tree"
                 f" {o.get('workspace_state')}): deleted_tree_path {o['deleted_tree_path']!r},"
                 f" its deleted tree's path {want!r}",
+            )
+
+
+ENDED_SNAPSHOTS_DROPPED_SINCE = 27
+"""The schema version from which a fork that ended without a child keeps no snapshot."""
+
+
+def _check_ended_snapshots(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    """`snapshot_kept`: a snapshot row (the `LEFT JOIN`'s `snapshot_json`, never NULL in its
+    table) for exactly the operations not `failed` or `abandoned`."""
+    if user_version(conn) < ENDED_SNAPSHOTS_DROPPED_SINCE:
+        return  # a store from before v27 kept every snapshot
+    for o in ops:
+        ended = o["status"] in ("failed", "abandoned")
+        if ended and o["snapshot_json"] is not None:
+            ctx.fail(
+                Law.SNAPSHOT_KEPT,
+                f"operation {o['operation_id']} ({o['status']}) still keeps its snapshot",
+            )
+        elif not ended and o["snapshot_json"] is None:
+            ctx.fail(
+                Law.SNAPSHOT_KEPT,
+                f"operation {o['operation_id']} ({o['status']}) has no snapshot",
             )
 
 
@@ -2950,6 +3012,7 @@ def check_invariants(
         try:
             _check_integrity(ctx, conn)
             _check_schema(ctx, conn)
+            _check_tables(ctx, conn)
             _check_completed_turns(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
@@ -2976,6 +3039,7 @@ def check_invariants(
             _check_fence_witness(ctx, conn, ops)
             _check_kept_digests(ctx, conn)
             _check_fence_window(ctx, conn, ops)
+            _check_ended_snapshots(ctx, conn, ops)
         finally:
             conn.close()
         _check_single_holders(ctx, ops)
