@@ -57,7 +57,6 @@ from drivers.failpoints import Failpoints
 from drivers.liveness import (
     DEFAULT_STOPPED_LIMIT_S,
     TreeWatch,
-    kill_tree,
     stopped_error,
     unresponsive_error,
 )
@@ -622,6 +621,10 @@ class AppServerDriver:
         runtime = session.runtime
         if runtime is not None and runtime.alive:
             return runtime
+        if runtime is not None:
+            # Its process exited, but not necessarily all of it: a launcher's child may still
+            # hold the home and the thread's writer lock (`AppServerProcess.kill_tree`).
+            runtime.proc.end("app-server exited; what was left of it was killed")
         # Spawned and its thread opened with the home held: a transient app-server of the
         # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
         with self.runtimes.home(session.home, owner=session):
@@ -753,7 +756,7 @@ class AppServerDriver:
         # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
         # check) and starts a new one; the reader thread reports the exit, with no Turn left.
         active = self.events.take_active(session)
-        kill_tree(pid)
+        runtime.proc.kill_tree()
         self.events.send_failed(session, active, error)
         return True
 
@@ -816,7 +819,7 @@ class AppServerDriver:
         )
         runtime.stopped_error = error
         active = self.events.take_active(session)
-        kill_tree(pid)
+        runtime.proc.kill_tree()
         self.events.send_failed(session, active, error)
 
 

@@ -313,6 +313,9 @@ class AppServerProcess:
                 stderr=stderr,
                 env=self._env,
                 cwd=self._cwd,
+                # A group of its own: what a launcher spawns stays in it after the launcher
+                # is gone (`kill_tree`).
+                process_group=0,
             )
         except OSError as exc:
             if log is not None:
@@ -378,6 +381,7 @@ class AppServerProcess:
                 proc.wait()
         if not eof:
             self._close_stdin(proc, timeout)  # the writer let go by the exit
+        self._kill_group(proc)  # a launcher's child left behind (`kill_tree`)
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
         self._mark_closed("app-server closed by the client")
@@ -394,6 +398,24 @@ class AppServerProcess:
         finally:
             self._write_lock.release()
         return True
+
+    def kill_tree(self) -> None:
+        """SIGKILL the server, everything below it and everything left in its process group.
+        A launcher's child (npm's `node` wrapper runs the native `codex` as one) outlives a
+        launcher killed alone: reparented, out of the launcher's tree, with no parent-death
+        signal, it keeps the server's pipes and the home — it would answer a fork the worker
+        gave up on, write its child after the `unknown`, and hold the thread's writer lock
+        against the Session's next app-server. Its group is the server's still."""
+        proc = self._proc
+        if proc is None:
+            return
+        kill_tree(proc.pid)
+        self._kill_group(proc)
+
+    @staticmethod
+    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
+        with contextlib.suppress(OSError):  # none left: the group is gone
+            os.killpg(proc.pid, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the process (tests and wedged servers); the reader reports the exit."""
@@ -593,7 +615,7 @@ class AppServerProcess:
             "it was killed, and a new one starts at the next Turn"
         )
         self._mark_closed(reason)  # its users see it gone at once, in these words
-        kill_tree(proc.pid)
+        self.kill_tree()
         return reason
 
     def _read_loop(self) -> None:
@@ -654,13 +676,13 @@ class AppServerProcess:
         if proc is None:
             return
         self._mark_closed(reason)
-        kill_tree(proc.pid)
+        self.kill_tree()
         proc.wait()
 
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
         these words (killed first: the next Turn, started by the failure, finds it gone)."""
-        kill_tree(proc.pid)
+        self.kill_tree()
         proc.wait()
         reason = (
             f"{PROVIDER_PROTOCOL_ERROR}: the app-server (pid {proc.pid}) {what}; it was killed, "
