@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from domain.json_text import loads_bytes_as_stdlib
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
@@ -381,7 +383,6 @@ class AppServerProcess:
                 proc.wait()
         if not eof:
             self._close_stdin(proc, timeout)  # the writer let go by the exit
-        self._kill_group(proc)  # a launcher's child left behind (`kill_tree`)
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
         self._mark_closed("app-server closed by the client")
@@ -409,13 +410,19 @@ class AppServerProcess:
         proc = self._proc
         if proc is None:
             return
-        kill_tree(proc.pid)
-        self._kill_group(proc)
-
-    @staticmethod
-    def _kill_group(proc: subprocess.Popen[bytes]) -> None:
-        with contextlib.suppress(OSError):  # none left: the group is gone
-            os.killpg(proc.pid, signal.SIGKILL)
+        if proc.returncode is None:  # not reaped: its pid (and its group's id) still ours
+            kill_tree(proc.pid)
+            with contextlib.suppress(OSError):  # none left: the group is gone
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        # Reaped: the id now names a group only while a member is left in it, or another
+        # process's if it was freed and taken again; only the server's own are killed (the
+        # private HOME of its environment, inherited by what it spawned).
+        mark = self._env.get("HOME")
+        if mark:
+            for pid in _group_members(proc.pid, f"HOME={mark}".encode()):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the process (tests and wedged servers); the reader reports the exit."""
@@ -774,6 +781,21 @@ def private_env(
     env["TMPDIR"] = str(tmp)
     env.update(extra or {})
     return env
+
+
+def _group_members(pgid: int, mark: bytes) -> list[int]:
+    """The processes in group `pgid` whose environment holds `mark` (`KEY=value`)."""
+    found = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:
