@@ -319,6 +319,7 @@ class SessionRuntime:
             model=session.model,
             provider_session_id=session.provider_session_id,
             runtime_context=dict(session.runtime_context),
+            bound_history=bool(session.provider_session_id) and self.bound_history(),
         )
         fut = self._core.ctx.workers.start_session(
             session.provider, request, self._core.ctx.timeouts.session_start_s

@@ -529,7 +529,9 @@ class Attestation:
 
 @dataclass(frozen=True, slots=True)
 class SessionStart:
-    """`session.start`: start or resume a Session's provider runtime on its own home."""
+    """`session.start`: start or resume a Session's provider runtime on its own home.
+    `bound_history`: as `TurnStart`'s (a driver that finds the bound history gone fails the
+    start rather than resume or start afresh)."""
 
     METHOD: ClassVar[str] = "session.start"
 
@@ -540,9 +542,10 @@ class SessionStart:
     model: str | None
     provider_session_id: str | None
     runtime_context: Mapping[str, Any]
+    bound_history: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "agentSessionId": self.agent_session_id,
             "home": self.home,
             "cwd": self.cwd,
@@ -551,6 +554,9 @@ class SessionStart:
             "providerSessionId": self.provider_session_id,
             "runtimeContext": dict(self.runtime_context),
         }
+        if self.bound_history:
+            out["boundHistory"] = True
+        return out
 
 
 @dataclass(frozen=True, slots=True)

@@ -1165,6 +1165,19 @@ def _receipt(plan: _Plan) -> RolloutReceipt:
     )
 
 
+def _parse_source(data: bytes, thread_id: str, path: str, spans: ParsedSpans) -> ParsedRollout:
+    """A source rollout's parse, or the `BinderError` that refuses it."""
+    try:
+        return parse_rollout(data, thread_id, spans)
+    except ValueError as exc:
+        failure = (
+            BindFailure.SOURCE_IDENTITY_MISMATCH
+            if "session_meta.id" in str(exc)
+            else BindFailure.SOURCE_ROLLOUT_CORRUPT
+        )
+        raise BinderError(failure, f"{path}: {exc}") from None
+
+
 class RolloutBinder:
     """Binds fork children between rollout homes; stateless, safe to call concurrently for
     different targets and idempotent for the same one."""
@@ -1184,6 +1197,9 @@ class RolloutBinder:
         ] = {}
         self._ahead_lock = threading.Lock()
         self._running: dict[tuple[str, str], threading.Thread] = {}  # `start_ahead`'s threads
+        # (home, thread) → (its rollout's path, (inode, size, mtime)) when `check_source` last
+        # passed it
+        self._checked: dict[tuple[str, str], tuple[str, tuple[int, int, int]]] = {}
 
     def start_ahead(self, home: Path | str, thread_id: str) -> threading.Thread | None:
         """`validate_ahead` on a thread of its own (named `validate-ahead`), or the one already
@@ -1283,6 +1299,48 @@ class RolloutBinder:
             return parsed
         except (OSError, ValueError, BinderError):
             return False
+
+    def check_source(self, home: Path | str, thread_id: str) -> None:
+        """Raise the `BinderError` a bind would raise reading `thread_id`'s rollout in `home`
+        as its source: none or two there, a link, a torn last line or a line that is no
+        rollout record, another thread's `session_meta`. Read before a provider's fork of it,
+        so a source the bind would refuse is refused before the provider makes a child. The
+        parse is kept in `spans`: the bind of the same bytes takes it. A rollout that passed
+        and is still that file, unchanged (inode, size, modification time), is not read again:
+        only an early refusal, the bind judges every byte after the fork."""
+        home = os.path.abspath(home)
+        key = (home, thread_id)
+        with self._ahead_lock:
+            last = self._checked.get(key)
+        if last is not None:
+            with contextlib.suppress(OSError):
+                st = os.lstat(last[0])
+                if (st.st_ino, st.st_size, st.st_mtime_ns) == last[1]:
+                    return
+        if not _THREAD_ID.match(thread_id):
+            raise BinderError(BindFailure.BAD_THREAD_ID, f"bad thread id {thread_id!r}")
+        try:
+            sources = rollout_paths(home, thread_id)
+        except OSError as exc:
+            raise BinderError(BindFailure.IO_ERROR, str(exc)) from exc
+        if not sources:
+            raise BinderError(BindFailure.SOURCE_ROLLOUT_MISSING, f"no rollout for {thread_id}")
+        if len(sources) > 1:
+            raise BinderError(
+                BindFailure.SOURCE_ROLLOUT_AMBIGUOUS, f"{len(sources)} for {thread_id}"
+            )
+        try:
+            st = os.lstat(sources[0])
+        except OSError as exc:
+            raise BinderError(BindFailure.SOURCE_ROLLOUT_MISSING, f"{sources[0]}: {exc}") from exc
+        data = self._read(sources[0], missing=BindFailure.SOURCE_ROLLOUT_MISSING)
+        _parse_source(data, thread_id, sources[0], self.spans)
+        if len(data) == st.st_size:  # the bytes judged are the file `st` saw
+            with self._ahead_lock:
+                self._checked.pop(key, None)
+                self._checked[key] = (sources[0], (st.st_ino, st.st_size, st.st_mtime_ns))
+                while len(self._checked) > SPANS_MAX:
+                    del self._checked[next(iter(self._checked))]
 
     def available(self) -> bool:
         """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
@@ -1432,15 +1490,7 @@ class RolloutBinder:
         # directories that are no links, and the read opens it with `O_NOFOLLOW` (a link
         # named as the rollout is refused there, `SYMLINKED_PATH`).
         source_bytes = self._read(source, missing=BindFailure.SOURCE_ROLLOUT_MISSING)
-        try:
-            parsed = parse_rollout(source_bytes, thread_id, self.spans)
-        except ValueError as exc:
-            failure = (
-                BindFailure.SOURCE_IDENTITY_MISMATCH
-                if "session_meta.id" in str(exc)
-                else BindFailure.SOURCE_ROLLOUT_CORRUPT
-            )
-            raise BinderError(failure, f"{source}: {exc}") from None
+        parsed = _parse_source(source_bytes, thread_id, source, self.spans)
         meta = parsed.meta
         relative = _below(source, source_home)
         # An archived target is repaired where it lives, never duplicated into sessions/.

@@ -20,7 +20,7 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
-from domain.errors import Conflict, InvalidArgument, SessionBusy
+from domain.errors import Conflict, InvalidArgument, ProviderNotCalled, SessionBusy
 from domain.worker_messages import (
     ForkRequest,
     ForkResult,
@@ -57,10 +57,12 @@ from drivers.failpoints import Failpoints
 from drivers.liveness import (
     DEFAULT_STOPPED_LIMIT_S,
     TreeWatch,
-    kill_tree,
     stopped_error,
     unresponsive_error,
 )
+
+PROVIDER_HISTORY_MISSING = "provider_history_missing"
+"""The reason a Turn of a Session whose bound provider history is gone fails with."""
 
 
 class AppServerDriver:
@@ -279,6 +281,7 @@ class AppServerDriver:
         if stale is not None and stale.runtime is not None:
             stale.runtime.proc.close()
         with session.op_lock:
+            self._check_history(session, params)
             runtime = self._ensure_runtime(session)
         context = self._verdict(runtime)
         context.update(self.provider.session_context(home, session.thread_id))
@@ -323,6 +326,7 @@ class AppServerDriver:
         if not turn_id:
             raise InvalidArgument("turnId", "turnId is required")
         with session.op_lock:
+            self._check_history(session, params)
             runtime = self._ensure_runtime(session)
             with session.state_lock:
                 if session.active or session.awaiting_turn is not None:
@@ -357,6 +361,8 @@ class AppServerDriver:
             runtime = session.runtime
             if runtime is None or not runtime.alive:
                 return False
+            if self._history_gone(session, params, search=False) is not False:
+                return False  # gone (`start_turn` fails it, typed), or not known without a walk
             with session.state_lock:
                 if session.active or session.awaiting_turn is not None:
                     return False  # `start_turn` refuses it, typed
@@ -440,6 +446,29 @@ class AppServerDriver:
         self.events.claim_turn(session, provider_turn_id)
         session.last_used = time.monotonic()
         return {"providerTurnId": provider_turn_id}
+
+    def _history_gone(
+        self, session: SessionState, params: Mapping[str, Any], *, search: bool
+    ) -> bool | None:
+        """Whether the Session's provider history is gone though the host bound Turns of it
+        (`boundHistory`): False when not bound, or the provider keeps no such check."""
+        gone = getattr(self.provider, "history_gone", None)
+        if gone is None or params.get("boundHistory") is not True or not session.thread_id:
+            return False
+        result: bool | None = gone(session.home, session.thread_id, search=search)
+        return result
+
+    def _check_history(self, session: SessionState, params: Mapping[str, Any]) -> None:
+        """Refuse a start of a Session whose bound history is gone before the app-server gets
+        anything: a live server would run the Turn on the conversation it holds in memory
+        into a removed file, nobody told; a new one cannot resume the thread at all."""
+        if self._history_gone(session, params, search=True):
+            raise ProviderNotCalled(
+                f"{PROVIDER_HISTORY_MISSING}: {self.kind} thread {session.thread_id} has Turns "
+                f"the host bound, but its rollout is not in its home {session.home}; a Turn "
+                "would not be kept (or could not resume the conversation), so none was "
+                "started. Put the rollout back, or start a new Session"
+            )
 
     def _expire_turn_starts(self, now: float) -> None:
         """`begin_turn`'s requests unanswered past `request_timeout_s` fail as `start_turn`'s
@@ -592,6 +621,10 @@ class AppServerDriver:
         runtime = session.runtime
         if runtime is not None and runtime.alive:
             return runtime
+        if runtime is not None:
+            # Its process exited, but not necessarily all of it: a launcher's child may still
+            # hold the home and the thread's writer lock (`AppServerProcess.kill_tree`).
+            runtime.proc.end("app-server exited; what was left of it was killed")
         # Spawned and its thread opened with the home held: a transient app-server of the
         # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
         with self.runtimes.home(session.home, owner=session):
@@ -723,7 +756,7 @@ class AppServerDriver:
         # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
         # check) and starts a new one; the reader thread reports the exit, with no Turn left.
         active = self.events.take_active(session)
-        kill_tree(pid)
+        runtime.proc.kill_tree()
         self.events.send_failed(session, active, error)
         return True
 
@@ -786,7 +819,7 @@ class AppServerDriver:
         )
         runtime.stopped_error = error
         active = self.events.take_active(session)
-        kill_tree(pid)
+        runtime.proc.kill_tree()
         self.events.send_failed(session, active, error)
 
 

@@ -56,6 +56,10 @@ READABILITY_APP_SERVER = "app_server"
 # child's first resume stays the second line of defence.
 
 
+SOURCE_RECHECK_S = 0.05
+"""How long a fork waits before it reads a source rollout it would refuse once more."""
+
+
 class ReaderNotApplicable(Exception):
     """The in-worker reader cannot judge this child (another provider version, a history
     format it does not know); the caller must prove readability another way."""
@@ -226,6 +230,9 @@ class ForkThroughTurn:
             return ForkResult.not_started("source thread does not show the frozen turn prefix")
         if source_turns[len(prefix) - 1][1] == "inProgress":
             return ForkResult.not_started("the boundary turn is still in progress")
+        refused = self._source_refused(source_home, source_id)
+        if refused is not None:
+            return ForkResult.not_started(f"source rollout refused before thread/fork: {refused}")
         try:
             if self.failpoints.armed:
                 self.failpoints.hit("worker.fork.before_provider_call")
@@ -374,6 +381,25 @@ class ForkThroughTurn:
         if not self.provider.fork_copies_source:
             return None
         return self.binder.start_ahead(source_home, source_id)
+
+    def _source_refused(self, source_home: str, source_id: str) -> BinderError | None:
+        """For a provider whose child references the source (not `fork_copies_source`: the
+        bind then copies the source's rollout as the child's ancestor), the source's rollout
+        read as the bind will read it, before the provider makes a child: a rollout the bind
+        would refuse (torn, unreadable, gone, two) fails the fork now, where nothing was made,
+        not after `thread/fork` as `unknown` with a child left for a resolve. A refusal is
+        looked at once more a moment later: a live app-server may be writing its last line."""
+        if self.provider.fork_copies_source:
+            return None
+        for again in (False, True):
+            if again:
+                time.sleep(SOURCE_RECHECK_S)
+            try:
+                self.binder.check_source(source_home, source_id)
+                return None
+            except BinderError as exc:
+                refused = exc
+        return refused
 
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+import psutil
+
 from domain.json_text import loads_bytes_as_stdlib
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
@@ -313,6 +315,9 @@ class AppServerProcess:
                 stderr=stderr,
                 env=self._env,
                 cwd=self._cwd,
+                # A group of its own: what a launcher spawns stays in it after the launcher
+                # is gone (`kill_tree`).
+                process_group=0,
             )
         except OSError as exc:
             if log is not None:
@@ -394,6 +399,30 @@ class AppServerProcess:
         finally:
             self._write_lock.release()
         return True
+
+    def kill_tree(self) -> None:
+        """SIGKILL the server, everything below it and everything left in its process group.
+        A launcher's child (npm's `node` wrapper runs the native `codex` as one) outlives a
+        launcher killed alone: reparented, out of the launcher's tree, with no parent-death
+        signal, it keeps the server's pipes and the home — it would answer a fork the worker
+        gave up on, write its child after the `unknown`, and hold the thread's writer lock
+        against the Session's next app-server. Its group is the server's still."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:  # not reaped: its pid (and its group's id) still ours
+            kill_tree(proc.pid)
+            with contextlib.suppress(OSError):  # none left: the group is gone
+                os.killpg(proc.pid, signal.SIGKILL)
+            return
+        # Reaped: the id now names a group only while a member is left in it, or another
+        # process's if it was freed and taken again; only the server's own are killed (the
+        # private HOME of its environment, inherited by what it spawned).
+        mark = self._env.get("HOME")
+        if mark:
+            for pid in _group_members(proc.pid, f"HOME={mark}".encode()):
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
 
     def kill(self) -> None:
         """SIGKILL the process (tests and wedged servers); the reader reports the exit."""
@@ -593,7 +622,7 @@ class AppServerProcess:
             "it was killed, and a new one starts at the next Turn"
         )
         self._mark_closed(reason)  # its users see it gone at once, in these words
-        kill_tree(proc.pid)
+        self.kill_tree()
         return reason
 
     def _read_loop(self) -> None:
@@ -654,13 +683,13 @@ class AppServerProcess:
         if proc is None:
             return
         self._mark_closed(reason)
-        kill_tree(proc.pid)
+        self.kill_tree()
         proc.wait()
 
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
         these words (killed first: the next Turn, started by the failure, finds it gone)."""
-        kill_tree(proc.pid)
+        self.kill_tree()
         proc.wait()
         reason = (
             f"{PROVIDER_PROTOCOL_ERROR}: the app-server (pid {proc.pid}) {what}; it was killed, "
@@ -752,6 +781,21 @@ def private_env(
     env["TMPDIR"] = str(tmp)
     env.update(extra or {})
     return env
+
+
+def _group_members(pgid: int, mark: bytes) -> list[int]:
+    """The processes in group `pgid` whose environment holds `mark` (`KEY=value`)."""
+    found = []
+    for pid in psutil.pids():
+        try:
+            if os.getpgid(pid) != pgid:
+                continue
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                if mark in fh.read().split(b"\0"):
+                    found.append(pid)
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return found
 
 
 def _exited(proc: subprocess.Popen[bytes], timeout: float) -> bool:

@@ -35,7 +35,7 @@ from drivers.app_server.process import (
 from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.state import Runtime
 from drivers.errors import DriverError
-from drivers.liveness import PROVIDER_STOPPED, TreeWatch, kill_tree, stopped_start_error
+from drivers.liveness import PROVIDER_STOPPED, TreeWatch, stopped_start_error
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
@@ -196,7 +196,7 @@ class Runtimes:
             # as a Turn's stopped provider is: it did not fail, it could not answer.
             stopped = TreeWatch(pid).stopped(time.monotonic()) if pid is not None else None
             if pid is not None and stopped is not None:
-                kill_tree(pid)  # a stopped process below it would outlive the close
+                proc.kill_tree()  # a stopped process below it would outlive the close
             proc.close(1.0)
             if pid is not None and stopped is not None:
                 raise DriverError(

@@ -8,6 +8,7 @@ in its own home (the binder re-run at resume, its ancestors loaded before a read
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -87,6 +88,8 @@ class CodexProvider:
         self._homes_lock = threading.Lock()
         # Self-repair at resume never fires the fork failpoints (they belong to the saga).
         self._resume_binder = RolloutBinder()
+        # Each home's thread and its rollout, once found: a later check is one `stat`.
+        self._rollouts: dict[Path, tuple[str, Path]] = {}
 
     def command(self) -> list[str]:
         native = bool(self.config.get("resolve_native_binary", True))
@@ -148,6 +151,35 @@ class CodexProvider:
     def close_session(self, home: Path) -> None:
         with self._homes_lock:
             self._homes.pop(home, None)
+            self._rollouts.pop(home, None)
+
+    def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
+        """Whether the thread's rollout is gone from `home` (True), there (False), or not
+        known without a search of the home (None, with `search` false: a caller that must not
+        walk directories). An app-server keeps a thread whose file was removed in memory and
+        goes on appending to the removed file, so a bound history is checked here, not asked
+        of it. A fork child is left to its re-bind at start (`_rebind`), which repairs or
+        refuses its copy from the recorded source."""
+        with self._homes_lock:
+            spec = self._homes.get(home)
+            known = self._rollouts.get(home)
+        if spec is not None and spec.lineage is not None:
+            return False
+        if known is not None and known[0] == thread_id:
+            try:
+                os.stat(known[1])
+                return False
+            except OSError:
+                pass  # gone, or moved: searched again below
+        if not search:
+            return None
+        path = rollout_path(home, thread_id)
+        with self._homes_lock:
+            if path is None:
+                self._rollouts.pop(home, None)
+            else:
+                self._rollouts[home] = (thread_id, path)
+        return path is None
 
     def homes_kept(self) -> int:
         with self._homes_lock:
