@@ -10,7 +10,9 @@ adding its own subcommands (`serve`, `keys`) before and after the client's, and 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import io
 import os
 import re
 import sys
@@ -90,6 +92,7 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         # only UTF-8 text, and its encoder's error would be a traceback.
         print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
         return EXIT_USAGE
+    _replace_what_the_terminal_cannot_show()
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -103,6 +106,14 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _replace_what_the_terminal_cannot_show() -> None:
+    """A terminal whose encoding is not UTF-8 (a Latin-1 locale) cannot show a title's `★` or
+    the transcript's `—`: it gets `?` for them, not a traceback after the turn was sent."""
+    stdout = sys.stdout
+    if isinstance(stdout, io.TextIOWrapper) and codecs.lookup(stdout.encoding).name != "utf-8":
+        stdout.reconfigure(errors="replace")
 
 
 def _not_utf8(values: Iterable[object]) -> str | None:
