@@ -356,7 +356,8 @@ class AgentHostApp(App[int]):
         if session is None:
             self.notify("open a session first", severity="warning")
             return
-        self.push_screen(DetailsScreen(details_text(session, self.turns)))
+        unknown = self.engine.unknown_operations(str(self.current))
+        self.push_screen(DetailsScreen(details_text(session, self.turns, unknown)))
 
     def action_fork_turn(self) -> None:
         self.forks.pick_turn()

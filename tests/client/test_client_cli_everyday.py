@@ -295,6 +295,10 @@ def test_references_that_match_nothing_give_a_hint(cli: Cli) -> None:
     assert "its turns are 1..1" in turn.stderr
     op = cli.json("op", "no-such-op", code=1)["error"]
     assert op["status"] == 404 and "give the full operation id" in op["message"]
+    # Where a person finds it: `show` of a source lists none of its forks, so the hint names
+    # what does (the GUI marks an unknown fork by 8 characters, its F3 gives the whole id).
+    assert "`agenthost show CHILD` a committed fork's" in op["message"]
+    assert "the GUI's details (F3) an unknown fork's" in op["message"]
     new_session(cli, "Second")
     new_session(cli, "Third")
     ambiguous = cli.run("show", "")
