@@ -18,9 +18,10 @@ import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO, cast
 
 from client.cli import forks, launch_gui, manage, sessions, turns, workspace
-from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ShownStream
 from domain.providers import PROVIDERS
 
 SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse names no public type for it
@@ -93,6 +94,13 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
         return EXIT_USAGE
     _replace_what_the_terminal_cannot_show()
+    # `serve` and `gui` write the terminal's own escape sequences (logs, Textual); the rest
+    # write what others wrote, shown as text (`ShownStream`).
+    shield = args.command not in ("serve", "gui")
+    stdout, stderr = sys.stdout, sys.stderr
+    if shield:
+        sys.stdout = cast(TextIO, ShownStream(stdout))
+        sys.stderr = cast(TextIO, ShownStream(stderr))
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -106,6 +114,9 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    finally:
+        if shield:
+            sys.stdout, sys.stderr = stdout, stderr
 
 
 def _replace_what_the_terminal_cannot_show() -> None:
