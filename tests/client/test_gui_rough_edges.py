@@ -193,3 +193,26 @@ def test_the_open_session_deleted_by_another_client_offers_no_fork_of_its_turns(
         assert "can fork" not in drawn_header(app, 0)
 
     run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_escape_sequences_in_a_title_or_a_reply_never_reach_the_terminal(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # A title another client set and the model's reply: an escape sequence in them, drawn as
+    # it came, would be obeyed by the terminal the GUI runs in (clear it, write its clipboard).
+    from tests.client.make_screenshot import screen_segments
+
+    sid = create_session(client, ws, title="evil\x1b[2J\x1b]52;c;aGk=\x1b\\ title")[
+        "agentSessionId"
+    ]
+    run_turn(client, sid, "colour \x1b[31mred\x9b2J", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        await pilot.pause(0.2)
+        drawn = "".join(s.text for line in screen_segments(app) for s in line if not s.control)
+        assert "evil" in drawn and "colour" in drawn, drawn
+        for raw in ("\x1b", "\x9b"):
+            assert raw not in drawn, repr(drawn)
+
+    run_app(daemon, ws, (100, 30), scenario)
