@@ -65,6 +65,17 @@ def home_path(text: str) -> Path:
     return Path(text)
 
 
+def workspace_id(text: str) -> str:
+    """`--workspace`: never empty (`--workspace "$WS"` with WS unset is a mistake, as an empty
+    `--home` is; the daemon would refuse it only after a connection, as its own error)."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "empty (an unset variable?): give a workspace id, or leave --workspace out for "
+            "'default'"
+        )
+    return text
+
+
 _ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
 
 
@@ -177,7 +188,9 @@ def build_parser(
         default=None,
         help="connection file for TCP (CURVE keys; default: $AGENTHOST_CONNECTION)",
     )
-    p.add_argument("--workspace", default="default", help="workspace id (default: default)")
+    p.add_argument(
+        "--workspace", type=workspace_id, default="default", help="workspace id (default: default)"
+    )
     p.add_argument(
         "--timeout", type=seconds, default=10.0, help="seconds to wait for a reply (default: 10)"
     )

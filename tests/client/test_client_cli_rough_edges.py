@@ -353,3 +353,18 @@ def test_a_terminal_that_is_not_utf8_gets_question_marks_not_a_traceback(
     # The session itself keeps its title, whatever one terminal could show of it.
     assert say(cli, sid, "again")["outcome"] == "completed"
     assert cli.json("show", sid)["session"]["title"] == "café"
+
+
+def test_an_empty_workspace_is_a_usage_error_caught_before_anything_is_sent(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # `--workspace "$WS"` with WS unset: a usage mistake (exit 2), as `--home ""` is; not the
+    # daemon's refusal (exit 1), and said the same whether a daemon runs or not (exit 3).
+    for home in (daemon.home, tmp_path / "no-daemon-here"):
+        cli = Cli(home, "")
+        for args in (["sessions"], ["new", "--title", "T"], ["show", "abc"]):
+            done = cli.run(*args)
+            assert done.returncode == 2, (home, args, done.stderr)
+            assert "--workspace" in done.stderr and "empty" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+    assert Cli(daemon.home, "default").run("sessions").returncode == 0
