@@ -105,13 +105,13 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
         return EXIT_USAGE
     _replace_what_the_terminal_cannot_show()
-    # `serve` and `gui` write the terminal's own escape sequences (logs, Textual); the rest
-    # write what others wrote, shown as text (`ShownStream`).
+    # What others wrote goes to a terminal shown as text (`ShownStream`); a pipe or a file gets
+    # it as it is (`diff > x.patch`). `serve` and `gui` write their own escape sequences.
     shield = args.command not in ("serve", "gui")
     stdout, stderr = sys.stdout, sys.stderr
     if shield:
-        sys.stdout = cast(TextIO, ShownStream(stdout))
-        sys.stderr = cast(TextIO, ShownStream(stderr))
+        sys.stdout = _shown_on_a_terminal(stdout)
+        sys.stderr = _shown_on_a_terminal(stderr)
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -128,6 +128,14 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
     finally:
         if shield:
             sys.stdout, sys.stderr = stdout, stderr
+
+
+def _shown_on_a_terminal(stream: TextIO) -> TextIO:
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):  # closed, or no file behind it
+        terminal = False
+    return cast(TextIO, ShownStream(stream)) if terminal else stream
 
 
 def _replace_what_the_terminal_cannot_show() -> None:
