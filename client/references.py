@@ -94,7 +94,8 @@ def resolve_operation(client: Client, ws: str, ref: str) -> str:
 
 OPERATION_HINT = (
     "an id prefix finds only the committed forks of live sessions; give the full operation id "
-    "(`agenthost fork` and `agenthost show` print it)"
+    "(`agenthost fork` prints it, `agenthost show CHILD` a committed fork's, the GUI's details "
+    "(F3) an unknown fork's)"
 )
 
 

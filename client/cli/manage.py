@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 
 from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit
+from client.control_chars import shown
 from protocol.methods import (
     FORK_GET,
     SESSION_DELETE,
@@ -48,7 +49,8 @@ def _fork_tree(args: argparse.Namespace, client: Client, session: Mapping[str, A
 
 def _ask(question: str) -> bool:
     try:
-        reply = input(question)
+        # input() on a terminal writes its prompt past sys.stdout: shown here.
+        reply = input(shown(question))
     except EOFError:
         reply = ""
     return reply.strip().lower() in ("y", "yes")

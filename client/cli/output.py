@@ -13,7 +13,9 @@ import argparse
 import json
 import sys
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TextIO
+
+from client.control_chars import shown
 
 EXIT_OK = 0
 EXIT_ERROR = 1
@@ -54,3 +56,18 @@ def emit(args: argparse.Namespace, data: Any, human: str) -> None:
         print(json.dumps(data))
     elif human:
         print(human)
+
+
+class ShownStream:
+    """A text stream that writes through `shown`: what the model, a tool or another client
+    wrote (a reply, a title, an approval's command) reaches a person's terminal as text."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream = stream
+
+    def write(self, text: str) -> int:
+        self.stream.write(shown(text))
+        return len(text)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.stream, name)

@@ -10,15 +10,18 @@ adding its own subcommands (`serve`, `keys`) before and after the client's, and 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import io
 import os
 import re
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import TextIO, cast
 
 from client.cli import forks, launch_gui, manage, sessions, turns, workspace
-from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE
+from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ShownStream
 from domain.providers import PROVIDERS
 
 SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse names no public type for it
@@ -62,6 +65,17 @@ def home_path(text: str) -> Path:
     return Path(text)
 
 
+def workspace_id(text: str) -> str:
+    """`--workspace`: never empty (`--workspace "$WS"` with WS unset is a mistake, as an empty
+    `--home` is; the daemon would refuse it only after a connection, as its own error)."""
+    if not text:
+        raise argparse.ArgumentTypeError(
+            "empty (an unset variable?): give a workspace id, or leave --workspace out for "
+            "'default'"
+        )
+    return text
+
+
 _ENDPOINT = re.compile(r"ipc://.+|tcp://(\[[0-9A-Fa-f:.]+\]|[^\s:/\[\]]+):[0-9]{1,5}")
 
 
@@ -90,6 +104,14 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         # only UTF-8 text, and its encoder's error would be a traceback.
         print(f"agenthost: invalid_argument: {undecodable!r} is not UTF-8 text", file=sys.stderr)
         return EXIT_USAGE
+    _replace_what_the_terminal_cannot_show()
+    # What others wrote goes to a terminal shown as text (`ShownStream`); a pipe or a file gets
+    # it as it is (`diff > x.patch`). `serve` and `gui` write their own escape sequences.
+    shield = args.command not in ("serve", "gui")
+    stdout, stderr = sys.stdout, sys.stderr
+    if shield:
+        sys.stdout = _shown_on_a_terminal(stdout)
+        sys.stderr = _shown_on_a_terminal(stderr)
     try:
         code = int(args.run(args))
         sys.stdout.flush()
@@ -103,6 +125,25 @@ def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) 
         return EXIT_OK
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+    finally:
+        if shield:
+            sys.stdout, sys.stderr = stdout, stderr
+
+
+def _shown_on_a_terminal(stream: TextIO) -> TextIO:
+    try:
+        terminal = stream.isatty()
+    except (AttributeError, ValueError):  # closed, or no file behind it
+        terminal = False
+    return cast(TextIO, ShownStream(stream)) if terminal else stream
+
+
+def _replace_what_the_terminal_cannot_show() -> None:
+    """A terminal whose encoding is not UTF-8 (a Latin-1 locale) cannot show a title's `★` or
+    the transcript's `—`: it gets `?` for them, not a traceback after the turn was sent."""
+    stdout = sys.stdout
+    if isinstance(stdout, io.TextIOWrapper) and codecs.lookup(stdout.encoding).name != "utf-8":
+        stdout.reconfigure(errors="replace")
 
 
 def _not_utf8(values: Iterable[object]) -> str | None:
@@ -155,7 +196,9 @@ def build_parser(
         default=None,
         help="connection file for TCP (CURVE keys; default: $AGENTHOST_CONNECTION)",
     )
-    p.add_argument("--workspace", default="default", help="workspace id (default: default)")
+    p.add_argument(
+        "--workspace", type=workspace_id, default="default", help="workspace id (default: default)"
+    )
     p.add_argument(
         "--timeout", type=seconds, default=10.0, help="seconds to wait for a reply (default: 10)"
     )

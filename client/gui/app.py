@@ -15,13 +15,14 @@ the app by messages.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any, ClassVar
 
 from textual.app import App, ComposeResult, SystemCommand
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
 from textual.css.query import NoMatches
+from textual.filter import LineFilter
 from textual.screen import Screen
 from textual.widgets import Button, Footer, Static, Tree
 
@@ -30,6 +31,7 @@ from client.engine.values import ChangeKind, EngineChange
 from client.gui.bridge import EngineChanged, bridge
 from client.gui.composer import Composer
 from client.gui.control_actions import ControlActions
+from client.gui.control_filter import ControlCharacters
 from client.gui.controls import InteractionBar
 from client.gui.diff_view import DiffScreen, diff_body, diff_title, no_diff_words
 from client.gui.fork_actions import ForkActions
@@ -132,6 +134,12 @@ class AgentHostApp(App[int]):
         self.forks = ForkActions(self, self.view)
         self.controls = ControlActions(self, self.view)
         self.restores = RestoreActions(self, self.view)
+        self._control_characters = ControlCharacters()
+
+    def get_line_filters(self) -> Sequence[LineFilter]:
+        """Textual's filters, then `ControlCharacters`: a title or a reply drawn as it came
+        could command the terminal."""
+        return [*super().get_line_filters(), self._control_characters]
 
     # -- the open session's state, read where the parts keep it --------------------------------
 
@@ -356,7 +364,8 @@ class AgentHostApp(App[int]):
         if session is None:
             self.notify("open a session first", severity="warning")
             return
-        self.push_screen(DetailsScreen(details_text(session, self.turns)))
+        unknown = self.engine.unknown_operations(str(self.current))
+        self.push_screen(DetailsScreen(details_text(session, self.turns, unknown)))
 
     def action_fork_turn(self) -> None:
         self.forks.pick_turn()

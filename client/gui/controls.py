@@ -29,7 +29,9 @@ class InteractionBar(Vertical):
     DEFAULT_CSS = """
     InteractionBar { height: auto; background: $warning 15%; padding: 0 1; display: none; }
     InteractionBar.-shown { display: block; }
-    InteractionBar .ask { height: auto; }
+    /* A long question or command stays a few lines high (it scrolls; the transcript holds it
+       whole), so its answer field, its buttons and the Turns stay in view. */
+    InteractionBar .ask { height: auto; max-height: 6; overflow-y: auto; }
     InteractionBar Horizontal { height: auto; }
     InteractionBar Button { margin: 0 1 0 0; min-width: 10; }
     InteractionBar Input { width: 1fr; }

@@ -95,8 +95,14 @@ def turn_glance(turn: Mapping[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]]) -> str:
-    """The details pane: the internal names the rest of the GUI puts into words."""
+def details_text(
+    session: Mapping[str, Any],
+    turns: Sequence[Mapping[str, Any]],
+    unknown: Mapping[str, Mapping[str, Any]] | None = None,
+) -> str:
+    """The details pane: the internal names the rest of the GUI puts into words, and the whole
+    id of each `unknown` fork (by boundary Turn id) that `agenthost resolve` needs: the mark
+    names it by 8 characters, and no prefix of an operation that is not committed is found."""
     caps = session.get("lifecycleCapabilities") or {}
     lines = [
         f"session {session['agentSessionId']}  kind {session.get('kind')}",
@@ -117,6 +123,12 @@ def details_text(session: Mapping[str, Any], turns: Sequence[Mapping[str, Any]])
             f"{turn.get('outcome')}, binding {turn['providerForkBindingState']}"
             + (", hostOnly" if turn.get("hostOnly") else "")
         )
+        operation = (unknown or {}).get(str(turn["turnId"]))
+        if operation is not None:
+            lines.append(
+                f"  fork unknown: operation {operation['operationId']}"
+                f" (agenthost resolve {operation['operationId']})"
+            )
     return "\n".join(lines)
 
 

@@ -344,6 +344,9 @@ class SessionView:
     async def render(self) -> None:
         session = self.engine.session(self.current) if self.current else None
         if session is None:
+            if self.current:
+                # Deleted under us (another client): its Turns stay to be read, forkable no more.
+                await self.refresh_actions()
             return
         await self.main.query_one(TranscriptView).show(
             session,

@@ -295,6 +295,10 @@ def test_references_that_match_nothing_give_a_hint(cli: Cli) -> None:
     assert "its turns are 1..1" in turn.stderr
     op = cli.json("op", "no-such-op", code=1)["error"]
     assert op["status"] == 404 and "give the full operation id" in op["message"]
+    # Where a person finds it: `show` of a source lists none of its forks, so the hint names
+    # what does (the GUI marks an unknown fork by 8 characters, its F3 gives the whole id).
+    assert "`agenthost show CHILD` a committed fork's" in op["message"]
+    assert "the GUI's details (F3) an unknown fork's" in op["message"]
     new_session(cli, "Second")
     new_session(cli, "Third")
     ambiguous = cli.run("show", "")
@@ -336,3 +340,35 @@ def test_a_turn_the_host_stopped_says_the_host_interrupted_it(tmp_path: Any) -> 
         assert "interrupted: by the host: it stopped while this turn ran" in shown
     finally:
         d.stop()
+
+
+def test_control_characters_from_the_model_or_a_title_are_shown_not_obeyed(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    # What the model, a tool or another client wrote reaches a person's terminal: an escape
+    # sequence would be obeyed (clear the screen, recolour, write the clipboard) and a carriage
+    # return would hide what came before it, here the real command of an approval.
+    from tests.client.test_client_cli_control import run_on_tty
+
+    sid = new_session(cli, "Plain")
+    hidden = "rm -rf ~/work\r" + "ls" + " " * 20
+    code, out = run_on_tty(cli, ["say", sid, f"/approve {hidden}"], b"n\n", after="? [y/N]")
+    assert code == 0, out
+    # The prompt's own line (the terminal adds a \r only before each newline).
+    prompt = out.split("? [y/N]", 1)[0].rsplit("\n", 1)[1]
+    assert "\r" not in prompt and prompt.startswith("approve rm -rf ~/work\\rls"), prompt
+    assert cli.run("rename", sid, "evil\x1b[2J\x1b]52;c;aGk=\x07title").returncode == 0
+    say(cli, sid, "colour \x1b[31mred\x9b2J")
+    for args in (["show", sid], ["sessions"], ["say", sid, "again \x1b[8m"]):
+        code, out = run_on_tty(cli, args, b"", after="(never shown)")
+        assert code == 0, out
+        out = out.replace("\r\n", "\n")  # the terminal's own line ends
+        for raw in ("\x1b", "\x07", "\x9b", "\r"):
+            assert raw not in out, (args, out)
+        if args[0] == "show":
+            assert "evil\\x1b[2J\\x1b]52;c;aGk=\\x07title" in out, out
+            assert "colour \\x1b[31mred\\x9b2J" in out, out
+    # A pipe or a file gets the text as it is (`agenthost diff S > x.patch` must apply).
+    assert "colour \x1b[31mred\x9b2J" in cli.run("show", sid).stdout
+    # The session keeps its text: --json carries it as it is.
+    assert cli.json("show", sid)["session"]["title"] == "evil\x1b[2J\x1b]52;c;aGk=\x07title"

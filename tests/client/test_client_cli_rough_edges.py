@@ -315,3 +315,56 @@ def test_bytes_that_are_not_utf8_are_a_usage_error_not_a_traceback(
     assert piped.stderr == b"agenthost: invalid_argument: say -: standard input is not UTF-8 text\n"
     timeline = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})
     assert timeline["turns"] == []
+
+
+def test_a_terminal_that_is_not_utf8_gets_question_marks_not_a_traceback(
+    daemon: DaemonProcess, ws: str
+) -> None:
+    # PYTHONIOENCODING stands for a terminal whose locale is Latin-1 (LANG=…ISO-8859-1): its
+    # stdout cannot encode a star, an em dash or a CJK character.
+    cli = Cli(daemon.home, ws)
+    sid = new_session(cli, "Plain")
+    env = {**os.environ, "PYTHONIOENCODING": "latin-1"}
+
+    def run(*args: str) -> subprocess.CompletedProcess[bytes]:
+        argv = [sys.executable, "-m", "agenthost.cli", "--home", str(daemon.home)]
+        return subprocess.run(
+            [*argv, "--workspace", ws, *args],
+            capture_output=True,
+            env=env,
+            timeout=60,
+            stdin=subprocess.DEVNULL,
+        )
+
+    runs = {
+        "rename": run("rename", sid, "★ star 日本"),
+        "say": run("say", sid, "hello ★ 日本"),
+        "sessions": run("sessions"),
+        "show": run("show", sid),
+        "tree": run("tree", sid),
+    }
+    for name, done in runs.items():
+        assert done.returncode == 0, (name, done.stderr.decode("latin-1"))
+        assert b"Traceback" not in done.stderr, name
+    assert b"? star ??" in runs["sessions"].stdout
+    assert b"assistant: echo: hello ? ??" in runs["say"].stdout
+    # What the terminal can show is shown as it is: Latin-1 has é.
+    assert run("rename", sid, "café").stdout.endswith("caf\xe9\n".encode("latin-1"))
+    # The session itself keeps its title, whatever one terminal could show of it.
+    assert say(cli, sid, "again")["outcome"] == "completed"
+    assert cli.json("show", sid)["session"]["title"] == "café"
+
+
+def test_an_empty_workspace_is_a_usage_error_caught_before_anything_is_sent(
+    daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    # `--workspace "$WS"` with WS unset: a usage mistake (exit 2), as `--home ""` is; not the
+    # daemon's refusal (exit 1), and said the same whether a daemon runs or not (exit 3).
+    for home in (daemon.home, tmp_path / "no-daemon-here"):
+        cli = Cli(home, "")
+        for args in (["sessions"], ["new", "--title", "T"], ["show", "abc"]):
+            done = cli.run(*args)
+            assert done.returncode == 2, (home, args, done.stderr)
+            assert "--workspace" in done.stderr and "empty" in done.stderr, done.stderr
+            assert "Traceback" not in done.stderr
+    assert Cli(daemon.home, "default").run("sessions").returncode == 0

@@ -297,3 +297,29 @@ def test_each_turn_shows_what_it_did_at_a_glance(
         assert "1 tool call · approval approved" in approved
 
     run_app(daemon, ws, size, scenario)
+
+
+@pytest.mark.parametrize("size", SIZES)
+def test_a_long_question_leaves_its_answer_field_and_the_transcript_in_view(
+    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
+) -> None:
+    # A question of a few thousand characters (a plan to agree to, a pasted log): the bar that
+    # asks it must not push its own answer field (nor the Turns) off the screen.
+    sid = create_session(client, ws, title="Long ask")["agentSessionId"]
+    question = " ".join(f"step {i} of the plan;" for i in range(400)) + " which colour?"
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 0)
+        submit(client, sid, f"/ask {question}", ws)
+        await until(pilot, lambda: app.query("#answer-input"))
+        await pilot.press("ctrl+t")
+        await until(pilot, lambda: getattr(app.focused, "id", None) == "answer-input")
+        field = app.query_one("#answer-input")
+        assert field.region.bottom <= size[1] and field.region.height > 0, field.region
+        transcript = app.query_one(TranscriptView)
+        assert transcript.region.height >= 3, transcript.region
+        await pilot.press(*"teal", "enter")
+        turn = await settled(pilot, client, ws, sid)
+        assert turn["messages"][-1]["text"] == "teal"
+
+    run_app(daemon, ws, size, scenario)

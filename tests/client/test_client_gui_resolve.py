@@ -427,3 +427,24 @@ def test_session_list_shows_fork_ordinals_and_marks_deleted_ancestors(
         assert "deleted" not in got[a]
 
     run_app(daemon, ws, scenario)
+
+
+def test_the_details_pane_names_an_unknown_forks_whole_operation_id_for_the_cli(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # The mark names the operation by 8 characters; `agenthost resolve` needs the whole id of
+    # an operation that is not committed (no wire method lists them), so F3 gives it whole.
+    sid, turns = source(client, ws, turns=1, title="Copy the id")
+    op = unknown_fork(client, ws, sid, turns[0], "worker.fork.before_provider_call", daemon.events)
+    operation_id = str(op["operationId"])
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        await click(app, pilot, f"#fork-{turns[0]}")
+        await until(pilot, lambda: marked(app, turns[0]))
+        await pilot.press("f3")
+        await wait(pilot, lambda: hasattr(app.screen, "text"))
+        details = str(app.screen.text)  # type: ignore[attr-defined]
+        assert f"agenthost resolve {operation_id}" in details, details
+
+    run_app(daemon, ws, scenario)

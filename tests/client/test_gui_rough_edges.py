@@ -171,3 +171,48 @@ def test_toasts_leave_the_message_box_and_a_dialogs_buttons_in_view_at_80x24(
             await scenario(app, pilot)
 
     asyncio.run(main())
+
+
+def test_the_open_session_deleted_by_another_client_offers_no_fork_of_its_turns(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    sid = create_session(client, ws, title="Gone soon")["agentSessionId"]
+    run_turn(client, sid, "hello", ws)
+    create_session(client, ws, title="Stays")
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        assert "can fork" in drawn_header(app, 0)
+        assert turn_views(app)[0].fork_label == "Fork"
+        # Another client (the CLI, a script) deletes the session the GUI has open.
+        client.call("session.delete", {"workspaceId": ws, "agentSessionId": sid})
+        title = app.query_one("#session-title", Static)
+        await until(pilot, lambda: "not available" in str(title.render()))
+        # Its Turns stay on screen to be read, but none says it can be forked any more.
+        await until(pilot, lambda: turn_views(app)[0].fork_label is None)
+        assert "can fork" not in drawn_header(app, 0)
+
+    run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_escape_sequences_in_a_title_or_a_reply_never_reach_the_terminal(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # A title another client set and the model's reply: an escape sequence in them, drawn as
+    # it came, would be obeyed by the terminal the GUI runs in (clear it, write its clipboard).
+    from tests.client.make_screenshot import screen_segments
+
+    sid = create_session(client, ws, title="evil\x1b[2J\x1b]52;c;aGk=\x1b\\ title")[
+        "agentSessionId"
+    ]
+    run_turn(client, sid, "colour \x1b[31mred\x9b2J", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        await pilot.pause(0.2)
+        drawn = "".join(s.text for line in screen_segments(app) for s in line if not s.control)
+        assert "evil" in drawn and "colour" in drawn, drawn
+        for raw in ("\x1b", "\x9b"):
+            assert raw not in drawn, repr(drawn)
+
+    run_app(daemon, ws, (100, 30), scenario)
