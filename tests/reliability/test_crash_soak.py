@@ -114,6 +114,14 @@ the others and the kills (a read a kill cuts is dropped); after each restart the
 answers to each read are read back, and at every check the reads since the last one are held
 to the store as it was before and after them (`list_pages`, `timeline_pages`,
 `lineage_answer`).
+A failed fork's tree git cannot remove among the faults (`FailedTreePin`, as root): before
+the first round's seed fork a worktree fork fails at `host.workspace.after_record` (`once:error`,
+or `once:kill` and a restart) with a file of its tree made immutable; the live daemon must list
+the tree in `host.status` → `worktreeRemovals` (`git_failed`) and retry it through the next
+`PIN_HELD_ROUNDS` rounds' kills and restarts; every check passes the live daemon's retried
+trees (`retrying_trees`: a failed fork's tree among them may stay past the grace, any other
+may not); then the pin is lifted and the tree must be removed and recorded `removed` with no
+help before the end's checks.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -164,6 +172,7 @@ from tests.support.freezer import running as pid_running
 from tests.support.freezer import stop as sigstop
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
+    InvariantReport,
     WorkspaceAnswer,
     assert_invariants,
     check_invariants,
@@ -172,6 +181,7 @@ from tests.support.invariants import (
     repository_state,
     work_in_flight,
     workspace_answer,
+    worktree_retrying,
 )
 from tests.support.store_lock import WriteLockHolder
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
@@ -266,6 +276,11 @@ FULL_DISK_BYTES = 64 * 1024
 holds more frames already, at its next one)."""
 FULL_DISK_SETTLE_S = 60
 """After space returns, every Turn and operation in flight settles within this (no restart)."""
+TREE_RETRY_S = 1.0
+"""`[workspace] tree_retry_s`: the live daemon's first wait before it tries again a tree git
+could not remove (then doubling): `FailedTreePin`'s tree goes soon after its pin is lifted."""
+PIN_HELD_ROUNDS = 2
+"""The rounds through which `FailedTreePin`'s tree stays unremovable (their kills meet it)."""
 STOP_EVERY = 7
 """Round `n` SIGSTOPs a driver worker when `n % STOP_EVERY == 2` and it is neither a stall nor
 a full-disk round (the 2nd: the short profile's; the 16th, 37th, 51st: the soak's)."""
@@ -316,6 +331,8 @@ class World:
         """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
         self.reader = Reader(home)
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
+        self.retried: list[str] = []
+        """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -636,7 +653,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     Responses API that live as long."""
     config = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
-        f"long_timeout_s = {GC_TIMEOUT_S}\n"
+        f"long_timeout_s = {GC_TIMEOUT_S}\ntree_retry_s = {TREE_RETRY_S}\n"
     ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     # and Codex's app-server, Claude Code's CLI
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
@@ -657,6 +674,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     restarts = 0  # the rounds' restarts of a killed daemon
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
+    pin = FailedTreePin(seed)
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
@@ -711,6 +729,10 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 plan = "arm_failpoint"
                 early = rng.choice(WORKER_POINTS if first else FORK_POINTS)
                 chaos[f"armed_on_{provider}_fork"] += 1
+            if rounds == 1:
+                pin.make(w)  # a failed fork's tree git cannot remove, through the kills
+            elif rounds == 1 + PIN_HELD_ROUNDS:
+                pin.lift()  # the live daemon (or a start) removes it from now on
             try:
                 worker_pid = seed_fork(w, rng, provider, early)
             except (ClientTimeout, ClientClosed):
@@ -837,7 +859,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 with answered(w, command):
                     stall_after(w, command, probe)
             chaos[action] += 1
-            report = check_invariants(w.home, live_grace_s=grace, repositories=w.repositories)
+            report = checked(w, live_grace_s=grace)
             checks += 1
             violations += len(report.violations)
             spares_seen = max(spares_seen, report.spare_homes)
@@ -878,6 +900,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             spares_seen = max(spares_seen, check_now(w).spare_homes)
             checks += 1
             w.met.clear()
+        pin.removed(w)  # lifted (if the rounds were fewer): the live daemon removes its tree
         c = w.daemon.client(timeout=60)
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
@@ -913,7 +936,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             w.faults.guarded(c, lambda: w.generation)
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
-        final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
+        final = assert_invariants(
+            w.home,
+            live_grace_s=LIVE_GRACE_S,
+            repositories=w.repositories,
+            retrying_trees=retrying(w),
+        )
         assert not check_answers(w), (seed, check_answers(w))
         w.reader.sweep(c, list(w.sessions))
         assert not w.reader.check(), seed
@@ -939,6 +967,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         for t in threads:
             t.join(10)
         w.daemon.stop()
+        pin.lift()
     failures = w.failures + w.asker.failures + w.reader.failures
     assert not failures, (seed, failures[:10])
     assert not asked_violations, (seed, asked_violations)
@@ -957,7 +986,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
         f"violations={violations} resumed_children={dict(resumed)}"
         f" unanswered_after_restart={dict(proven)}"
-        f" start_error_armed={w.calls['start error armed']} start_failed={start_failed}",
+        f" start_error_armed={w.calls['start error armed']} start_failed={start_failed}"
+        f" failed_tree_pinned={pin.how or 'no (not root)'}",
         f"stopped workers: {dict(stops)} gone after "
         + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
         + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",
@@ -1406,7 +1436,7 @@ def kill_on_fork(w: World, provider: str) -> int:
 def check_now(w: World) -> Any:
     """A round's checks, the clients parked: every law, the workspace answers and reads so far,
     and no process of a killed daemon left. Returns the invariant report."""
-    report = check_invariants(w.home, repositories=w.repositories)
+    report = checked(w)
     assert report.ok, (w.seed, report.violations)
     answers_wrong = check_answers(w)
     assert not answers_wrong, (w.seed, answers_wrong)
@@ -1490,6 +1520,151 @@ def seed_fork(w: World, rng: random.Random, provider: str, arm: str | None) -> i
         w.calls["fork.create asked worktree (seed)"] += 1
     c.submit("fork.create", params).add_done_callback(register)
     return int(worker["pid"]) if worker and worker.get("pid") else None
+
+
+def retrying(w: World) -> list[str]:
+    """The trees the live daemon's `host.status` lists as retried (`worktree_retrying`: git
+    could not remove them, or a Session works in them). A daemon that does not answer (a point
+    armed in a round fired since) lists what its last answer did: the tree it retried is still
+    there, left to the restart."""
+    with contextlib.suppress(ClientTimeout, ClientClosed):
+        w.retried = worktree_retrying(w.daemon.client(timeout=10).call("host.status"))
+    return list(w.retried)
+
+
+def checked(w: World, *, live_grace_s: float | None = None) -> InvariantReport:
+    """`check_invariants` over the soak's home, with the person's repository as it was and the
+    trees the live daemon retries (a failed fork's among them may stay past the grace)."""
+    return check_invariants(
+        w.home, live_grace_s=live_grace_s, repositories=w.repositories, retrying_trees=retrying(w)
+    )
+
+
+class FailedTreePin:
+    """A failed fork's tree git cannot remove, through kills: before the first round's seed
+    fork (the clients parked), a new Tutti Agent Session in the repository writes a file and
+    forks it into a worktree with `host.workspace.after_rename` armed `once:sleep` (the tree
+    waits whole at its path, not yet recorded) and `host.workspace.after_record` armed
+    `once:error` or, drawn at random, `once:kill` (the daemon dies with the tree recorded and
+    its operation `prepared`); while the tree waits, a file of the soak's own in it is made
+    immutable (`chattr +i`: as root only). The fork fails (the saga's failure, or start-up
+    recovery's after the restart), git cannot remove its tree, and the live daemon must list
+    it in `host.status` → `worktreeRemovals` (`git_failed`) and keep retrying it: every check
+    passes its `retrying_trees`, and the rounds' kills and restarts (`PIN_HELD_ROUNDS` of
+    them) meet it. Then the pin is lifted, and the live daemon (or a start) must remove the
+    tree and record it `removed` by itself before the end's checks."""
+
+    POINTS = ("host.workspace.after_rename", "host.workspace.after_record")
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(f"failed-tree-pin-{seed}")  # the seed's draws unchanged
+        self.file: Path | None = None
+        self.op_id: str | None = None
+        self.tree = ""
+        self.how = ""
+
+    def make(self, w: World) -> None:
+        if os.geteuid() != 0:
+            return
+        c = w.daemon.client(timeout=60)
+        sid = str(create_session(c, provider=TUTTI, cwd=w.cwd, title="failed")["agentSessionId"])
+        turn = run_turn(c, sid, f"/write failed-fork.txt pinned {self.rng.randrange(1000)}")
+        self.how = self.rng.choice(["error", "kill"])
+        c.call(
+            "debug.failpoints",
+            {"points": {self.POINTS[0]: "once:sleep:3000", self.POINTS[1]: f"once:{self.how}"}},
+        )
+        params = fork_params(sid, turn["turnId"]) | {"workspace": "worktree"}
+        reply = c.submit("fork.create", params)
+        deadline = time.monotonic() + 30
+        while self.file is None and time.monotonic() < deadline:
+            found = _fork_tree(w.home, params["requestId"])
+            if found is not None and (Path(found[1]) / ".git").exists():
+                self.op_id, self.tree = found[0], found[1]
+                self.file = _pin(Path(found[1]) / ".soak-pin")
+                break
+            time.sleep(0.02)
+        assert self.file is not None, (w.seed, "the failed fork's tree was never pinned")
+        if self.how == "kill":
+            assert w.daemon.proc is not None
+            w.daemon.proc.wait(60)  # killed at `after_record`, its tree recorded
+            with w.lock:
+                w.daemon.kill()
+                w.meet()
+                w.daemon = DaemonProcess(w.home, env=w.env).start()
+                w.generation += 1
+        else:
+            reply.result(60)  # accepted (202): the saga fails it at `after_record`
+            wait_for(lambda: _op_status(w.home, str(self.op_id)) == "failed", 60)
+            c.call("debug.failpoints", {"points": dict.fromkeys(self.POINTS, "off")})
+        w.calls[f"fork.create worktree failed ({self.how}), its tree pinned"] += 1
+        # The live daemon retries the tree git could not remove (the saga's removal, or the
+        # start's), and says so.
+        wait_for(lambda: self.tree in retrying(w), 30)
+
+    def lift(self) -> None:
+        """The pinned file is a plain file again (the tree's removal takes it)."""
+        if self.file is not None:
+            subprocess.run(["chattr", "-i", str(self.file)], check=False, capture_output=True)
+            self.file = None
+
+    def removed(self, w: World) -> None:
+        """Lifted, the tree goes: removed and recorded `removed` by the live daemon."""
+        self.lift()
+        if self.op_id is None:
+            return
+        try:
+            wait_for(lambda: _tree_state(w.home, str(self.op_id)) == "removed", 120, 0.5)
+        except AssertionError:
+            raise AssertionError(
+                (w.seed, "the failed fork's tree stayed", self.tree, retrying(w))
+            ) from None
+        assert not Path(self.tree).exists(), (w.seed, self.tree)
+
+
+def _pin(path: Path) -> Path:
+    path.write_text("a file git cannot unlink for a moment\n")
+    subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+    return path
+
+
+def _store_row(home: Path, sql: str, params: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """One row read beside the daemon (read-only)."""
+    import apsw
+
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        conn.set_busy_timeout(10_000)
+        row = conn.execute(sql, params).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else tuple(row)
+
+
+def _fork_tree(home: Path, request_id: str) -> tuple[str, str] | None:
+    """The operation of fork request `request_id` and its tree's path (None: none yet)."""
+    import json
+
+    row = _store_row(
+        home,
+        "SELECT operation_id, workspace_json FROM fork_operations WHERE request_id = ?",
+        (request_id,),
+    )
+    if row is None or not row[1]:
+        return None
+    return str(row[0]), str(json.loads(row[1])["path"])
+
+
+def _op_status(home: Path, op_id: str) -> str | None:
+    row = _store_row(home, "SELECT status FROM fork_operations WHERE operation_id = ?", (op_id,))
+    return None if row is None else str(row[0])
+
+
+def _tree_state(home: Path, op_id: str) -> str | None:
+    row = _store_row(
+        home, "SELECT workspace_state FROM fork_operations WHERE operation_id = ?", (op_id,)
+    )
+    return None if row is None else str(row[0])
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:

@@ -646,6 +646,42 @@ def test_a_failed_forks_tree_kept_past_the_grace_is_reported_unless_the_daemon_r
     assert worktree_laws({"path": str(top), "reason": "in_use"}) == []
 
 
+def test_a_retried_failed_tree_git_half_removed_is_no_finding_a_live_one_without_git_is(
+    base: Base, tmp_path: Path
+) -> None:
+    """A failed fork's tree the live daemon retries may be half-removed: git took its `.git`
+    file, then failed on a file it could not unlink. That is no worktree law broken (the
+    retries remove the rest); a committed fork's tree without its `.git` file still is."""
+    repo = make_repo(tmp_path / "project")
+    head = git(repo, "rev-parse", "HEAD")
+    top = tmp_path / "project.agenthost" / "abcd1234"
+    top.mkdir(parents=True)
+    (top / "left.txt").write_text("a file git could not unlink\n")
+
+    def worktree_laws(name: str, op: dict, status: str, retrying: list[str]) -> list[str]:
+        plan = {
+            "operationId": op["operationId"],
+            "path": str(top),
+            "childCwd": str(top),
+            "headCommit": head,
+            "repoRoot": str(repo),
+        }
+        home = tampered(
+            base,
+            tmp_path / name,
+            f"UPDATE fork_operations SET status = '{status}', completed_at_ms = 1,"
+            f" workspace_mode = 'worktree', workspace_json = '{json.dumps(plan)}',"
+            " workspace_state = 'made', deleted_tree_path = NULL"
+            f" WHERE operation_id = '{op['operationId']}'",
+        )
+        report = check_invariants(home, retrying_trees=retrying)
+        return [v.detail for v in report.violations if v.law is Law.WORKTREE]
+
+    assert worktree_laws("failed", base.unknown, "failed", [str(top)]) == []
+    live = worktree_laws("committed", base.committed, "committed", [])
+    assert live == [f"{base.committed['operationId']}: {top} is not a worktree of {repo}"], live
+
+
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
     op = base.unknown["operationId"]
     # The child stays, its operation is recorded as having never dispatched a fork.

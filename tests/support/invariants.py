@@ -2141,7 +2141,9 @@ def _check_worktrees(
                 at_head = [b for b in branches if _tip(repo, b) == plan["headCommit"]]
                 for left in registered + at_head:
                     ctx.fail(Law.WORKTREE, f"failed {op_id} left {left} in {repo}")
-            if here and state == "made" and not (top / ".git").is_file():
+            # A failed fork's tree is being removed (by its saga, a start or the live daemon's
+            # retries): one git removed part of (its `.git` file first) is no worktree now.
+            if here and state == "made" and status != "failed" and not (top / ".git").is_file():
                 ctx.fail(Law.WORKTREE, f"{op_id}: {top} is not a worktree of {repo}")
 
 
