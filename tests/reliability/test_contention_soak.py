@@ -1533,7 +1533,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f" {sum(p == CLAUDE for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(claude_forks.items()))
         + f"; live check: spare homes walked={live.spare_homes}, readable children="
-        f"{live.readable_by_provider.get(CLAUDE, 0)}",
+        f"{live.readable_by_provider.get(CLAUDE, 0)}, completed Turns read in their"
+        f" transcripts={live.claude_turns_read}",
         f"  codex: sessions={len(codex)} (made by the burst:"
         f" {sum(p == CODEX for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
@@ -1596,6 +1597,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # fault then, so its fork commits unless the Claude fork path is broken.
     assert claude_forks["committed"] > 0, (seed, claude_forks, burst.made)
     assert live.spare_homes > 0, (seed, "spare_home_empty never walked a spare home")
+    # ... and `claude_turn_in_transcript` read completed Claude Turns (the burst's fork
+    # source ran one) in their transcripts.
+    assert live.claude_turns_read > 0, (seed, "no completed Claude Turn read in a transcript")
     # ... and Codex's: a Codex fork committed (the burst forks a Codex Session's boundary,
     # a new one's when the chaos left none forkable).
     assert codex_forks["committed"] > 0 or not CODEX_SESSIONS, (seed, codex_forks, burst.made)

@@ -27,7 +27,8 @@ same steps. The first round arms a `worker.fork.*` / `worker.bind.*` point on it
 a later Claude round's armed point lands on its fork too, and a worker kill in a Claude round
 kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
 (its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
-Claude fork committed, and that `spare_home_empty` walked a home with spares. None of these is
+Claude fork committed, that `spare_home_empty` walked a home with spares, and that
+`claude_turn_in_transcript` read completed Claude Turns in their transcripts. None of these is
 left to chance: when no round's kill met Claude work (or the rounds killed nothing), one more
 kill follows the rounds (`kill_on_fork`: the daemon dies at `host.fork.after_dispatching` of a
 new Claude Session's fork, then the round's checks), and a Claude fork after the chaos (no
@@ -995,7 +996,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"{claude_children} forks_committed={committed_by[CLAUDE]} "
         f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
         f"(after kills: {spares_after_kills}) last_fork={last_fork[CLAUDE]} "
-        f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
+        f"readable_children={final.readable_by_provider.get(CLAUDE, 0)} "
+        f"completed_turns_read_in_transcripts={final.claude_turns_read}",
         f"codex: sessions_made={w.made[CODEX]} (of {w.made.total()}) fork_targets="
         f"{codex_children} forks_committed={committed_by[CODEX]} "
         f"checks_after_kills_of_codex_work={codex_checks} last_fork={last_fork.get(CODEX)} "
@@ -1034,6 +1036,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert last_fork[CLAUDE] == "committed", ("the Claude fork after the chaos", seed, last_fork)
     assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
+    # `claude_turn_in_transcript` read completed Claude Turns (the fork after the chaos ran one).
+    assert final.claude_turns_read > 0, ("no completed Claude Turn read in a transcript", seed)
     # ... and Codex's (the long profile's: its `CODEX_ROUND` arms a worker point on a Codex
     # fork): a Codex fork committed, and a check ran after a kill that met Codex work.
     if SOAK:
