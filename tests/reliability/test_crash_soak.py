@@ -123,6 +123,13 @@ the tree in `host.status` → `worktreeRemovals` (`git_failed`) and retry it thr
 trees (`retrying_trees`: a failed fork's tree among them may stay past the grace, any other
 may not); then the pin is lifted and the tree must be removed and recorded `removed` with no
 help before the end's checks.
+A slow provider fork among the faults (`slow_fork`): in the 3rd, 12th, ... rounds a Tutti
+Agent Session of the soak's own, behind the relay, is forked with its `thread/fork` held about
+the worker's limit (`[daemon] fork_provider_call_seconds`, `slow_fork.LIMIT_S`), among the
+round's load and kill; with the clients parked its end is awaited, an `unknown` one abandoned
+at once, its Session's next Turn run, then the round's checks. When no round's was made
+`unknown` by the worker's limit, one more follows the rounds, held past it; the run asserts
+one was.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -167,6 +174,7 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
+from tests.reliability.slow_fork import SlowFork, daemon_table
 from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.freezer import running as pid_running
@@ -282,6 +290,9 @@ TREE_RETRY_S = 1.0
 could not remove (then doubling): `FailedTreePin`'s tree goes soon after its pin is lifted."""
 PIN_HELD_ROUNDS = 2
 """The rounds through which `FailedTreePin`'s tree stays unremovable (their kills meet it)."""
+SLOW_FORK_EVERY = 9
+"""The rounds (the 3rd, 12th, 21st, ...: a stall round, kill rounds, a full-disk one, a stall
+and kill one) whose load includes a slow Tutti Agent fork (`slow_fork`)."""
 STOP_EVERY = 7
 """Round `n` SIGSTOPs a driver worker when `n % STOP_EVERY == 2` and it is neither a stall nor
 a full-disk round (the 2nd: the short profile's; the 16th, 37th, 51st: the soak's)."""
@@ -331,6 +342,8 @@ class World:
         self.faults = ProviderChaos(home.parent / "arms", seed)
         """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
         self.reader = Reader(home)
+        self.slow = SlowFork(home, home.parent / "arms", seed)
+        """A Tutti Agent fork the provider is slow to answer (`slow_fork`)."""
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.retried: list[str] = []
         """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
@@ -652,11 +665,13 @@ def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None =
 def home(tmp_path: Path) -> Iterator[Path]:
     """The daemon's home, its Claude Code pointed at a fake Messages API and its Codex at a fake
     Responses API that live as long."""
-    config = (
+    # `[daemon]`: the worker's limit for a provider's fork call (`slow_fork`); `provider_chaos`:
+    # Tutti Agent behind the relay, and Codex's app-server, Claude Code's CLI.
+    workspace = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
         f"long_timeout_s = {GC_TIMEOUT_S}\ntree_retry_s = {TREE_RETRY_S}\n"
-    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
-    # and Codex's app-server, Claude Code's CLI
+    )
+    config = daemon_table() + workspace + relay_table(tmp_path / "arms")
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
         yield tmp_path / "home"
@@ -668,6 +683,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     rng = random.Random(seed)
     w = World(home, seed)
     w.faults.setup(w.daemon.client(timeout=60), w.cwd)
+    w.slow.setup(w.daemon.client(timeout=60), w.cwd)
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
@@ -741,6 +757,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 assert revive(w), "a live daemon did not answer the round's seed"
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
+            slow = rounds % SLOW_FORK_EVERY == 3
+            if slow:
+                w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
             w.running.set()
             # `provider_chaos`: a fault among the round's load, met by its kill or not, and
             # running on across the round's checks (joined at the end).
@@ -859,6 +878,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             if action.startswith("stall_"):
                 with answered(w, command):
                     stall_after(w, command, probe)
+            if slow:
+                chaos[f"slow_fork {settle_slow_fork(w)}"] += 1
             chaos[action] += 1
             report = checked(w, live_grace_s=grace)
             checks += 1
@@ -902,6 +923,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             checks += 1
             w.met.clear()
         pin.removed(w)  # lifted (if the rounds were fewer): the live daemon removes its tree
+        if not w.slow.met_the_limit():
+            # No round's slow fork was made `unknown` by the worker's limit (a kill came first,
+            # or the provider answered in time): one more now, held past it, no chaos.
+            w.slow.start(w.daemon.client(timeout=30), past_the_limit=True)
+            chaos[f"slow_fork after {settle_slow_fork(w)}"] += 1
+            check_now(w)
+            checks += 1
         c = w.daemon.client(timeout=60)
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
@@ -1045,6 +1073,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
+    # ... and a slow provider fork made `unknown` by the worker's limit, abandoned at once.
+    assert w.slow.met_the_limit() > 0, ("no slow fork met the worker's limit", seed, dict(chaos))
 
 
 def release_asks(w: World) -> None:
@@ -1669,6 +1699,17 @@ def _tree_state(home: Path, op_id: str) -> str | None:
         home, "SELECT workspace_state FROM fork_operations WHERE operation_id = ?", (op_id,)
     )
     return None if row is None else str(row[0])
+
+
+def settle_slow_fork(w: World) -> str:
+    """The round's slow fork ended (an `unknown` one abandoned at once) and its Session's next
+    Turn run, the clients parked; a daemon a late armed point killed meanwhile is restarted
+    (`revive`) and the fork settled on the new one."""
+    try:
+        return w.slow.settle(w.daemon.client(timeout=60))
+    except (ClientTimeout, ClientClosed):
+        assert revive(w), ("a live daemon did not settle the slow fork", w.seed)
+        return w.slow.settle(w.daemon.client(timeout=60))
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:
