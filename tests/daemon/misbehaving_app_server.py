@@ -33,6 +33,11 @@ relay's pid) and does what it says:
   dialect it is relayed as is;
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
+A second arm file, `ARM-fork` (`ARM/<session>/armed-fork` for a directory ARM), is taken at a
+`thread/fork` request instead: `slow N` holds that request N ms before it is passed on (a
+provider whose fork is slow: the worker's limit for a provider's fork call may fire first, with
+the request still held or the provider mid-fork; `tests/reliability/slow_fork.py`).
+
 ARM may be a directory instead (the soaks, `tests/reliability/provider_chaos.py`): the relay
 serves the Session whose provider home `$TUTTI_AGENT_HOME` or `$CODEX_HOME` is in
 (`runtimes/<ws>/<session>/tutti-agent-home`, `…/codex-home`: Codex's app-server speaks the same
@@ -251,6 +256,10 @@ def main() -> None:
 
     threading.Thread(target=pump, daemon=True).start()
     for line in sys.stdin.buffer:
+        if not claude and b'"thread/fork"' in line:
+            held_fork, _, hold_ms = (_take(arm + "-fork") or "").partition(" ")
+            if held_fork == "slow":
+                time.sleep(int(hold_ms or "0") / 1000)
         starts = line.startswith(start) if claude else start in line
         taken = _take(arm) if starts else None
         mode, _, count = (taken or "").partition(" ")

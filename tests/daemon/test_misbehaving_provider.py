@@ -231,3 +231,50 @@ def test_a_reply_streamed_as_one_delta_past_the_cap_reaches_subscribers_in_piece
         sub.close()
         ctx.term()
         d.stop()
+
+
+def test_a_fork_the_relay_holds_past_the_workers_limit_is_unknown_its_app_server_killed(
+    tmp_path: Path,
+) -> None:
+    """The relay's fork arm (`slow N`) holds the `thread/fork` request past the worker's limit
+    for a provider's fork call: the fork ends `unknown` with the worker's reason, the relay
+    that held it (the app-server's tree) is killed, an abandon at once ends it `abandoned`, the
+    Session's next Turn runs on a new app-server, and every law holds."""
+    from tests.reliability.reliability_harness import fork_latest_params
+    from tests.support.daemon import WS
+    from tests.support.invariants import assert_invariants
+
+    relay = Relay(tmp_path)
+    d = _daemon(tmp_path, relay, "fork_provider_call_seconds = 2\n")
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "fork me")
+        fork_arm = tmp_path / "armed-fork"
+        fork_arm.write_text("slow 4000\n")
+        op = c.call("fork.create", fork_latest_params(sid))["operation"]
+
+        def ended() -> dict | None:
+            got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
+            return got["operation"] if got["operation"]["status"] != "accepted" else None
+
+        op = wait_for(ended, 30, interval=0.2)
+        assert op["status"] == "unknown" and "no answer in 2.0 s" in op["error"], op
+        taken = [x for x in (tmp_path / "armed-fork.taken").read_text().splitlines() if x]
+        assert taken[0] == "slow 4000", taken
+        wait_for(lambda: not running(int(taken[1])), 10)  # the relay holding it, killed
+        answer = c.call(
+            "fork.resolve",
+            {
+                "workspaceId": WS,
+                "operationId": op["operationId"],
+                "requestId": "abandon-at-once",
+                "action": "abandon",
+            },
+            timeout=60,
+        )
+        assert answer["operation"]["status"] == "abandoned", answer
+        assert run_turn(c, sid, "after")["outcome"] == "completed"
+    finally:
+        d.stop()
+    assert_invariants(d.home)

@@ -102,6 +102,12 @@ starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the cha
 after another (one endless line, garbage, non-object notifications, its stdout closed at
 `turn/start` or mid-Turn) on Turns of the chaos's two Sessions, under the lock takes and the
 SIGSTOPs; at the end `provider_fault_settles` judges what was seen.
+A slow provider fork (`slow_fork`): as the chaos starts, a Tutti Agent Session of the soak's own
+behind the relay is forked with its `thread/fork` held about the worker's limit (`[daemon]
+fork_provider_call_seconds`, `slow_fork.LIMIT_S`), under the lock takes and the SIGSTOPs;
+after the chaos its end is awaited, an `unknown` one abandoned at once and its Session's next
+Turn run (one more, held past the limit, when the chaos's did not meet it); the run asserts
+one was made `unknown` by the worker's limit.
 The reads a GUI lives on among the clients' actions (`read_chaos.Reader`): `session.list`
 paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
 `session.lineage` — or a pin or rename the pages show — racing the Turns, forks, deletes and
@@ -155,6 +161,8 @@ from tests.reliability.reliability_harness import (
     resolve_params,
     trials,
 )
+from tests.reliability.slow_fork import LIMIT_S as SLOW_FORK_LIMIT_S
+from tests.reliability.slow_fork import SlowFork
 from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
 from tests.support.floods import dealer_flood, free_port, raw_flood
@@ -173,6 +181,7 @@ from tests.support.invariants import (
     check_workspace_answers,
     repository_state,
     workspace_answer,
+    worktree_retrying,
 )
 from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
@@ -1169,6 +1178,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = (
         "[daemon]\nstore_busy_timeout_ms = 200\nstore_retry_limit_seconds = 60\n"
         f"max_runtimes_per_provider = {SLOTS}\nprovider_stopped_seconds = {STOPPED_LIMIT_S}\n"
+        f"fork_provider_call_seconds = {SLOW_FORK_LIMIT_S}\n"  # the worker's limit (`slow_fork`)
         f"[workspace]\ntree_retry_s = {TREE_RETRY_S}\n"
     ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
     # and Codex's app-server, Claude Code's CLI
@@ -1235,6 +1245,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             warm = list(pool.map(lambda sid: run_turn(d.client(timeout=120), sid, "warm"), sids))
         assert [t["outcome"] for t in warm] == ["completed"] * SESSIONS, warm
         faults.setup(c)  # its own Sessions, whose app-server misbehaves on demand
+        # A Session of its own whose fork the relay holds about the worker's limit.
+        slow = SlowFork(home, tmp_path / "arms", seed)
+        slow.setup(c, str(repo))
         threads = [
             threading.Thread(target=client_loop, args=(d, t, sids, n, stop), daemon=True)
             for n in range(CLIENTS)
@@ -1255,6 +1268,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         rss_peak = rss_start
         for th in threads:
             th.start()
+        slow.start(d.client(timeout=60))  # held under the chaos's locks, stops and floods
         started = time.monotonic()
         deadline = started + CHAOS_S
         # The deletions spread over the chaos, one at each of these times from its start.
@@ -1340,6 +1354,12 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
             raise AssertionError(
                 (seed, "work stayed active after the chaos", unsettled(), d.tail_log())
             ) from None
+        # The slow fork's end (an `unknown` one abandoned at once) and its Session's next Turn;
+        # one more held past the worker's limit, no chaos, when the chaos's did not meet it.
+        slow_ends = [slow.settle(c)]
+        if not slow.met_the_limit():
+            slow.start(c, past_the_limit=True)
+            slow_ends.append(slow.settle(c))
         # Every tree left `removing` by a pin is removed and recorded by the live daemon once
         # its pin is lifted (its retries start at TREE_RETRY_S and double from there).
         if t.pins.removing == 0:
@@ -1424,7 +1444,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         fork_outcomes = Counter(op["status"] for op in ops if op["operationId"] in t.ops)
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         codex_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in codex)
-        live = check_invariants(home, live_grace_s=5, repositories=repositories)
+        # The trees the live daemon still retries (none expected: every pin was lifted and its
+        # tree removed above) may stay past the grace; any other failed fork's tree may not.
+        live = check_invariants(
+            home,
+            live_grace_s=5,
+            repositories=repositories,
+            retrying_trees=worktree_retrying(c.call("host.status")),
+        )
         answers_wrong = check_workspace_answers(home, t.answers)
         reads_wrong = t.reader.check()
         asked_violations = t.asker.check(c)
@@ -1525,12 +1552,14 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         f" {sum(p == CLAUDE for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(claude_forks.items()))
         + f"; live check: spare homes walked={live.spare_homes}, readable children="
-        f"{live.readable_by_provider.get(CLAUDE, 0)}",
+        f"{live.readable_by_provider.get(CLAUDE, 0)}, completed Turns read in their"
+        f" transcripts={live.claude_turns_read}",
         f"  codex: sessions={len(codex)} (made by the burst:"
         f" {sum(p == CODEX for p in burst.made.values())}) forks "
         + " ".join(f"{k}={v}" for k, v in sorted(codex_forks.items()))
         + f"; live check: readable children={live.readable_by_provider.get(CODEX, 0)}",
         f"  unanswered Turns after a restart: {dict(proven)}",
+        f"  slow forks (held about the worker's limit): {slow_ends}",
         f"  pinned trees: {t.pins.pinned} (left removing, then removed live: {t.pins.removing};"
         f" failed forks' trees, then removed live: {t.pins.failed_removing})",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
@@ -1588,6 +1617,11 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
     # fault then, so its fork commits unless the Claude fork path is broken.
     assert claude_forks["committed"] > 0, (seed, claude_forks, burst.made)
     assert live.spare_homes > 0, (seed, "spare_home_empty never walked a spare home")
+    # ... and `claude_turn_in_transcript` read completed Claude Turns (the burst's fork
+    # source ran one) in their transcripts.
+    assert live.claude_turns_read > 0, (seed, "no completed Claude Turn read in a transcript")
+    # ... and a slow provider fork made `unknown` by the worker's limit, abandoned at once.
+    assert slow.met_the_limit() > 0, (seed, "no slow fork met the worker's limit", slow_ends)
     # ... and Codex's: a Codex fork committed (the burst forks a Codex Session's boundary,
     # a new one's when the chaos left none forkable).
     assert codex_forks["committed"] > 0 or not CODEX_SESSIONS, (seed, codex_forks, burst.made)

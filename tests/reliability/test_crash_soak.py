@@ -27,7 +27,8 @@ same steps. The first round arms a `worker.fork.*` / `worker.bind.*` point on it
 a later Claude round's armed point lands on its fork too, and a worker kill in a Claude round
 kills the Claude worker; the soak asserts that some check ran after a kill that met Claude work
 (its store showed an active Claude Turn or fork, or the Claude worker died at a point), that a
-Claude fork committed, and that `spare_home_empty` walked a home with spares. None of these is
+Claude fork committed, that `spare_home_empty` walked a home with spares, and that
+`claude_turn_in_transcript` read completed Claude Turns in their transcripts. None of these is
 left to chance: when no round's kill met Claude work (or the rounds killed nothing), one more
 kill follows the rounds (`kill_on_fork`: the daemon dies at `host.fork.after_dispatching` of a
 new Claude Session's fork, then the round's checks), and a Claude fork after the chaos (no
@@ -114,6 +115,21 @@ the others and the kills (a read a kill cuts is dropped); after each restart the
 answers to each read are read back, and at every check the reads since the last one are held
 to the store as it was before and after them (`list_pages`, `timeline_pages`,
 `lineage_answer`).
+A failed fork's tree git cannot remove among the faults (`FailedTreePin`, as root): before
+the first round's seed fork a worktree fork fails at `host.workspace.after_record` (`once:error`,
+or `once:kill` and a restart) with a file of its tree made immutable; the live daemon must list
+the tree in `host.status` → `worktreeRemovals` (`git_failed`) and retry it through the next
+`PIN_HELD_ROUNDS` rounds' kills and restarts; every check passes the live daemon's retried
+trees (`retrying_trees`: a failed fork's tree among them may stay past the grace, any other
+may not); then the pin is lifted and the tree must be removed and recorded `removed` with no
+help before the end's checks.
+A slow provider fork among the faults (`slow_fork`): in the 3rd, 12th, ... rounds a Tutti
+Agent Session of the soak's own, behind the relay, is forked with its `thread/fork` held about
+the worker's limit (`[daemon] fork_provider_call_seconds`, `slow_fork.LIMIT_S`), among the
+round's load and kill; with the clients parked its end is awaited, an `unknown` one abandoned
+at once, its Session's next Turn run, then the round's checks. When no round's was made
+`unknown` by the worker's limit, one more follows the rounds, held past it; the run asserts
+one was.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -158,12 +174,14 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
+from tests.reliability.slow_fork import SlowFork, daemon_table
 from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.freezer import running as pid_running
 from tests.support.freezer import stop as sigstop
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
+    InvariantReport,
     WorkspaceAnswer,
     assert_invariants,
     check_invariants,
@@ -172,6 +190,7 @@ from tests.support.invariants import (
     repository_state,
     work_in_flight,
     workspace_answer,
+    worktree_retrying,
 )
 from tests.support.store_lock import WriteLockHolder
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
@@ -266,6 +285,14 @@ FULL_DISK_BYTES = 64 * 1024
 holds more frames already, at its next one)."""
 FULL_DISK_SETTLE_S = 60
 """After space returns, every Turn and operation in flight settles within this (no restart)."""
+TREE_RETRY_S = 1.0
+"""`[workspace] tree_retry_s`: the live daemon's first wait before it tries again a tree git
+could not remove (then doubling): `FailedTreePin`'s tree goes soon after its pin is lifted."""
+PIN_HELD_ROUNDS = 2
+"""The rounds through which `FailedTreePin`'s tree stays unremovable (their kills meet it)."""
+SLOW_FORK_EVERY = 9
+"""The rounds (the 3rd, 12th, 21st, ...: a stall round, kill rounds, a full-disk one, a stall
+and kill one) whose load includes a slow Tutti Agent fork (`slow_fork`)."""
 STOP_EVERY = 7
 """Round `n` SIGSTOPs a driver worker when `n % STOP_EVERY == 2` and it is neither a stall nor
 a full-disk round (the 2nd: the short profile's; the 16th, 37th, 51st: the soak's)."""
@@ -315,7 +342,11 @@ class World:
         self.faults = ProviderChaos(home.parent / "arms", seed)
         """A provider misbehaving on its stdout in odd rounds (`provider_chaos`)."""
         self.reader = Reader(home)
+        self.slow = SlowFork(home, home.parent / "arms", seed)
+        """A Tutti Agent fork the provider is slow to answer (`slow_fork`)."""
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
+        self.retried: list[str] = []
+        """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -634,11 +665,13 @@ def note_operation(w: World, op: dict[str, Any], params: dict[str, Any] | None =
 def home(tmp_path: Path) -> Iterator[Path]:
     """The daemon's home, its Claude Code pointed at a fake Messages API and its Codex at a fake
     Responses API that live as long."""
-    config = (
+    # `[daemon]`: the worker's limit for a provider's fork call (`slow_fork`); `provider_chaos`:
+    # Tutti Agent behind the relay, and Codex's app-server, Claude Code's CLI.
+    workspace = (
         f"[workspace]\ntimeout_s = {GIT_TIMEOUT_S}\ngc_interval_s = {GC_INTERVAL_S}\n"
-        f"long_timeout_s = {GC_TIMEOUT_S}\n"
-    ) + relay_table(tmp_path / "arms")  # `provider_chaos`: Tutti Agent behind the relay
-    # and Codex's app-server, Claude Code's CLI
+        f"long_timeout_s = {GC_TIMEOUT_S}\ntree_retry_s = {TREE_RETRY_S}\n"
+    )
+    config = daemon_table() + workspace + relay_table(tmp_path / "arms")
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
         yield tmp_path / "home"
@@ -650,6 +683,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     rng = random.Random(seed)
     w = World(home, seed)
     w.faults.setup(w.daemon.client(timeout=60), w.cwd)
+    w.slow.setup(w.daemon.client(timeout=60), w.cwd)
     chaos: Counter[str] = Counter()
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
@@ -657,6 +691,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     restarts = 0  # the rounds' restarts of a killed daemon
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
+    pin = FailedTreePin(seed)
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
@@ -711,6 +746,10 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 plan = "arm_failpoint"
                 early = rng.choice(WORKER_POINTS if first else FORK_POINTS)
                 chaos[f"armed_on_{provider}_fork"] += 1
+            if rounds == 1:
+                pin.make(w)  # a failed fork's tree git cannot remove, through the kills
+            elif rounds == 1 + PIN_HELD_ROUNDS:
+                pin.lift()  # the live daemon (or a start) removes it from now on
             try:
                 worker_pid = seed_fork(w, rng, provider, early)
             except (ClientTimeout, ClientClosed):
@@ -718,6 +757,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 assert revive(w), "a live daemon did not answer the round's seed"
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
+            slow = rounds % SLOW_FORK_EVERY == 3
+            if slow:
+                w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
             w.running.set()
             # `provider_chaos`: a fault among the round's load, met by its kill or not, and
             # running on across the round's checks (joined at the end).
@@ -836,8 +878,10 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             if action.startswith("stall_"):
                 with answered(w, command):
                     stall_after(w, command, probe)
+            if slow:
+                chaos[f"slow_fork {settle_slow_fork(w)}"] += 1
             chaos[action] += 1
-            report = check_invariants(w.home, live_grace_s=grace, repositories=w.repositories)
+            report = checked(w, live_grace_s=grace)
             checks += 1
             violations += len(report.violations)
             spares_seen = max(spares_seen, report.spare_homes)
@@ -878,6 +922,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             spares_seen = max(spares_seen, check_now(w).spare_homes)
             checks += 1
             w.met.clear()
+        pin.removed(w)  # lifted (if the rounds were fewer): the live daemon removes its tree
+        if not w.slow.met_the_limit():
+            # No round's slow fork was made `unknown` by the worker's limit (a kill came first,
+            # or the provider answered in time): one more now, held past it, no chaos.
+            w.slow.start(w.daemon.client(timeout=30), past_the_limit=True)
+            chaos[f"slow_fork after {settle_slow_fork(w)}"] += 1
+            check_now(w)
+            checks += 1
         c = w.daemon.client(timeout=60)
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
@@ -913,7 +965,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             w.faults.guarded(c, lambda: w.generation)
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
-        final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
+        final = assert_invariants(
+            w.home,
+            live_grace_s=LIVE_GRACE_S,
+            repositories=w.repositories,
+            retrying_trees=retrying(w),
+        )
         assert not check_answers(w), (seed, check_answers(w))
         w.reader.sweep(c, list(w.sessions))
         assert not w.reader.check(), seed
@@ -939,6 +996,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         for t in threads:
             t.join(10)
         w.daemon.stop()
+        pin.lift()
     failures = w.failures + w.asker.failures + w.reader.failures
     assert not failures, (seed, failures[:10])
     assert not asked_violations, (seed, asked_violations)
@@ -957,7 +1015,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"seed={seed} rounds={rounds} chaos={dict(chaos)} invariant_checks={checks} "
         f"violations={violations} resumed_children={dict(resumed)}"
         f" unanswered_after_restart={dict(proven)}"
-        f" start_error_armed={w.calls['start error armed']} start_failed={start_failed}",
+        f" start_error_armed={w.calls['start error armed']} start_failed={start_failed}"
+        f" failed_tree_pinned={pin.how or 'no (not root)'}",
         f"stopped workers: {dict(stops)} gone after "
         + " ".join(f"{s:.1f}s" for s in stopped_gone_s)
         + f" (bound {STOPPED_GONE_S:.0f} s; hung at {SILENCE_LIMIT_S + CPU_WINDOW_S:.0f} s)",
@@ -965,7 +1024,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         f"{claude_children} forks_committed={committed_by[CLAUDE]} "
         f"checks_after_kills_of_claude_work={claude_checks} spare_homes_seen={spares_seen} "
         f"(after kills: {spares_after_kills}) last_fork={last_fork[CLAUDE]} "
-        f"readable_children={final.readable_by_provider.get(CLAUDE, 0)}",
+        f"readable_children={final.readable_by_provider.get(CLAUDE, 0)} "
+        f"completed_turns_read_in_transcripts={final.claude_turns_read}",
         f"codex: sessions_made={w.made[CODEX]} (of {w.made.total()}) fork_targets="
         f"{codex_children} forks_committed={committed_by[CODEX]} "
         f"checks_after_kills_of_codex_work={codex_checks} last_fork={last_fork.get(CODEX)} "
@@ -1004,6 +1064,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     assert last_fork[CLAUDE] == "committed", ("the Claude fork after the chaos", seed, last_fork)
     assert claude_checks > 0, ("no check after a kill that met Claude work", seed, dict(chaos))
     assert spares_seen > 0, ("spare_home_empty never walked a spare home", seed)
+    # `claude_turn_in_transcript` read completed Claude Turns (the fork after the chaos ran one).
+    assert final.claude_turns_read > 0, ("no completed Claude Turn read in a transcript", seed)
     # ... and Codex's (the long profile's: its `CODEX_ROUND` arms a worker point on a Codex
     # fork): a Codex fork committed, and a check ran after a kill that met Codex work.
     if SOAK:
@@ -1011,6 +1073,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
+    # ... and a slow provider fork made `unknown` by the worker's limit, abandoned at once.
+    assert w.slow.met_the_limit() > 0, ("no slow fork met the worker's limit", seed, dict(chaos))
 
 
 def release_asks(w: World) -> None:
@@ -1406,7 +1470,7 @@ def kill_on_fork(w: World, provider: str) -> int:
 def check_now(w: World) -> Any:
     """A round's checks, the clients parked: every law, the workspace answers and reads so far,
     and no process of a killed daemon left. Returns the invariant report."""
-    report = check_invariants(w.home, repositories=w.repositories)
+    report = checked(w)
     assert report.ok, (w.seed, report.violations)
     answers_wrong = check_answers(w)
     assert not answers_wrong, (w.seed, answers_wrong)
@@ -1490,6 +1554,162 @@ def seed_fork(w: World, rng: random.Random, provider: str, arm: str | None) -> i
         w.calls["fork.create asked worktree (seed)"] += 1
     c.submit("fork.create", params).add_done_callback(register)
     return int(worker["pid"]) if worker and worker.get("pid") else None
+
+
+def retrying(w: World) -> list[str]:
+    """The trees the live daemon's `host.status` lists as retried (`worktree_retrying`: git
+    could not remove them, or a Session works in them). A daemon that does not answer (a point
+    armed in a round fired since) lists what its last answer did: the tree it retried is still
+    there, left to the restart."""
+    with contextlib.suppress(ClientTimeout, ClientClosed):
+        w.retried = worktree_retrying(w.daemon.client(timeout=10).call("host.status"))
+    return list(w.retried)
+
+
+def checked(w: World, *, live_grace_s: float | None = None) -> InvariantReport:
+    """`check_invariants` over the soak's home, with the person's repository as it was and the
+    trees the live daemon retries (a failed fork's among them may stay past the grace)."""
+    return check_invariants(
+        w.home, live_grace_s=live_grace_s, repositories=w.repositories, retrying_trees=retrying(w)
+    )
+
+
+class FailedTreePin:
+    """A failed fork's tree git cannot remove, through kills: before the first round's seed
+    fork (the clients parked), a new Tutti Agent Session in the repository writes a file and
+    forks it into a worktree with `host.workspace.after_rename` armed `once:sleep` (the tree
+    waits whole at its path, not yet recorded) and `host.workspace.after_record` armed
+    `once:error` or, drawn at random, `once:kill` (the daemon dies with the tree recorded and
+    its operation `prepared`); while the tree waits, a file of the soak's own in it is made
+    immutable (`chattr +i`: as root only). The fork fails (the saga's failure, or start-up
+    recovery's after the restart), git cannot remove its tree, and the live daemon must list
+    it in `host.status` → `worktreeRemovals` (`git_failed`) and keep retrying it: every check
+    passes its `retrying_trees`, and the rounds' kills and restarts (`PIN_HELD_ROUNDS` of
+    them) meet it. Then the pin is lifted, and the live daemon (or a start) must remove the
+    tree and record it `removed` by itself before the end's checks."""
+
+    POINTS = ("host.workspace.after_rename", "host.workspace.after_record")
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(f"failed-tree-pin-{seed}")  # the seed's draws unchanged
+        self.file: Path | None = None
+        self.op_id: str | None = None
+        self.tree = ""
+        self.how = ""
+
+    def make(self, w: World) -> None:
+        if os.geteuid() != 0:
+            return
+        c = w.daemon.client(timeout=60)
+        sid = str(create_session(c, provider=TUTTI, cwd=w.cwd, title="failed")["agentSessionId"])
+        turn = run_turn(c, sid, f"/write failed-fork.txt pinned {self.rng.randrange(1000)}")
+        self.how = self.rng.choice(["error", "kill"])
+        c.call(
+            "debug.failpoints",
+            {"points": {self.POINTS[0]: "once:sleep:3000", self.POINTS[1]: f"once:{self.how}"}},
+        )
+        params = fork_params(sid, turn["turnId"]) | {"workspace": "worktree"}
+        reply = c.submit("fork.create", params)
+        deadline = time.monotonic() + 30
+        while self.file is None and time.monotonic() < deadline:
+            found = _fork_tree(w.home, params["requestId"])
+            if found is not None and (Path(found[1]) / ".git").exists():
+                self.op_id, self.tree = found[0], found[1]
+                self.file = _pin(Path(found[1]) / ".soak-pin")
+                break
+            time.sleep(0.02)
+        assert self.file is not None, (w.seed, "the failed fork's tree was never pinned")
+        if self.how == "kill":
+            assert w.daemon.proc is not None
+            w.daemon.proc.wait(60)  # killed at `after_record`, its tree recorded
+            with w.lock:
+                w.daemon.kill()
+                w.meet()
+                w.daemon = DaemonProcess(w.home, env=w.env).start()
+                w.generation += 1
+        else:
+            reply.result(60)  # accepted (202): the saga fails it at `after_record`
+            wait_for(lambda: _op_status(w.home, str(self.op_id)) == "failed", 60)
+            c.call("debug.failpoints", {"points": dict.fromkeys(self.POINTS, "off")})
+        w.calls[f"fork.create worktree failed ({self.how}), its tree pinned"] += 1
+        # The live daemon retries the tree git could not remove (the saga's removal, or the
+        # start's), and says so.
+        wait_for(lambda: self.tree in retrying(w), 30)
+
+    def lift(self) -> None:
+        """The pinned file is a plain file again (the tree's removal takes it)."""
+        if self.file is not None:
+            subprocess.run(["chattr", "-i", str(self.file)], check=False, capture_output=True)
+            self.file = None
+
+    def removed(self, w: World) -> None:
+        """Lifted, the tree goes: removed and recorded `removed` by the live daemon."""
+        self.lift()
+        if self.op_id is None:
+            return
+        try:
+            wait_for(lambda: _tree_state(w.home, str(self.op_id)) == "removed", 120, 0.5)
+        except AssertionError:
+            raise AssertionError(
+                (w.seed, "the failed fork's tree stayed", self.tree, retrying(w))
+            ) from None
+        assert not Path(self.tree).exists(), (w.seed, self.tree)
+
+
+def _pin(path: Path) -> Path:
+    path.write_text("a file git cannot unlink for a moment\n")
+    subprocess.run(["chattr", "+i", str(path)], check=True, capture_output=True)
+    return path
+
+
+def _store_row(home: Path, sql: str, params: tuple[str, ...]) -> tuple[Any, ...] | None:
+    """One row read beside the daemon (read-only)."""
+    import apsw
+
+    conn = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        conn.set_busy_timeout(10_000)
+        row = conn.execute(sql, params).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else tuple(row)
+
+
+def _fork_tree(home: Path, request_id: str) -> tuple[str, str] | None:
+    """The operation of fork request `request_id` and its tree's path (None: none yet)."""
+    import json
+
+    row = _store_row(
+        home,
+        "SELECT operation_id, workspace_json FROM fork_operations WHERE request_id = ?",
+        (request_id,),
+    )
+    if row is None or not row[1]:
+        return None
+    return str(row[0]), str(json.loads(row[1])["path"])
+
+
+def _op_status(home: Path, op_id: str) -> str | None:
+    row = _store_row(home, "SELECT status FROM fork_operations WHERE operation_id = ?", (op_id,))
+    return None if row is None else str(row[0])
+
+
+def _tree_state(home: Path, op_id: str) -> str | None:
+    row = _store_row(
+        home, "SELECT workspace_state FROM fork_operations WHERE operation_id = ?", (op_id,)
+    )
+    return None if row is None else str(row[0])
+
+
+def settle_slow_fork(w: World) -> str:
+    """The round's slow fork ended (an `unknown` one abandoned at once) and its Session's next
+    Turn run, the clients parked; a daemon a late armed point killed meanwhile is restarted
+    (`revive`) and the fork settled on the new one."""
+    try:
+        return w.slow.settle(w.daemon.client(timeout=60))
+    except (ClientTimeout, ClientClosed):
+        assert revive(w), ("a live daemon did not settle the slow fork", w.seed)
+        return w.slow.settle(w.daemon.client(timeout=60))
 
 
 def _idle_or_gone(c: Client, sid: str) -> bool:

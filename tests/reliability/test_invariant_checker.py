@@ -689,6 +689,42 @@ def test_a_failed_forks_tree_kept_past_the_grace_is_reported_unless_the_daemon_r
     assert worktree_laws({"path": str(top), "reason": "in_use"}) == []
 
 
+def test_a_retried_failed_tree_git_half_removed_is_no_finding_a_live_one_without_git_is(
+    base: Base, tmp_path: Path
+) -> None:
+    """A failed fork's tree the live daemon retries may be half-removed: git took its `.git`
+    file, then failed on a file it could not unlink. That is no worktree law broken (the
+    retries remove the rest); a committed fork's tree without its `.git` file still is."""
+    repo = make_repo(tmp_path / "project")
+    head = git(repo, "rev-parse", "HEAD")
+    top = tmp_path / "project.agenthost" / "abcd1234"
+    top.mkdir(parents=True)
+    (top / "left.txt").write_text("a file git could not unlink\n")
+
+    def worktree_laws(name: str, op: dict, status: str, retrying: list[str]) -> list[str]:
+        plan = {
+            "operationId": op["operationId"],
+            "path": str(top),
+            "childCwd": str(top),
+            "headCommit": head,
+            "repoRoot": str(repo),
+        }
+        home = tampered(
+            base,
+            tmp_path / name,
+            f"UPDATE fork_operations SET status = '{status}', completed_at_ms = 1,"
+            f" workspace_mode = 'worktree', workspace_json = '{json.dumps(plan)}',"
+            " workspace_state = 'made', deleted_tree_path = NULL"
+            f" WHERE operation_id = '{op['operationId']}'",
+        )
+        report = check_invariants(home, retrying_trees=retrying)
+        return [v.detail for v in report.violations if v.law is Law.WORKTREE]
+
+    assert worktree_laws("failed", base.unknown, "failed", [str(top)]) == []
+    live = worktree_laws("committed", base.committed, "committed", [])
+    assert live == [f"{base.committed['operationId']}: {top} is not a worktree of {repo}"], live
+
+
 def test_provider_child_no_operation_may_own_is_reported(base: Base, tmp_path: Path) -> None:
     op = base.unknown["operationId"]
     # The child stays, its operation is recorded as having never dispatched a fork.
@@ -2063,3 +2099,64 @@ def test_a_committed_claude_child_cut_short_in_its_own_home_is_unreadable(
     (child,) = home.glob(f"runtimes/{WS}/{target}/claude-config/projects/*/*.jsonl")
     child.write_bytes(child.read_bytes().splitlines(keepends=True)[0])
     assert Law.CHILD_READABLE in laws(home)
+
+
+@pytest.mark.claude
+def test_a_completed_claude_turn_missing_from_its_transcript_is_reported(tmp_path: Path) -> None:
+    """`claude_turn_in_transcript`: a completed Claude Turn is a Turn of its Session's
+    transcript (rooted at its provider turn id, with the reply, holding its binding's
+    checkpoint); a committed child's cloned Turns are read in the child's own transcript. The
+    last Turn's reply cut out of the source's transcript is reported, and so is the first
+    Turn's root user message cut out."""
+    from model_fakes.messages import MessagesServer
+    from tests.daemon.test_fork_saga import fork, until_terminal
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    with MessagesServer() as server:
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="claude-code", title="c", cwd=str(cwd))[
+                "agentSessionId"
+            ]
+            turns = [run_turn(c, sid, text) for text in ("one", "two")]
+            op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+            assert op["status"] == "committed", op
+        finally:
+            d.stop()
+    assert [t["outcome"] for t in turns] == ["completed", "completed"]
+
+    def found() -> list[str]:
+        violations = check_invariants(home).violations
+        return [v.detail for v in violations if v.law is Law.CLAUDE_TURN_IN_TRANSCRIPT]
+
+    assert found() == []
+    (source,) = home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
+    whole = source.read_bytes().splitlines(keepends=True)
+    entries = [json.loads(line) for line in whole]
+    roots = [i for i, e in enumerate(entries) if e.get("uuid") == turns[1]["rootProviderTurnId"]]
+    assert len(roots) == 1, turns[1]
+    source.write_bytes(
+        b"".join(
+            line
+            for i, (line, e) in enumerate(zip(whole, entries, strict=True))
+            if i < roots[0] or e.get("type") != "assistant"
+        )
+    )
+    (cut,) = found()
+    assert f"turn {turns[1]['turnId']}" in cut and "holds no assistant message" in cut, cut
+    source.write_bytes(
+        b"".join(
+            line
+            for line, e in zip(whole, entries, strict=True)
+            if e.get("uuid") != turns[0]["rootProviderTurnId"]
+        )
+    )
+    (gone,) = found()
+    assert f"turn {turns[0]['turnId']}" in gone and "no Turn rooted at" in gone, gone

@@ -153,6 +153,13 @@ class Law(StrEnum):
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
     (a dropped driver event)."""
+    CLAUDE_TURN_IN_TRANSCRIPT = "claude_turn_in_transcript"
+    """A settled `completed` Turn of a live Claude Code Session is not in the Session's
+    transcript (`projects/*/<provider session>.jsonl` in its own provider home): no Turn there
+    is rooted at its provider turn id (the root user message the host bound it to), that
+    Turn holds no assistant message (the provider's reply), or the Turn's binding names a
+    checkpoint that is no message of that Turn (docs/design/drivers.md): the next resume, or
+    a fork through it, would find a Turn the provider never kept."""
     HOST_ONLY_TURN = "host_only_turn"
     """A Turn marked host-only (schema v24: its `turn.start` provably never sent, so its
     provider's thread holds no Turn for it) has a provider turn id, is not settled, or is settled
@@ -397,6 +404,9 @@ class InvariantReport:
     """`readable_children` by the child's provider (a soak proves its Claude children read)."""
     spare_homes: int = 0
     """Claude spare homes the `spare_home_empty` law walked (a soak proves it met some)."""
+    claude_turns_read: int = 0
+    """Completed Claude Code Turns `claude_turn_in_transcript` read in their transcripts (a
+    soak proves it met some)."""
 
     @property
     def ok(self) -> bool:
@@ -1599,6 +1609,88 @@ def _check_completed_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
             )
 
 
+def claude_transcript_problem(
+    home_dir: Path, provider_session_id: str, root: str, binding_json: str | None
+) -> str | None:
+    """Why the Claude Turn rooted at `root` (its binding `binding_json`) is not in the
+    transcript of `provider_session_id` in `home_dir`, or None: that transcript has a Turn
+    rooted there (`split_turns`' boundaries: each root user message up to the next one), with
+    an assistant message, and the binding's checkpoint is one of its messages."""
+    from drivers.claude_transcript import decode_binding, parse_entry_bytes
+
+    matches = sorted(home_dir.glob(f"projects/*/{provider_session_id}.jsonl"))
+    if len(matches) != 1:
+        return f"{len(matches)} transcripts for {provider_session_id} in {home_dir}"
+    try:
+        entries = parse_entry_bytes(matches[0].read_bytes())
+    except OSError as exc:
+        return f"transcript {matches[0]} unreadable: {exc}"
+    span: list[tuple[str, str]] | None = None
+    for entry in entries:
+        if entry.is_root_user:
+            if span is not None:
+                break
+            if entry.uuid == root:
+                span = []
+        if span is not None:
+            span.append((entry.type, entry.uuid))
+    if span is None:
+        return f"no Turn rooted at {root} in {matches[0]}"
+    if not any(kind == "assistant" for kind, _ in span):
+        return f"its Turn {root} in {matches[0]} holds no assistant message"
+    checkpoint = decode_binding(binding_json)
+    if checkpoint is not None and checkpoint not in {uuid for _, uuid in span}:
+        return f"its checkpoint {checkpoint} is no message of its Turn {root} in {matches[0]}"
+    return None
+
+
+def _claude_transcript_misses(
+    ctx: _Ctx, conn: apsw.Connection
+) -> tuple[int, list[tuple[str, str, str]]]:
+    """`claude_turn_in_transcript`: each completed Turn of a live Claude Code Session, read in
+    its Session's transcript. Returns how many were read, and (workspace, Session, detail) of
+    each miss: a Session deleted since the copy (its home swept) is none, which the caller
+    rechecks in the store as it is then."""
+    by_session: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for t in _rows(
+        conn,
+        "SELECT t.workspace_id, t.session_id, t.turn_id, t.root_provider_turn_id,"
+        " t.provider_turn_binding_json, s.provider_session_id FROM turns t JOIN sessions s"
+        " USING (workspace_id, session_id) WHERE s.provider = 'claude-code' AND s.deleted = 0"
+        " AND t.phase = 'settled' AND t.outcome = 'completed'"
+        " AND t.root_provider_turn_id IS NOT NULL",
+    ):
+        by_session[(t["workspace_id"], t["session_id"])].append(t)
+    misses: list[tuple[str, str, str]] = []
+    read = 0
+    for (ws, sid), turns in by_session.items():
+        home_dir = provider_home(ctx.home, ws, sid, "claude-code")
+        for t in turns:
+            problem = claude_transcript_problem(
+                home_dir,
+                str(t["provider_session_id"]),
+                str(t["root_provider_turn_id"]),
+                t["provider_turn_binding_json"],
+            )
+            read += 1
+            if problem:
+                misses.append((ws, sid, f"session {sid} turn {t['turn_id']}: {problem}"))
+    return read, misses
+
+
+def _deleted_now(home: Path) -> set[tuple[str, str]]:
+    """The Sessions the store of `home` holds deleted now (read-only, beside a live daemon)."""
+    now = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        now.set_busy_timeout(10_000)
+        return {
+            (r["workspace_id"], r["session_id"])
+            for r in _rows(now, "SELECT workspace_id, session_id FROM sessions WHERE deleted = 1")
+        }
+    finally:
+        now.close()
+
+
 def _check_host_only_turns(ctx: _Ctx, conn: apsw.Connection) -> None:
     """`host_only_turn`: a Turn its provider never got is settled, not `completed`, unbound;
     a committed child's copy of a boundary Turn is marked exactly when its source Turn is."""
@@ -2227,7 +2319,9 @@ def _check_worktrees(
                 at_head = [b for b in branches if _tip(repo, b) == plan["headCommit"]]
                 for left in registered + at_head:
                     ctx.fail(Law.WORKTREE, f"failed {op_id} left {left} in {repo}")
-            if here and state == "made" and not (top / ".git").is_file():
+            # A failed fork's tree is being removed (by its saga, a start or the live daemon's
+            # retries): one git removed part of (its `.git` file first) is no worktree now.
+            if here and state == "made" and status != "failed" and not (top / ".git").is_file():
                 ctx.fail(Law.WORKTREE, f"{op_id}: {top} is not a worktree of {repo}")
 
 
@@ -3014,6 +3108,7 @@ def check_invariants(
             _check_schema(ctx, conn)
             _check_tables(ctx, conn)
             _check_completed_turns(ctx, conn)
+            claude_turns, transcript_misses = _claude_transcript_misses(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
             _check_provider_turns_once(ctx, conn)
@@ -3092,6 +3187,11 @@ def check_invariants(
             for ws, sid, turn_id, detail in checkpoint_misses:
                 if (ws, sid) not in deleted and (ws, sid, turn_id) not in dropped:
                     ctx.fail(Law.CHECKPOINT_KEPT, detail)
+        if transcript_misses:
+            deleted_now = _deleted_now(home)
+            for ws, sid, detail in transcript_misses:
+                if (ws, sid) not in deleted_now:
+                    ctx.fail(Law.CLAUDE_TURN_IN_TRANSCRIPT, detail)
         _check_quarantine(ctx, home, ops, resolutions)
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
@@ -3111,6 +3211,7 @@ def check_invariants(
         readable_children=readable.total(),
         readable_by_provider=dict(readable),
         spare_homes=spares,
+        claude_turns_read=claude_turns,
     )
 
 
