@@ -403,6 +403,7 @@ class Daemon:
             timeout_s=cfg.checkpoint_timeout_s,
             long_timeout_s=cfg.checkpoint_long_timeout_s,
             left_gits=self.left_gits,
+            private=(cfg.home,),
         )
         # A failed fork's tree (whole, or half-made by a crash before its record) goes now.
         fork_trees = ForkTrees(shadow, cfg.worktrees_dir)

@@ -464,8 +464,12 @@ class ShadowStore:
         timeout_s: float = 5.0,
         long_timeout_s: float = LONG_TIMEOUT_S,
         left_gits: LeftGits | None = None,
+        private: Sequence[Path] = (),
     ) -> None:
         self.root = root
+        # Folders no checkpoint captures wherever a captured directory holds them: this
+        # store's own, and the daemon's home it lies in (its store, WAL, runtimes, logs).
+        self._private = tuple(dict.fromkeys(os.path.realpath(p) for p in (root, *private)))
         # A killed daemon's gits that outlived their kill at start: their lock files stay.
         self.left_gits = left_gits
         self.excludes = tuple(excludes)
@@ -547,9 +551,10 @@ class ShadowStore:
                     shutil.rmtree(tmp, ignore_errors=True)  # another capture made it first
         exclude = repo / "info" / "exclude"
         patterns = list(self.excludes)
-        inside = os.path.relpath(os.path.realpath(self.root), real)
-        if not inside.startswith(".."):
-            patterns.append(f"/{inside}/")  # never checkpoint the checkpoints themselves
+        for private in self._private:
+            inside = os.path.relpath(private, real)
+            if inside != "." and not inside.startswith(".."):
+                patterns.append(f"/{inside}/")  # never the checkpoints, nor the daemon's home
         wanted = "\n".join(patterns) + "\n"
         if not exclude.is_file() or exclude.read_text() != wanted:
             if exclude.is_file():  # changed rules: a new repository's index holds nothing
@@ -762,8 +767,9 @@ class ShadowStore:
         key = _index_key(index)
         if key is None:
             return
-        inside = os.path.realpath(self.root)
-        walked = _stat_walk(real, _walk_skips(self.excludes), frozenset({inside}), racy_from_ns)
+        walked = _stat_walk(
+            real, _walk_skips(self.excludes), frozenset(self._private), racy_from_ns
+        )
         if walked is True:
             self._too_big.add(repo)
         if walked is False:

@@ -270,3 +270,35 @@ def test_a_folder_older_than_the_racy_margin_is_recorded_exactly_whichever_threa
     assert f"refs/agenthost/{sid}/+{ws['after']} {ws['after']}" in refs()
     text, _ = shadow.diff(repo, ws["before"], ws["after"])
     assert "+one, changed again" in text
+
+
+def test_a_folder_holding_the_daemons_home_checkpoints_none_of_the_home(tmp_path: Path) -> None:
+    """A Session in a folder that holds the agenthost home (a Session in `~` with the default
+    home `~/.local/share/agenthost`): its Turns' checkpoints leave the whole home out — the
+    store and its WAL, which every Turn writes, the runtimes, the logs — not only the
+    checkpoints, so a quiet Turn lists nothing changed and the shadow index holds no path of
+    the home."""
+    repo = make_repo(tmp_path / "repo")
+    d = DaemonProcess(repo / ".local" / "agenthost").start()
+    try:
+        client = d.client()
+        sid = create_session(client, cwd=str(repo))["agentSessionId"]
+        for text in ("one", "two"):
+            turn = run_turn(client, sid, text)
+            assert turn["outcome"] == "completed", turn
+            assert turn["workspace"]["changedFiles"] == [], turn["workspace"]
+        listed = subprocess.run(
+            ["git", "ls-files"],
+            env={
+                **GIT_ENV,
+                "GIT_DIR": str(ShadowStore(d.home / "checkpoints").repo_dir(repo)),
+                "GIT_WORK_TREE": str(repo),
+            },
+            cwd=repo,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+        assert listed and not [p for p in listed if p.startswith(".local/")], listed
+    finally:
+        d.stop()
