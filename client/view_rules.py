@@ -25,10 +25,17 @@ class ForkAction(StrEnum):
     BLOCKED = "blocked"
     """Shown but not clickable: the source is not quiet (a Turn is running or waiting for an
     answer); `fork_blocked` gives the reason for the tooltip."""
+    UNRESOLVED = "unresolved"
+    """Shown but not clickable: a fork through this Turn ended `unknown` and waits for a
+    person's `fork.resolve` (a new fork of the Turn is refused until then)."""
 
 
 def fork_action(
-    session: Mapping[str, Any], turn: Mapping[str, Any], pending: bool, blocked: bool = False
+    session: Mapping[str, Any],
+    turn: Mapping[str, Any],
+    pending: bool,
+    blocked: bool = False,
+    unresolved: bool = False,
 ) -> ForkAction:
     capabilities = session.get("lifecycleCapabilities") or {}
     if not capabilities.get("forkThroughTurn") or session.get("kind") != "root":
@@ -37,6 +44,8 @@ def fork_action(
         return ForkAction.HIDDEN
     if pending:
         return ForkAction.DISABLED
+    if unresolved:
+        return ForkAction.UNRESOLVED
     return ForkAction.BLOCKED if blocked else ForkAction.ENABLED
 
 

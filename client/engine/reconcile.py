@@ -274,6 +274,7 @@ class Reconciliation:
                     status=MutationStatus.UNKNOWN,
                     phase=op.get("phase"),
                     error=str(op.get("error") or "delivery unknown"),
+                    recorded_unknown=True,
                 )
             )
         else:

@@ -81,6 +81,10 @@ class ForkMutation:
     workspace: str = "shared"
     """`shared` (the child works in the source's directory) or `worktree` (a tree of its own
     holding the fork Turn's files); part of the request's identity, so a retry keeps it."""
+    recorded_unknown: bool = False
+    """The daemon recorded the operation `unknown` (not: this client lost its reply): a retry
+    under the same `requestId` answers the same operation, so only a person's `fork.resolve`
+    (inspect, adopt or abandon) settles it."""
 
     @property
     def boundary(self) -> str | None:

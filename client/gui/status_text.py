@@ -173,6 +173,11 @@ def fork_failure_words(
             message=str(detail["message"]) if detail.get("message") is not None else None,
             latest=record.point != "throughTurn",
         )
+    if record.status is MutationStatus.UNKNOWN and record.recorded_unknown:
+        return (
+            f"the daemon cannot tell whether the fork made its provider child ({record.error});"
+            " press Inspect on the turn to see the evidence, then adopt or abandon it"
+        )
     if record.status is MutationStatus.UNKNOWN:
         return (
             f"the fork's result is unknown ({record.error}); "

@@ -67,6 +67,8 @@ __all__ = [
 FOLLOW_REHAND_S = 0.5
 """How often a pending follow's after-refresh step is handed again (`TranscriptView.follow`)."""
 
+UNRESOLVED_TIP = "A fork through this turn ended unknown: Inspect it first (adopt or abandon)"
+
 ABOVE_ID = "transcript-above"
 BELOW_ID = "transcript-below"
 
@@ -222,13 +224,15 @@ class TurnView(Vertical):
     def _label(self) -> tuple[str, str]:
         if self.action is ForkAction.DISABLED:
             return ("Forking…", "default")
-        if self.action is ForkAction.BLOCKED:
+        if self.action in (ForkAction.BLOCKED, ForkAction.UNRESOLVED):
             return ("Fork", "default")
         return ("Fork", "primary")
 
     def _fork_tooltip(self) -> str | None:
         if self.action is ForkAction.BLOCKED:
             return f"Cannot fork now: {self.blocked or 'the session is busy'}"
+        if self.action is ForkAction.UNRESOLVED:
+            return UNRESOLVED_TIP
         if self.action is ForkAction.DISABLED:
             return "A fork through this turn is in progress"
         return "Fork a new session through this turn"
@@ -492,6 +496,8 @@ class SettledTurnView(Widget):
         """What hovering the Fork label says (the Button's tooltip)."""
         if self.action is ForkAction.BLOCKED:
             return f"Cannot fork now: {self.blocked or 'the session is busy'}"
+        if self.action is ForkAction.UNRESOLVED:
+            return UNRESOLVED_TIP
         if self.action is ForkAction.DISABLED:
             return "A fork through this turn is in progress"
         return "Fork a new session through this turn"

@@ -292,12 +292,14 @@ class SessionView:
         session = self.engine.session(self.current) if self.current else None
         busy = self.blocked_reason() is not None
         source = self.current or ""
+        unknown = self.engine.unknown_operations(source) if source else {}
 
         def action(turn: Mapping[str, Any]) -> ForkAction:
             if session is None:
                 return ForkAction.HIDDEN
-            pending = self.engine.is_fork_pending(source, str(turn["turnId"]))
-            return fork_action(session, turn, pending, busy)
+            turn_id = str(turn["turnId"])
+            pending = self.engine.is_fork_pending(source, turn_id)
+            return fork_action(session, turn, pending, busy, turn_id in unknown)
 
         return action
 

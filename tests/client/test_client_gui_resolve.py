@@ -27,7 +27,7 @@ from client.gui.resolve import (
     ResolveScreen,
 )
 from client.gui.session_list import SessionTree
-from client.gui.transcript import inspect_button_id, unknown_row_id
+from client.gui.transcript import UNRESOLVED_TIP, inspect_button_id, unknown_row_id
 from tests.client.conftest import source
 from tests.client.test_client_gui import click, fork_button, open_and_wait, turn_ids, until
 from tests.daemon.test_fork_saga import until_terminal
@@ -176,6 +176,13 @@ def test_unknown_fork_is_marked_on_its_turn_inspected_adoptable_and_adopted(
         record = app.engine.mutation(sid, turns[0])
         assert record is not None and record.status is MutationStatus.UNKNOWN
         assert str(record.operation_id)[:8] in words
+        # The click's toast and the Turn's Fork send the person to Inspect: a Fork again would
+        # answer the same operation (its requestId), so it is not offered.
+        assert record.recorded_unknown
+        await wait(pilot, lambda: any("press Inspect on the turn" in t for t in said(app)))
+        assert not any("Fork again" in t for t in said(app)), said(app)
+        button = fork_button(app, turns[0])
+        assert button is not None and button.disabled and button.tooltip == UNRESOLVED_TIP
         await click(app, pilot, f"#{inspect_button_id(turns[0])}")
         await wait(pilot, lambda: isinstance(app.screen, ResolveScreen))
         await wait(pilot, lambda: "Verdict" in text_of(app, VERDICT_ID))
