@@ -161,6 +161,20 @@ _ERROR_WORDS: dict[str, str] = {
 }
 
 
+def too_large_words(params: Mapping[str, Any] | None) -> str | None:
+    """A 413 `payload_too_large` for a person: the request's size and the limit in MiB and
+    what to do, not the frame's byte counts; None without them."""
+    size, limit = (params or {}).get("bytes"), (params or {}).get("maxBytes")
+    if not isinstance(size, int) or not isinstance(limit, int) or limit <= 0:
+        return None
+    mib = 1 << 20
+    return (
+        f"the request is too large ({size / mib:.1f} MiB; a request holds at most "
+        f"{limit / mib:g} MiB): send a shorter message, or put the text in a file in the "
+        "session's folder and ask the agent to read it"
+    )
+
+
 def error_words(action: str, exc: BaseException) -> str:
     """A sentence for a failed request, for a person: `cannot send: a turn is already running
     in this session (wait, or interrupt it)`, not `409 conflict/agent_session_busy`."""
@@ -187,6 +201,8 @@ def error_words(action: str, exc: BaseException) -> str:
             )
         if exc.reason == "invalid_argument" and exc.message:
             words = exc.message
+        if exc.reason == "payload_too_large":
+            words = too_large_words(params) or words
         return f"cannot {action}: {words}"
     if isinstance(exc, TimeoutError):
         return f"cannot {action}: the daemon did not answer in time"

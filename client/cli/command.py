@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from client.cli.endpoints import curve, endpoints
 from client.cli.output import EXIT_INTERRUPTED, EXIT_USAGE, CliError, fail
 from client.cli.reach import check_reachable, gone_check, no_reply, unreachable
+from client.failure_words import too_large_words
 from protocol.methods import HOST_STATUS, Method
 
 if TYPE_CHECKING:
@@ -30,9 +31,10 @@ def open_client(args: argparse.Namespace) -> Client:
 
 
 def api_error(exc: Any) -> CliError:
+    words = too_large_words(exc.params) if exc.reason == "payload_too_large" else None
     return CliError(
         exc.reason or exc.code,
-        exc.message,
+        words or exc.message,
         error={
             "status": exc.status,
             "code": exc.code,

@@ -368,3 +368,26 @@ def test_an_empty_workspace_is_a_usage_error_caught_before_anything_is_sent(
             assert "--workspace" in done.stderr and "empty" in done.stderr, done.stderr
             assert "Traceback" not in done.stderr
     assert Cli(daemon.home, "default").run("sessions").returncode == 0
+
+
+def test_a_message_past_the_request_limit_is_refused_in_words_with_both_sizes(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    """A message too large for one request (`say SID -` from a file of 3 MiB): the daemon's 413
+    `payload_too_large` reads as the message's size and the limit in MiB, and what to do — not
+    the frame's byte counts — and no Turn starts."""
+    sid = new_session(cli, "Big")
+    done = subprocess.run(
+        [sys.executable, "-m", "agenthost.cli", "--home", str(cli.home), "--workspace", ws]
+        + ["say", sid, "-"],
+        input="x" * (3 << 20),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 1, done.stderr
+    words = "payload_too_large: the request is too large (3.0 MiB; a request holds at most 1 MiB)"
+    assert words in done.stderr, done.stderr
+    assert "bytes exceeds" not in done.stderr
+    timeline = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})
+    assert timeline["turns"] == []
