@@ -45,6 +45,14 @@ class SessionControls:
     # -- plain mutations -------------------------------------------------------------------
 
     def on_mutate(self, msg: Mutate) -> None:
+        if msg.stop_runtime and self._runtime.preparing:
+            # A delete while this Session's runtime is prepared (a `fork.create`'s, before its
+            # operation exists: a Turn's claim refuses a delete itself) waits for that to end,
+            # then meets the fork's fence — or deletes, the fork having ended. Run now, it would
+            # remove the runtime directory the start works in, which the start makes again for
+            # a Session that is gone, and the fork would fail on a deleted Session.
+            self._runtime.after_preparing.append(partial(self._after_preparing, msg))
+            return
         session = self._core.session() if msg.stop_runtime else None
         provider = session.provider if session is not None else None
         result = msg.fn()
@@ -76,6 +84,18 @@ class SessionControls:
             )
             self._core.ctx.runtime_slots.forget(provider, self._core.key)
         msg.reply(result)
+
+    def _after_preparing(self, msg: Mutate) -> None:
+        """A delete deferred by `on_mutate`, run on a continuation's turn: the Session row the
+        actor keeps and its bindings' answer are forgotten around it, as for any `Mutate`."""
+        self._runtime.forget_row()
+        self._runtime.forget_bindings()
+        try:
+            self.on_mutate(msg)
+        except Exception as exc:  # noqa: BLE001 - the request is answered, typed
+            msg.reply(host_error_of(exc, f"session {self._core.key} on Mutate", logger=log))
+        finally:
+            self._runtime.forget_row()
 
     def on_interrupt(self, msg: Interrupt) -> None:
         """Works on any Turn the store shows active: one this actor runs,
