@@ -47,10 +47,10 @@ class SessionControls:
     def on_mutate(self, msg: Mutate) -> None:
         if msg.stop_runtime and self._runtime.preparing:
             # A delete while this Session's runtime is prepared (a `fork.create`'s, before its
-            # operation exists: a Turn's claim refuses a delete itself) waits for that to end,
-            # then meets the fork's fence — or deletes, the fork having ended. Run now, it would
-            # remove the runtime directory the start works in, which the start makes again for
-            # a Session that is gone, and the fork would fail on a deleted Session.
+            # operation exists; a Turn's, interrupted while it waited for a slot) waits for that
+            # to end, then meets the fork's fence — or deletes, the fork having ended. Run now,
+            # it would remove the runtime directory the start works in, which the start makes
+            # again (and starts a runtime in) for a Session that is gone.
             self._runtime.after_preparing.append(partial(self._after_preparing, msg))
             return
         session = self._core.session() if msg.stop_runtime else None

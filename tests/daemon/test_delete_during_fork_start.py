@@ -108,3 +108,65 @@ def test_a_delete_during_a_forks_runtime_start_is_answered_after_it(tmp_path: Pa
 
 def _in_flight(d: DaemonProcess) -> int:
     return int(d.client().call("host.status")["requestsInFlight"])
+
+
+def test_a_delete_after_an_interrupt_during_a_turns_runtime_start_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A Turn whose runtime waits for the slot, interrupted there (settled at once: nothing
+    reached the provider), then its Session deleted: the delete waits for the preparation,
+    then stops the runtime it started and removes the runtime directory for good. Run at once,
+    the preparation made the deleted Session's provider home again and started a runtime in
+    it, both left behind."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c, title="source")["agentSessionId"]
+        run_turn(c, source, "hello")
+        source_home = home / "runtimes" / WS / source
+        holder = create_session(c)["agentSessionId"]
+        held = submit(c, holder, "/ask hold the only runtime slot")["turnId"]
+        question = pending_request(c, holder, held)
+        # The source's runtime went for the holder's; its next Turn queues for the slot.
+        waiting = submit(c, source, "queued for the slot")["turnId"]
+        wait_for(lambda: _queued(d) == 1, 30)
+        c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": waiting})
+        assert settle(c, source, waiting)["outcome"] == "interrupted"
+
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def delete() -> None:
+            answers["delete"] = d.client(timeout=90).call_raw(
+                "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=90
+            )
+
+        thread = threading.Thread(target=delete)
+        thread.start()
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
+        respond(c, holder, held, question, {"text": "yes"})
+        settle(c, holder, held)
+        thread.join(90)
+        assert answers["delete"][0] == 200, answers
+        # The source's preparation is over (nothing queued or starting): its directory is
+        # gone, not made again by it.
+        wait_for(lambda: _queued(d) == 0 and _starting(d) == 0, 30)
+        wait_for(lambda: not source_home.exists(), 30)
+    finally:
+        d.stop()
+    assert not source_home.exists()
+    assert_invariants(home)
+
+
+def _runtimes(d: DaemonProcess) -> dict[str, Any]:
+    return dict(d.client().call("host.status")["runtimes"].get("tutti-agent") or {})
+
+
+def _queued(d: DaemonProcess) -> int:
+    return int(_runtimes(d).get("queued", 0))
+
+
+def _starting(d: DaemonProcess) -> int:
+    return int(_runtimes(d).get("starting", 0))
