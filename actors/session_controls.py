@@ -41,6 +41,11 @@ class SessionControls:
         self.records_pending = 0
         """Interaction answers the provider took whose record a busy store refused, retried
         (the actor stays busy meanwhile, so no idle stop drops the retry or its reply)."""
+        self.calls_pending = 0
+        """Interrupts and interaction answers sent to the worker and not answered yet: the
+        actor stays busy meanwhile. The Turn they act on may settle first (its end can
+        overtake the worker's reply), and an idle stop then left the reply no actor: the
+        request answered 503 `session_stopped` and an answer the provider took unrecorded."""
 
     # -- plain mutations -------------------------------------------------------------------
 
@@ -153,6 +158,7 @@ class SessionControls:
         )
 
         def _done(f: Future[None]) -> None:
+            self.calls_pending -= 1
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
@@ -188,6 +194,7 @@ class SessionControls:
                 self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, turn.turn_id)
             )
 
+        self.calls_pending += 1
         self._core.later(fut, _done, msg.reply)
 
     def _no_end(self, state: TurnState, why: str | None) -> None:
@@ -220,6 +227,7 @@ class SessionControls:
         )
 
         def _done(f: Future[None]) -> None:
+            self.calls_pending -= 1
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
@@ -233,6 +241,7 @@ class SessionControls:
             output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
             self._record_answer(msg, output, RETRY_FIRST_S)
 
+        self.calls_pending += 1
         self._core.later(fut, _done, msg.reply)
 
     def _record_answer(self, msg: Respond, output: dict[str, object], delay: float) -> None:
