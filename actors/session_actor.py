@@ -223,6 +223,7 @@ class SessionActor(PooledActor):
             or bool(self.resolves)
             or bool(self.tree_records)
             or self.controls.records_pending > 0
+            or self.controls.calls_pending > 0
             or bool(self.writes)
             or self.writes.late_bindings_pending  # stay alive until they are applied
             or self.turns.unsettled()

@@ -41,10 +41,23 @@ class SessionControls:
         self.records_pending = 0
         """Interaction answers the provider took whose record a busy store refused, retried
         (the actor stays busy meanwhile, so no idle stop drops the retry or its reply)."""
+        self.calls_pending = 0
+        """Interrupts and interaction answers sent to the worker and not answered yet: the
+        actor stays busy meanwhile. The Turn they act on may settle first (its end can
+        overtake the worker's reply), and an idle stop then left the reply no actor: the
+        request answered 503 `session_stopped` and an answer the provider took unrecorded."""
 
     # -- plain mutations -------------------------------------------------------------------
 
     def on_mutate(self, msg: Mutate) -> None:
+        if msg.stop_runtime and self._runtime.preparing:
+            # A delete while this Session's runtime is prepared (a `fork.create`'s, before its
+            # operation exists; a Turn's, interrupted while it waited for a slot) waits for that
+            # to end, then meets the fork's fence — or deletes, the fork having ended. Run now,
+            # it would remove the runtime directory the start works in, which the start makes
+            # again (and starts a runtime in) for a Session that is gone.
+            self._runtime.after_preparing.append(partial(self._after_preparing, msg))
+            return
         session = self._core.session() if msg.stop_runtime else None
         provider = session.provider if session is not None else None
         result = msg.fn()
@@ -76,6 +89,18 @@ class SessionControls:
             )
             self._core.ctx.runtime_slots.forget(provider, self._core.key)
         msg.reply(result)
+
+    def _after_preparing(self, msg: Mutate) -> None:
+        """A delete deferred by `on_mutate`, run on a continuation's turn: the Session row the
+        actor keeps and its bindings' answer are forgotten around it, as for any `Mutate`."""
+        self._runtime.forget_row()
+        self._runtime.forget_bindings()
+        try:
+            self.on_mutate(msg)
+        except Exception as exc:  # noqa: BLE001 - the request is answered, typed
+            msg.reply(host_error_of(exc, f"session {self._core.key} on Mutate", logger=log))
+        finally:
+            self._runtime.forget_row()
 
     def on_interrupt(self, msg: Interrupt) -> None:
         """Works on any Turn the store shows active: one this actor runs,
@@ -133,6 +158,7 @@ class SessionControls:
         )
 
         def _done(f: Future[None]) -> None:
+            self.calls_pending -= 1
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
@@ -168,6 +194,7 @@ class SessionControls:
                 self._core.session_store.turns.get_turn(self._core.ws, self._core.sid, turn.turn_id)
             )
 
+        self.calls_pending += 1
         self._core.later(fut, _done, msg.reply)
 
     def _no_end(self, state: TurnState, why: str | None) -> None:
@@ -200,6 +227,7 @@ class SessionControls:
         )
 
         def _done(f: Future[None]) -> None:
+            self.calls_pending -= 1
             try:
                 f.result()
             except Exception as exc:  # noqa: BLE001
@@ -213,6 +241,7 @@ class SessionControls:
             output = dict(msg.response) if msg.by is None else {**msg.response, "by": msg.by}
             self._record_answer(msg, output, RETRY_FIRST_S)
 
+        self.calls_pending += 1
         self._core.later(fut, _done, msg.reply)
 
     def _record_answer(self, msg: Respond, output: dict[str, object], delay: float) -> None:

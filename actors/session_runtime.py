@@ -128,6 +128,10 @@ class SessionRuntime:
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
         self._slot_provider: str | None = None
+        # What waits for every runtime preparation in progress to end (a delete that came
+        # during a fork's, `SessionControls.on_mutate`): run, in order, on this actor's thread
+        # right after the last one's answer was handed on.
+        self.after_preparing: list[Callable[[], None]] = []
 
     def forget_row(self) -> None:
         self._session_row = None
@@ -281,7 +285,13 @@ class SessionRuntime:
         def _ready(runtime: PreparedRuntime | HostError) -> None:
             self.preparing -= 1
             self._core.ctx.runtime_slots.started(session.provider, self._core.key)
-            on_ready(runtime)
+            try:
+                on_ready(runtime)
+            finally:
+                if self.preparing == 0 and self.after_preparing:
+                    waiting, self.after_preparing = self.after_preparing, []
+                    for fn in waiting:
+                        fn()
 
         def _prepare_now() -> None:
             try:

@@ -228,6 +228,27 @@ def test_a_fenced_control_inside_a_fence_window_is_reported(
     assert found, check_invariants(home).violations
 
 
+def test_a_source_deleted_inside_a_fence_window_is_reported(base: Base, tmp_path: Path) -> None:
+    """A `session.delete` of the source the fence should have refused, landed between the
+    committed fork's prepare and its commit."""
+    op = base.committed["operationId"]
+    home = tampered(
+        base,
+        tmp_path,
+        "UPDATE sessions SET deleted = 1, updated_at_ms = (SELECT (created_at_ms"
+        f" + completed_at_ms) / 2 FROM fork_operations WHERE operation_id = '{op}')"
+        " WHERE session_id = (SELECT source_session_id FROM fork_operations"
+        f" WHERE operation_id = '{op}')",
+        flag=False,
+    )
+    found = [
+        v
+        for v in check_invariants(home).violations
+        if v.law == Law.FENCE_WINDOW and "deleted" in v.detail
+    ]
+    assert found, check_invariants(home).violations
+
+
 def test_two_active_operations_on_one_source_are_reported(base: Base, tmp_path: Path) -> None:
     home = tampered(
         base,

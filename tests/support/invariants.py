@@ -1312,6 +1312,25 @@ def _check_fence_window(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, An
             )
 
 
+def _check_delete_fence_window(ctx: _Ctx, conn: apsw.Connection, ops: list[dict[str, Any]]) -> None:
+    """No source deleted inside one of its operations' fence windows: `session.delete` is a
+    fenced write (law 3), and its row's `updated_at_ms` is its own transaction's time (a
+    deleted Session's row is not written again: no Turn of it is active)."""
+    now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
+    for o, start, end in fence_windows(conn, ops, now):
+        for s in _rows(
+            conn,
+            "SELECT session_id, updated_at_ms FROM sessions WHERE workspace_id = ?"
+            " AND session_id = ? AND deleted = 1 AND updated_at_ms > ? AND updated_at_ms < ?",
+            (o["workspace_id"], o["source_session_id"], start, end),
+        ):
+            ctx.fail(
+                Law.FENCE_WINDOW,
+                f"source {s['session_id']} deleted at {s['updated_at_ms']}, inside the fence"
+                f" window {start}..{end} of operation {o['operation_id']} ({o['status']})",
+            )
+
+
 def _check_provider_children(
     ctx: _Ctx,
     children: list[ProviderChild],
@@ -3134,6 +3153,7 @@ def check_invariants(
             _check_fence_witness(ctx, conn, ops)
             _check_kept_digests(ctx, conn)
             _check_fence_window(ctx, conn, ops)
+            _check_delete_fence_window(ctx, conn, ops)
             _check_ended_snapshots(ctx, conn, ops)
         finally:
             conn.close()

@@ -1,0 +1,172 @@
+"""A `session.delete` that arrives while a `fork.create` of the same Session waits for its
+runtime (a provider runtime slot, then `session.start`), before any operation exists.
+
+Nothing fences the Session yet, so the delete used to commit at once, stop the runtime and
+remove the Session's runtime directory; the fork's preparation then went on for a deleted
+Session: `session.start` made its provider home again (left on disk for a Session that is
+gone) and failed in it, and the fork was answered 502 `agent_session_fork_failed` (its
+message an internal error of the worker). The two requests are answered in their order now:
+the delete waits for the preparation to end, so it meets the fork's fence (409
+`agent_session_fork_in_progress`, retryable) or, if the fork ended first, deletes.
+
+Through the real daemon and tutti-agent: one runtime slot (`max_runtimes_per_provider = 1`)
+held by another Session's Turn waiting on a question, so the fork queues for the slot until
+the question is answered."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.daemon.test_fork_saga import until_terminal
+from tests.support.daemon import (
+    WS,
+    DaemonProcess,
+    create_session,
+    fork_params,
+    respond,
+    run_turn,
+    settle,
+    submit,
+    wait_for,
+)
+from tests.support.git_repos import pending_request
+from tests.support.invariants import assert_invariants
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def _queued_forks(d: DaemonProcess) -> int:
+    runtimes = d.client().call("host.status")["runtimes"]
+    return int((runtimes.get("tutti-agent") or {}).get("queuedForks", 0))
+
+
+def test_a_delete_during_a_forks_runtime_start_is_answered_after_it(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c, title="source")["agentSessionId"]
+        boundary = run_turn(c, source, "hello")
+        source_home = home / "runtimes" / WS / source
+        assert source_home.is_dir()
+        holder = create_session(c)["agentSessionId"]
+        held = submit(c, holder, "/ask hold the only runtime slot")["turnId"]
+        question = pending_request(c, holder, held)
+
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def call(name: str, method: str, params: dict[str, Any]) -> None:
+            answers[name] = d.client(timeout=90).call_raw(method, params, timeout=90)
+
+        fork = threading.Thread(
+            target=call, args=("fork", "fork.create", fork_params(WS, source, boundary["turnId"]))
+        )
+        fork.start()
+        # The fork waits for the slot: no operation, no fence yet.
+        wait_for(lambda: _queued_forks(d) == 1, 30)
+        delete = threading.Thread(
+            target=call,
+            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+        )
+        delete.start()
+        # The delete is answered, or taken and waiting beside the fork (this status call is
+        # the third request in flight); then the slot is freed: the holder's question
+        # answered, its Turn settles.
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 3, 30)
+        respond(c, holder, held, question, {"text": "yes"})
+        settle(c, holder, held)
+        fork.join(90)
+        delete.join(90)
+        fork_status, fork_body = answers["fork"]
+        delete_status, delete_body = answers["delete"]
+
+        # Answered in order: the fork first, the delete meets its fence.
+        assert fork_status in (200, 202), (fork_status, fork_body, delete_status, delete_body)
+        assert delete_status == 409, (delete_status, delete_body)
+        assert delete_body["reason"] == "agent_session_fork_in_progress", delete_body
+        assert delete_body["retryable"] is True, delete_body
+        op = until_terminal(c, fork_body["operation"])
+        assert op["status"] == "committed", op
+        # The source is whole: its runtime home was never removed under its fork.
+        assert c.call("session.get", {"workspaceId": WS, "agentSessionId": source})["session"]
+        assert source_home.is_dir()
+
+        # Deleted now, once the fork ended: its runtime directory goes and stays gone.
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": source})
+        wait_for(lambda: not source_home.exists(), 30)
+    finally:
+        d.stop()
+    assert not source_home.exists()
+    assert_invariants(home)
+
+
+def _in_flight(d: DaemonProcess) -> int:
+    return int(d.client().call("host.status")["requestsInFlight"])
+
+
+def test_a_delete_after_an_interrupt_during_a_turns_runtime_start_waits_for_it(
+    tmp_path: Path,
+) -> None:
+    """A Turn whose runtime waits for the slot, interrupted there (settled at once: nothing
+    reached the provider), then its Session deleted: the delete waits for the preparation,
+    then stops the runtime it started and removes the runtime directory for good. Run at once,
+    the preparation made the deleted Session's provider home again and started a runtime in
+    it, both left behind."""
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c, title="source")["agentSessionId"]
+        run_turn(c, source, "hello")
+        source_home = home / "runtimes" / WS / source
+        holder = create_session(c)["agentSessionId"]
+        held = submit(c, holder, "/ask hold the only runtime slot")["turnId"]
+        question = pending_request(c, holder, held)
+        # The source's runtime went for the holder's; its next Turn queues for the slot.
+        waiting = submit(c, source, "queued for the slot")["turnId"]
+        wait_for(lambda: _queued(d) == 1, 30)
+        c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": waiting})
+        assert settle(c, source, waiting)["outcome"] == "interrupted"
+
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def delete() -> None:
+            answers["delete"] = d.client(timeout=90).call_raw(
+                "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=90
+            )
+
+        thread = threading.Thread(target=delete)
+        thread.start()
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
+        respond(c, holder, held, question, {"text": "yes"})
+        settle(c, holder, held)
+        thread.join(90)
+        assert answers["delete"][0] == 200, answers
+        # The source's preparation is over (nothing queued or starting): its directory is
+        # gone, not made again by it.
+        wait_for(lambda: _queued(d) == 0 and _starting(d) == 0, 30)
+        wait_for(lambda: not source_home.exists(), 30)
+    finally:
+        d.stop()
+    assert not source_home.exists()
+    assert_invariants(home)
+
+
+def _runtimes(d: DaemonProcess) -> dict[str, Any]:
+    return dict(d.client().call("host.status")["runtimes"].get("tutti-agent") or {})
+
+
+def _queued(d: DaemonProcess) -> int:
+    return int(_runtimes(d).get("queued", 0))
+
+
+def _starting(d: DaemonProcess) -> int:
+    return int(_runtimes(d).get("starting", 0))
