@@ -490,7 +490,7 @@ class AppServerDriver:
         with session.op_lock:
             runtime = self._ensure_runtime(session)
         try:
-            turns = self.runtimes.thread_turns(runtime, session.thread_id)
+            turns = self.runtimes.history_turns(runtime, session.thread_id)
         except AppServerFailure as exc:
             raise DriverError(f"provider history unreadable: {exc}") from exc
         return {
