@@ -3,12 +3,14 @@ past the line bound (`MAX_LINE_BYTES`, 64 MiB), through an in-process daemon (re
 real worker process, the real `tutti_agent` app-server): 70 Turns of 1 MiB prompts. Read with
 one `thread/read`, the server wrote its answer as one line past the bound, the worker killed
 it and the history failed typed (`provider_protocol_error`). It is now read in pages of
-`thread/turns/list`, each well under the bound: every Turn, in order, each prompt whole."""
+`thread/turns/list`, each well under the bound: every Turn, in order, each prompt whole; and
+read once for all the link's pages (`session.history` pages of 8 Mi characters)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import psutil
 import pytest
 
 from actors.context import runtime_key
@@ -18,6 +20,7 @@ from tests.support.daemon import WS, create_session
 from tests.support.in_process import in_process_daemon
 from tests.tutti_agent.items import assistant_msg, task_complete, task_started, user_msg
 from tests.tutti_agent.storeutil import write_root
+from transport.client import Client
 from tutti_agent.rollout import LineType, RolloutItem
 from tutti_agent.store import ThreadStore
 
@@ -50,6 +53,12 @@ def _turn(turn_id: str, text: str) -> list[RolloutItem]:
     ]
 
 
+def _worker(c: Client) -> psutil.Process:
+    """The provider's worker process, as `host.status` names it."""
+    workers = c.call("host.status")["workers"]
+    return psutil.Process(next(w["pid"] for w in workers if w["provider"] == PROVIDER))
+
+
 def test_a_history_past_the_app_server_line_bound_is_read_whole_in_pages(
     tmp_path: Path,
 ) -> None:
@@ -77,7 +86,12 @@ def test_a_history_past_the_app_server_line_bound_is_read_whole_in_pages(
         daemon.ctx.workers.start_session(PROVIDER, start, 30.0).result(timeout=30)
 
         request = HistoryRequest(runtime_key(WS, sid), home=str(home))
+        worker = _worker(c)
+        before = worker.io_counters().read_chars
         history = daemon.ctx.workers.history(PROVIDER, request, 30.0).result(timeout=240)
+        # The app-server's pages were read once for all the link's pages (the worker read
+        # the whole history from its pipe again for each of them).
+        assert worker.io_counters().read_chars - before < 2 * TURNS * PROMPT_CHARS
         assert [t.provider_turn_id for t in history.turns] == ids
         assert [t.status for t in history.turns] == ["completed"] * TURNS
         assert [t.user_text for t in history.turns] == [_prompt(n) for n in range(TURNS)]
