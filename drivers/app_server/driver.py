@@ -634,11 +634,10 @@ class AppServerDriver:
         runtime = self._spawn_for(session)
         try:
             if session.thread_id:
-                params: dict[str, Any] = {"threadId": session.thread_id}
-                if self.provider.turns_without_items:
-                    # Only the thread's id is read from the answer: not its turns (a
-                    # 10,000-Turn thread's are a 5 MB answer to build, send and decode).
-                    params["excludeTurns"] = True
+                # Only the thread's id is read from the answer: not its turns (a 10,000-Turn
+                # thread's are a 5 MB answer to build, send and decode, and a history of long
+                # Turns one line past the reader's bound: the resume failed, the server killed).
+                params: dict[str, Any] = {"threadId": session.thread_id, "excludeTurns": True}
                 result = runtime.proc.request("thread/resume", params, timeout=self.request_timeout)
             else:
                 params = {"cwd": session.cwd} if session.cwd else {}
