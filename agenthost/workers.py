@@ -131,8 +131,8 @@ class SupervisorPort:
         turns: list[HistoryTurn] = []
         finals: list[bool] = []
 
-        def ask(after_index: int) -> None:
-            page = replace(request, after_index=after_index)
+        def ask(after_index: int, cursor: str | None) -> None:
+            page = replace(request, after_index=after_index, cursor=cursor)
             answer = self._call(
                 provider, page.METHOD, page.to_wire(), timeout, SessionHistory.from_wire
             )
@@ -148,11 +148,11 @@ class SupervisorPort:
             finals.append(page.final)
             # A next page that would not move on (a worker's mistake) ends the paging.
             if page.next_index is not None and page.next_index > after_index:
-                ask(page.next_index)
+                ask(page.next_index, page.cursor)
                 return
             out.set_result(SessionHistory(tuple(turns), final=all(finals)))
 
-        ask(request.after_index)
+        ask(request.after_index, request.cursor)
         return out
 
     def start_turn(self, provider: str, request: TurnStart, timeout: float) -> Future[TurnAccepted]:

@@ -601,6 +601,9 @@ class HistoryRequest:
     after_index: int = 0
     """The page's first Turn: the index (in the provider's order) the last page's
     `nextIndex` named; 0 for the first page."""
+    cursor: str | None = None
+    """The last page's `historyCursor`: the worker answers this page from the history it read
+    for the first (held a short time), not from a new read of the provider's."""
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agentSessionId": self.agent_session_id}
@@ -608,6 +611,8 @@ class HistoryRequest:
             out["home"] = self.home
         if self.after_index:
             out["afterIndex"] = self.after_index
+        if self.cursor is not None:
+            out["historyCursor"] = self.cursor
         return out
 
 
@@ -668,6 +673,8 @@ class SessionHistory:
     final: bool = False
     next_index: int | None = None
     """Set: the history goes on past this page; ask again with `after_index` = it."""
+    cursor: str | None = None
+    """With `next_index`: the history the worker read, held for the next page's request."""
 
     @classmethod
     def from_wire(cls, result: Mapping[str, Any]) -> SessionHistory:
@@ -689,7 +696,12 @@ class SessionHistory:
         next_index = result.get("nextIndex")
         if next_index is not None and (type(next_index) is not int or next_index < 1):
             raise MalformedMessage("nextIndex must be a positive integer")
-        return cls(tuple(turns), final=result.get("final") is True, next_index=next_index)
+        cursor = result.get("historyCursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise MalformedMessage("historyCursor must be a string")
+        return cls(
+            tuple(turns), final=result.get("final") is True, next_index=next_index, cursor=cursor
+        )
 
 
 @dataclass(frozen=True, slots=True)

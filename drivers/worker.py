@@ -37,6 +37,7 @@ from domain.worker_messages import (
 from drivers.base import SERVED_BY, ProviderDriver
 from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
+from drivers.history_cursors import HeldHistory, HistoryCursors
 from drivers.history_final import history_final
 from drivers.worker_gc import preload_then_freeze
 from transport.worker_link import WorkerEnd
@@ -195,6 +196,7 @@ class WorkerServer:
         """Every Session this worker has received a `turn.start` of, recorded on the link thread
         in the link's order, before it is dispatched (`_history`'s finality: a start the host
         sent before a history request reached this worker before it)."""
+        self._history_cursors = HistoryCursors()
         self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._forking: dict[str, threading.Event] = {}
         """The forks this worker's driver is running, by target (`_fork`), each set once it
@@ -509,10 +511,32 @@ class WorkerServer:
 
         Paged (`history_page`): the Turns from `afterIndex` (default 0) that fit a page, and
         `nextIndex` when more follow — a long history answered whole would pass the link's
-        frame bound, and a frame past it never reaches the host."""
+        frame bound, and a frame past it never reaches the host. The read is held for the next
+        pages under the `historyCursor` the answer names (`HistoryCursors`: a short time, a
+        few at once): one `session.history` reads the provider once. A page asked with a
+        cursor no longer held is answered from a new read."""
         after = params.get("afterIndex", 0)
         if type(after) is not int or after < 0:
             raise InvalidRequest("afterIndex must be a non-negative integer")
+        cursor = params.get("historyCursor")
+        if cursor is not None and not isinstance(cursor, str):
+            raise InvalidRequest("historyCursor must be a string")
+        held = self._history_cursors.take(cursor) if cursor else None
+        if held is None:
+            held = self._read_history(params)
+            cursor = None
+        page, next_index = history_page(held.turns, after)
+        out = {**held.answer, "turns": page, "final": held.final}
+        if next_index is None:
+            if cursor:
+                self._history_cursors.drop(cursor)
+            return out
+        out["nextIndex"] = next_index
+        out["historyCursor"] = cursor or self._history_cursors.hold(held)
+        return out
+
+    def _read_history(self, params: Mapping[str, Any]) -> HeldHistory:
+        """The driver's history of the Session, and its `final` judged before the read."""
         history = getattr(self.driver(), "history", None)
         if history is None:
             raise InvalidRequest(
@@ -529,11 +553,8 @@ class WorkerServer:
         answer = history(params)
         raw = answer.get("turns")
         turns: Sequence[Mapping[str, Any]] = raw if isinstance(raw, list) else []
-        page, next_index = history_page(turns, after)
-        out = {**answer, "turns": page, "final": final}
-        if next_index is not None:
-            out["nextIndex"] = next_index
-        return out
+        rest = {k: v for k, v in answer.items() if k != "turns"}
+        return HeldHistory(answer=rest, turns=turns, final=final)
 
     def _respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
         answered = self.driver().respond_interaction(params)

@@ -47,7 +47,7 @@ from tutti_agent.wire import (
     head_to_wire,
     thread_to_wire,
     turn_columns,
-    turns_to_wire,
+    turn_to_wire,
 )
 
 Handler = Callable[[Mapping[str, Any]], "Reply"]
@@ -436,12 +436,10 @@ class AppServer:
     def thread_turns_list(self, params: Mapping[str, Any]) -> Reply:
         thread_id = self._thread_id(params)
         history = self._read_history(thread_id)
-        turns = turns_to_wire(history, self.store.turns(history))
+        records = self.store.turns(history)
         direction = params.get("sortDirection") or "desc"
         if direction not in ("asc", "desc"):
             raise InvalidParams(f"invalid sortDirection: {direction!r}")
-        if direction == "desc":
-            turns.reverse()
         cursor = params.get("cursor")
         start = 0
         if cursor is not None:
@@ -452,10 +450,18 @@ class AppServer:
         limit = params.get("limit")
         if limit is not None and (not isinstance(limit, int) or limit < 0):
             raise InvalidParams("limit must be a non-negative integer")
-        end = len(turns) if not limit else min(len(turns), start + limit)
-        next_cursor = json.dumps({"offset": end}) if end < len(turns) else None
+        count = len(records)
+        end = count if not limit else min(count, start + limit)
+        next_cursor = json.dumps({"offset": end}) if end < count else None
         back = json.dumps({"offset": max(0, start - (limit or start))}) if start > 0 else None
-        return Reply({"data": turns[start:end], "nextCursor": next_cursor, "backwardsCursor": back})
+        # Only the page's turns are put on the wire: a caller pages a long thread to keep each
+        # answer small, and each page would otherwise project every turn of the thread.
+        if direction == "asc":
+            indices = range(start, end)
+        else:  # the page's turns counted from the newest
+            indices = range(count - 1 - start, count - 1 - end, -1)
+        data = [turn_to_wire(records[i], i) for i in indices]
+        return Reply({"data": data, "nextCursor": next_cursor, "backwardsCursor": back})
 
     def thread_fork(self, params: Mapping[str, Any]) -> Reply:
         source_id = self._thread_id(params)

@@ -490,7 +490,7 @@ class AppServerDriver:
         with session.op_lock:
             runtime = self._ensure_runtime(session)
         try:
-            turns = self.runtimes.thread_turns(runtime, session.thread_id)
+            turns = self.runtimes.history_turns(runtime, session.thread_id)
         except AppServerFailure as exc:
             raise DriverError(f"provider history unreadable: {exc}") from exc
         return {
@@ -634,11 +634,10 @@ class AppServerDriver:
         runtime = self._spawn_for(session)
         try:
             if session.thread_id:
-                params: dict[str, Any] = {"threadId": session.thread_id}
-                if self.provider.turns_without_items:
-                    # Only the thread's id is read from the answer: not its turns (a
-                    # 10,000-Turn thread's are a 5 MB answer to build, send and decode).
-                    params["excludeTurns"] = True
+                # Only the thread's id is read from the answer: not its turns (a 10,000-Turn
+                # thread's are a 5 MB answer to build, send and decode, and a history of long
+                # Turns one line past the reader's bound: the resume failed, the server killed).
+                params: dict[str, Any] = {"threadId": session.thread_id, "excludeTurns": True}
                 result = runtime.proc.request("thread/resume", params, timeout=self.request_timeout)
             else:
                 params = {"cwd": session.cwd} if session.cwd else {}

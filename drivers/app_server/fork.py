@@ -514,7 +514,7 @@ class ForkThroughTurn:
                 self.runtimes.load_lineage(runtime, home, child_id)
                 turns = [
                     (str(t.get("id")), t.get("status") == "inProgress")
-                    for t in self.runtimes.thread_turns(runtime, child_id)
+                    for t in self.runtimes.history_turns(runtime, child_id)
                 ]
         except HostError as exc:
             return str(exc)

@@ -138,7 +138,7 @@ class AppServerResolution:
             self.runtimes.load_lineage(runtime, home, thread_id, keep, hold)
             return [
                 (str(t.get("id")), t.get("status") == "inProgress")
-                for t in self.runtimes.thread_turns(runtime, thread_id)
+                for t in self.runtimes.history_turns(runtime, thread_id)
             ]
         except Exception as exc:  # noqa: BLE001
             return str(exc)

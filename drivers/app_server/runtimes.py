@@ -40,6 +40,31 @@ from drivers.liveness import PROVIDER_STOPPED, TreeWatch, stopped_start_error
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
 
+TURN_PAGE_FIRST = 16
+"""Turns asked for in a thread listing's first page: 16 of the 1 MiB prompts a Turn's request
+may carry are a line well under `MAX_LINE_BYTES`, and a short thread is one page."""
+
+TURN_PAGE_CHARS = 8 << 20
+"""The characters of text (every string of its turns) a later page is sized to hold; a
+character is at most 6 bytes of JSON (an escaped half of a surrogate pair): 48 MiB."""
+
+TURN_PAGE_MOST = 1000
+"""The most turns a page asks for."""
+
+TURN_PAGES_MOST = 1_000_000
+"""The most pages one listing reads: a server whose cursor never ends is a protocol break."""
+
+
+def _text_chars(value: object) -> int:
+    """The characters of every string in a listed turn (its ids, statuses, items' texts)."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, Mapping):
+        return sum(_text_chars(v) for v in value.values())
+    if isinstance(value, list):
+        return sum(_text_chars(v) for v in value)
+    return 0
+
 
 class _HomeClaim:
     """The lock of one home and how many threads hold or wait for it (the entry goes with the
@@ -253,6 +278,8 @@ class Runtimes:
         self.project(runtime, self.provider.lineage(home, thread_id), keep, loaded)
 
     def thread_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        """The thread's turns with their items as one `thread/read` answers them (a fork's
+        reads: one request), listed (`list_turns`) where the answer holds none."""
         result = runtime.proc.request(
             "thread/read",
             {"threadId": thread_id, "includeTurns": True},
@@ -263,16 +290,35 @@ class Runtimes:
         # Paginated histories may omit turns from thread/read: list them instead.
         return turns or self.list_turns(runtime, thread_id)
 
+    def history_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        """The thread's turns with their items, in order, listed a page at a time
+        (`list_turns`) for a history of any length: one `thread/read` answers them all as one
+        line, and a long history's line passes the reader's bound (`MAX_LINE_BYTES`: the
+        server is killed, the read fails)."""
+        return self.list_turns(runtime, thread_id)
+
     def list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
+        """`thread/turns/list` ascending, page after page: the first of `TURN_PAGE_FIRST`
+        turns, each next sized from the largest turn seen so far to hold about
+        `TURN_PAGE_CHARS` characters (at most `TURN_PAGE_MOST` turns), so no answer's line
+        comes near the bound while a history of small turns takes a few requests."""
         turns: list[Mapping[str, Any]] = []
         cursor: str | None = None
-        for _ in range(10_000):
-            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc", "limit": 100}
+        limit, largest = TURN_PAGE_FIRST, 1
+        for _ in range(TURN_PAGES_MOST):
+            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc"}
+            params["limit"] = limit
             if cursor:
                 params["cursor"] = cursor
             page = runtime.proc.request("thread/turns/list", params, timeout=self.request_timeout)
-            turns.extend(t for t in page.get("data") or [] if isinstance(t, Mapping))
-            cursor = page.get("nextCursor")
-            if not cursor:
-                break
-        return turns
+            data = [t for t in page.get("data") or [] if isinstance(t, Mapping)]
+            turns.extend(data)
+            after = page.get("nextCursor")
+            if not after or not data:
+                return turns
+            if after == cursor:
+                raise AppServerFailure(f"thread/turns/list: the cursor {after!r} did not move")
+            cursor = str(after)
+            largest = max(largest, *(_text_chars(t) for t in data))
+            limit = max(1, min(TURN_PAGE_MOST, TURN_PAGE_CHARS // largest))
+        raise AppServerFailure(f"thread/turns/list: more than {TURN_PAGES_MOST} pages")
