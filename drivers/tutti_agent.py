@@ -27,6 +27,10 @@ from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
 
+MODEL_BASE_URL_VAR = "TUTTI_AGENT_MODEL_BASE_URL"
+"""Carries `model_base_url` to the app-server (`tutti-agent app-server` reads it as the default
+of `--model-base-url`)."""
+
 
 class TuttiAgentProvider:
     """The `AppServerProvider` of tutti-agent."""
@@ -61,7 +65,8 @@ class TuttiAgentProvider:
             base = [str(Path(sys.executable).parent / "tutti-agent")]
         argv = [*base, "app-server"]
         if self.config.get("model_base_url"):
-            argv += ["--model-base-url", str(self.config["model_base_url"])]
+            # The URL itself reaches the app-server through its environment (`extra_env`),
+            # never its command line, which every user may read (it may hold a password).
             argv += ["--wire-api", str(self.config.get("wire_api") or "responses")]
             # Only the variable's name: the app-server reads the key at each request.
             plan = credential_plan(self.kind, self.config)
@@ -96,7 +101,10 @@ class TuttiAgentProvider:
         return target_home / "sessions"
 
     def extra_env(self, home: Path) -> dict[str, str]:
-        return {**config_env(self.config), **file_key_env(self.config)}
+        env = {**config_env(self.config), **file_key_env(self.config)}
+        if self.config.get("model_base_url"):
+            env[MODEL_BASE_URL_VAR] = str(self.config["model_base_url"])
+        return env
 
     def prepare_home(self, home: Path) -> None:
         """Nothing: the command line carries the model settings."""
