@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from domain.redaction import redact_userinfo
+
 
 class ConfigError(ValueError):
     """The configuration is unreadable, names a key we do not know, or has a wrong value:
@@ -34,7 +36,8 @@ def describe(value: Any) -> str:
     if isinstance(value, bool):
         return f"the boolean {'true' if value else 'false'}"
     if isinstance(value, str):
-        return f"the string {json.dumps(value)}"
+        # A URL's user and password are never echoed (`https://***@host/v1`).
+        return f"the string {json.dumps(redact_userinfo(value))}"
     if isinstance(value, int):
         return f"the integer {value}"
     if isinstance(value, float):

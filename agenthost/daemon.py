@@ -70,6 +70,7 @@ from domain.errors import InvalidArgument, StoreCorrupt
 from domain.home_layout import API_SOCKET, EVENTS_EXACT_SOCKET, EVENTS_SOCKET
 from domain.model_limits import ModelLimits
 from domain.providers import PROVIDERS, TUTTI_AGENT
+from domain.redaction import redact_userinfo
 from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM, PROGRESS, TurnActivity
 from domain.worker_messages import SessionStop
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
@@ -267,8 +268,8 @@ class Daemon:
                 fork_provider_call_s=cfg.fork_provider_call_s,
                 fork_s=fork_deadline_s(cfg.fork_provider_call_s),
                 model_limits=_model_limits(cfg),
-                model_endpoints={
-                    provider: str(table["model_base_url"])
+                model_endpoints={  # as the host's messages name them: no user, no password
+                    provider: redact_userinfo(str(table["model_base_url"]))
                     for provider, table in cfg.providers.items()
                     if table.get("model_base_url")
                 },

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from domain.errors import Conflict
+from domain.redaction import redact_userinfo
 from drivers.credentials import credential_plan
 
 
@@ -189,7 +190,7 @@ def describe(
         "program": path or wanted,
         "version": version,
         "versionPending": not known,
-        "endpoint": str(endpoint) if endpoint else None,
+        "endpoint": redact_userinfo(str(endpoint)) if endpoint else None,
         "model": str(config["model"]) if config.get("model") else None,
         "credential": credential_plan(provider, config).describe(),
         # How to install it, when it is not (a command line for a person).

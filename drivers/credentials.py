@@ -21,6 +21,7 @@ from typing import Any
 from urllib.parse import urlparse
 
 from domain.model_limits import MODEL_TIMEOUT
+from domain.redaction import redact_url, redact_userinfo
 
 OPENAI_VAR = "OPENAI_API_KEY"
 ANTHROPIC_VAR = "ANTHROPIC_API_KEY"
@@ -191,10 +192,11 @@ def model_failure_text(
     """A turn error in tutti-agent's sentence shape: the reason, the provider, the endpoint,
     what happened (with the credential's source for a refused one), then the provider's own
     words. Other failures are returned unchanged."""
+    text = redact_userinfo(text)  # a provider's own words may quote the URL whole
     reason = classify_model_failure(text)
     if reason is None or _PREFIXED.match(text):
         return text
-    where = endpoint or "(the provider's default endpoint)"
+    where = redact_url(endpoint) or "(the provider's default endpoint)"
     if reason == MODEL_AUTH_FAILED:
         status = _STATUS.search(text)
         if status:

@@ -7,8 +7,10 @@ child's rollout lands and the in-worker readability proof with tutti_agent's own
 
 from __future__ import annotations
 
+import os
 import shlex
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,10 @@ from drivers.failpoints import Failpoints
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
+
+MODEL_BASE_URL_VAR = "TUTTI_AGENT_MODEL_BASE_URL"
+"""Carries `model_base_url` to the app-server (`tutti-agent app-server` reads it as the default
+of `--model-base-url`)."""
 
 
 class TuttiAgentProvider:
@@ -44,6 +50,9 @@ class TuttiAgentProvider:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
+        # Each home's thread and its rollout, once found: a later check is one `stat`.
+        self._rollouts: dict[Path, tuple[str, Path]] = {}
+        self._rollouts_lock = threading.Lock()
 
     def command(self) -> list[str]:
         configured = self.config.get("command")
@@ -56,7 +65,8 @@ class TuttiAgentProvider:
             base = [str(Path(sys.executable).parent / "tutti-agent")]
         argv = [*base, "app-server"]
         if self.config.get("model_base_url"):
-            argv += ["--model-base-url", str(self.config["model_base_url"])]
+            # The URL itself reaches the app-server through its environment (`extra_env`),
+            # never its command line, which every user may read (it may hold a password).
             argv += ["--wire-api", str(self.config.get("wire_api") or "responses")]
             # Only the variable's name: the app-server reads the key at each request.
             plan = credential_plan(self.kind, self.config)
@@ -91,19 +101,52 @@ class TuttiAgentProvider:
         return target_home / "sessions"
 
     def extra_env(self, home: Path) -> dict[str, str]:
-        return {**config_env(self.config), **file_key_env(self.config)}
+        env = {**config_env(self.config), **file_key_env(self.config)}
+        if self.config.get("model_base_url"):
+            env[MODEL_BASE_URL_VAR] = str(self.config["model_base_url"])
+        return env
 
     def prepare_home(self, home: Path) -> None:
         """Nothing: the command line carries the model settings."""
 
     def open_session(self, home: Path, params: Mapping[str, Any]) -> None:
-        """Nothing: no Session setting lives in the home."""
+        """Nothing: no Session setting lives in the home (`history_gone` remembers where its
+        rollout is, forgotten at `close_session`)."""
 
     def close_session(self, home: Path) -> None:
-        """Nothing: nothing was kept."""
+        with self._rollouts_lock:
+            self._rollouts.pop(home, None)
+
+    def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
+        """Whether the thread's rollout is gone from `home` (True), there (False), or not
+        known without a listing of the home (None, with `search` false: a caller that must
+        not list directories). A live app-server holds a thread whose file was removed in
+        memory and appends its Turns to the removed file, lost at its next start, so a bound
+        history is checked here, not asked of it. A fork child's rollout is a whole copy in
+        its own home (`fork_copies_source`): checked as any other."""
+        with self._rollouts_lock:
+            known = self._rollouts.get(home)
+        if known is not None and known[0] == thread_id:
+            try:
+                os.stat(known[1])
+                return False
+            except OSError:
+                pass  # gone, or moved: looked for again below
+        if not search:
+            return None
+        from tutti_agent.rollout import find_rollout_path
+
+        path = find_rollout_path(home, thread_id)
+        with self._rollouts_lock:
+            if path is None:
+                self._rollouts.pop(home, None)
+            else:
+                self._rollouts[home] = (thread_id, path)
+        return path is None
 
     def homes_kept(self) -> int:
-        return 0
+        with self._rollouts_lock:
+            return len(self._rollouts)  # a rollout's path per open home, dropped at its close
 
     def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
         return {}

@@ -12,6 +12,7 @@ import argparse
 import ctypes
 import functools
 import importlib
+import io
 import json
 import logging
 import os
@@ -22,9 +23,10 @@ import time
 import traceback
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, TextIO
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
+from domain.redaction import Redactor
 from domain.turn_events import TurnEvent
 from domain.wake_one import WakeOneQueue
 from domain.worker_messages import (
@@ -185,6 +187,9 @@ class WorkerServer:
     ) -> None:
         self.provider = provider
         self.config = dict(config)
+        self.redactor = Redactor.of_config(self.config)
+        """A `model_base_url`'s user and password, taken out of every event, answer and log line
+        this worker sends (a provider's own error text may quote the URL)."""
         self.failpoints = failpoints
         self.link: WorkerEnd | None = None
         self._driver: ProviderDriver | None = None
@@ -381,7 +386,10 @@ class WorkerServer:
         with `turn_event_from_wire` once, at its end of the link."""
         if self.link is None:
             return
-        self.link.send_event(agent_session_id, event.to_wire())
+        wire = event.to_wire()
+        if self.redactor.active:
+            wire = self.redactor.value(wire)
+        self.link.send_event(agent_session_id, wire)
 
     def on_request(self, msg: dict[str, Any]) -> None:
         """Called on the link thread, which also sends the heartbeats: never block it. It
@@ -488,15 +496,16 @@ class WorkerServer:
     ) -> None:
         """Send a request's one answer: its result, or its failure typed."""
         assert self.link is not None
+        shown = self.redactor.value if self.redactor.active else _same
         if error is None:
-            self.link.send_result(req_id, result or {})
+            self.link.send_result(req_id, shown(result or {}))
         elif isinstance(error, HostError):
-            self.link.send_error(req_id, error.to_wire())
+            self.link.send_error(req_id, shown(error.to_wire()))
         else:  # a driver bug must still answer, typed (law 7)
             # Its text and traceback go to the worker's log (the daemon's run dir) under a
             # reference id; the answer, which may reach a client, carries only the reference.
             failure = internal_error(error, f"{self.provider} worker method {method}", logger=log)
-            self.link.send_error(req_id, failure.to_wire())
+            self.link.send_error(req_id, shown(failure.to_wire()))
 
     def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The provider's own turn history, for drivers that can read it (app-servers).
@@ -640,6 +649,31 @@ def _watch_parent(parent: int, stop: threading.Event) -> None:
             return
 
 
+def _same(value: Any) -> Any:
+    return value
+
+
+class RedactingStream(io.TextIOBase):
+    """A text stream that writes what it is given with a `Redactor`'s secrets taken out."""
+
+    def __init__(self, inner: TextIO, redactor: Redactor) -> None:
+        self._inner = inner
+        self._redactor = redactor
+
+    def write(self, text: str) -> int:
+        self._inner.write(self._redactor.text(text))
+        return len(text)
+
+    def flush(self) -> None:
+        self._inner.flush()
+
+    def fileno(self) -> int:
+        return self._inner.fileno()
+
+    def writable(self) -> bool:
+        return True
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="drivers.worker")
     parser.add_argument("--provider", required=True)
@@ -661,6 +695,9 @@ def main(argv: list[str] | None = None) -> int:
 
     config = json.loads(os.environ.get(ENV_PROVIDER_CONFIG) or "{}")
     server = WorkerServer(args.provider, config, Failpoints.from_env())
+    if server.redactor.active:
+        # Every log line and traceback this worker writes (its stderr is the daemon's log).
+        sys.stderr = RedactingStream(sys.stderr, server.redactor)
     link = WorkerEnd(
         args.connect, provider=args.provider, version=WORKER_VERSION, on_request=server.on_request
     )

@@ -106,9 +106,9 @@ class ThreadReferenced(AppServerError):
 
 
 class ForkInitFailed(AppServerError):
-    """The child could not be materialized; its partial rollout was discarded."""
-
-    code = INTERNAL_ERROR
+    """The child could not be materialized; its partial rollout was discarded. A refusal
+    (`-32600`): nothing of the fork is left, so a driver may answer the fork failed; an
+    unexpected failure (`-32603`) may come after the child was written."""
 
 
 class InternalError(AppServerError):

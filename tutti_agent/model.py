@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -214,6 +215,15 @@ class Endpoint:
         return f"credential from ${self.api_key_env}, which is {state}"
 
 
+_USERINFO = re.compile(r"([A-Za-z][A-Za-z0-9+.\-]*://)[^\s/?#@\"'<>]+@")
+
+
+def shown_url(url: str) -> str:
+    """A URL as a message may name it: its user and password (`https://user:secret@host`)
+    replaced by `***`, the rest kept."""
+    return _USERINFO.sub(r"\g<1>***@", url) if "@" in url else url
+
+
 class ModelClient:
     """One model endpoint's path over HTTP+SSE: the connection, the credential and the typed
     failures. A model interface (`ResponsesModel`, `ChatModel`) owns one and gives it the
@@ -223,6 +233,8 @@ class ModelClient:
         self.endpoint = endpoint
         self.base_url = endpoint.base_url.rstrip("/")
         self.path = path
+        self.shown = shown_url(self.base_url + path)
+        """The endpoint as messages name it (never its user and password)."""
         self.name = endpoint.model
         self._client_lock = threading.Lock()
         self._http: httpx.Client | None = None
@@ -267,9 +279,7 @@ class ModelClient:
             return self._http
 
     def _fail(self, reason: str, cause: str) -> ModelError:
-        return ModelError(
-            f"{reason}: tutti-agent model endpoint {self.base_url + self.path} {cause}"
-        )
+        return ModelError(f"{reason}: tutti-agent model endpoint {self.shown} {shown_url(cause)}")
 
     def post(self, body: Mapping[str, Any], io: TurnIO, consume: Callable[[Lines], None]) -> None:
         """POST `body`, then hand the 200 response to `consume`; every failure is typed. A
@@ -283,7 +293,7 @@ class ModelClient:
                     limit = self.endpoint.first_byte_timeout_s
                     _retrying(
                         io,
-                        f"{self.base_url + self.path} sent nothing within {limit:g} s "
+                        f"{self.shown} sent nothing within {limit:g} s "
                         f"(attempt {attempt + 1} of {self.endpoint.retries + 1})",
                     )
                     continue

@@ -19,6 +19,7 @@ from typing import Any
 from domain.enums import TurnOutcome
 from domain.errors import HostError
 from domain.model_limits import ModelLimits, stream_empty_timeout, stream_idle_timeout
+from domain.redaction import redact_url
 from domain.turn_events import (
     PROGRESS,
     InteractionRequested,
@@ -127,7 +128,7 @@ class TurnEvents:
     def endpoint(self) -> str | None:
         """The model endpoint named in a model failure."""
         base = self.config.get("model_base_url")
-        return str(base) if base else None
+        return redact_url(str(base)) if base else None  # its user and password never shown
 
     def claim_turn(self, session: SessionState, provider_turn_id: str) -> str | None:
         """Map a provider turn id to its canonical turn (first sight wins: the notification may

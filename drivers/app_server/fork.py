@@ -59,6 +59,10 @@ READABILITY_APP_SERVER = "app_server"
 SOURCE_RECHECK_S = 0.05
 """How long a fork waits before it reads a source rollout it would refuse once more."""
 
+INTERNAL_ERROR = -32603
+"""JSON-RPC's internal error: from `thread/fork`, a failure that may come after the child was
+written, so the fork is `unknown`, not `rejected`."""
+
 
 class ReaderNotApplicable(Exception):
     """The in-worker reader cannot judge this child (another provider version, a history
@@ -268,6 +272,13 @@ class ForkThroughTurn:
                 limit=self.fork_timeout,
             )
         except JsonRpcError as exc:
+            if exc.code == INTERNAL_ERROR:
+                # Not a refusal: Codex answers it when reading its child back fails after the
+                # child was written, the Tutti Agent for any failure past its durable child.
+                # `fork.resolve` looks for the child.
+                return ForkResult.unknown(
+                    f"thread/fork failed: {exc.rpc_message} (code {exc.code})"
+                )
             return ForkResult.rejected(f"thread/fork rejected: {exc.rpc_message}")
         except AppServerClosed as exc:
             if not exc.sent:

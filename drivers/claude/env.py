@@ -15,6 +15,7 @@ from typing import Any
 
 from domain.claude_warm import DEFAULT_WARM_CLIS, DEFAULT_WARM_IDLE_S
 from domain.model_limits import ModelLimits
+from domain.redaction import redact_url
 from drivers.credentials import (
     ANTHROPIC_VAR,
     FILE_KEY_VAR,
@@ -94,6 +95,11 @@ class ClaudeDriverConfig:
             warm_clis=int(config.get("warm_clis", DEFAULT_WARM_CLIS)),
             warm_idle_s=float(config.get("warm_idle_seconds") or DEFAULT_WARM_IDLE_S),
         )
+
+    @property
+    def shown_endpoint(self) -> str | None:
+        """`model_base_url` as a message may name it: its user and password never shown."""
+        return redact_url(self.model_base_url)
 
     def credential(self) -> CredentialPlan:
         """Where this driver's key comes from (named in a refused credential's failure)."""

@@ -163,7 +163,7 @@ class ClaudeEvents:
                 if TIMED_OUT.search(text):
                     return TurnOutcome.FAILED, self.timeout_text(turn)
                 return TurnOutcome.FAILED, model_failure_text(
-                    "claude-code", self._config.model_base_url, text, self._config.credential()
+                    "claude-code", self._config.shown_endpoint, text, self._config.credential()
                 )
             return TurnOutcome.COMPLETED, None
         return None
@@ -187,7 +187,7 @@ class ClaudeEvents:
     def timeout_text(self, turn: TurnState) -> str:
         """The CLI's own limit ended the request: the first byte never came, or the stream
         began (a `message_start` was seen) and then went silent."""
-        limits, endpoint = self._config.limits, self._config.model_base_url
+        limits, endpoint = self._config.limits, self._config.shown_endpoint
         if turn.stream_message_id is None:
             return first_byte_timeout("claude-code", endpoint, limits.first_byte_budget_s)
         return stream_idle_timeout("claude-code", endpoint, limits.stream_idle_s)
@@ -208,7 +208,7 @@ class ClaudeEvents:
             # `model_retries`, then ends the turn with its timeout (named in `_timeout_text`).
             self._progress(sid, turn, data, "the endpoint sent nothing in time")
             return
-        endpoint = self._config.model_base_url or "(the default Anthropic API)"
+        endpoint = self._config.shown_endpoint or "(the default Anthropic API)"
         if status in (401, 403):
             note = credential_note("claude-code", self._config.credential())
             failure = (
@@ -225,7 +225,7 @@ class ClaudeEvents:
             )
         elif reason is not None:
             failure = model_failure_text(
-                "claude-code", self._config.model_base_url, cause, self._config.credential()
+                "claude-code", self._config.shown_endpoint, cause, self._config.credential()
             )
         else:
             self._progress(sid, turn, data, cause or f"HTTP {status}")

@@ -386,7 +386,7 @@ class Turns:
                 error = self.events.timeout_text(turn)
             elif error is None:
                 error = model_failure_text(
-                    "claude-code", self._config.model_base_url, text, self._config.credential()
+                    "claude-code", self._config.shown_endpoint, text, self._config.credential()
                 )
             # else: the error result already named the cause; the exit that follows adds none.
             outcome = TurnOutcome.FAILED

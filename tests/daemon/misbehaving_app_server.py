@@ -31,6 +31,10 @@ relay's pid) and does what it says:
   written before the next other line: a model that streams its reply at once (a Turn of
   `/stream <text>` with a long text makes one delta past the event cap); in the `--claude`
   dialect it is relayed as is;
+- `internal` — taken at a `thread/fork` request instead (ARM is also read there): the request
+  goes on to the provider, which forks (its child written), and its answer is replaced by a
+  JSON-RPC error `-32603 internal error`, as an app-server answers a failure after its child
+  was made (Codex: reading the child's rollout back; the Tutti Agent: building the answer);
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 A second arm file, `ARM-fork` (`ARM/<session>/armed-fork` for a directory ARM), is taken at a
@@ -135,6 +139,7 @@ def main() -> None:
     argv = sys.argv[sys.argv.index("--") + 1 :]
     # What starts a Turn on stdin, and what says it runs on stdout.
     start = b'{"type": "user"' if claude else b'"turn/start"'
+    fork = b'"thread/fork"'
     started = b'{"type":"user"' if claude else b'"turn/started"'
     garbage = CLAUDE_GARBAGE if claude else GARBAGE
     not_objects = CLAUDE_NOT_OBJECTS if claude else NOT_OBJECTS
@@ -160,6 +165,7 @@ def main() -> None:
     noid: list[object] = []  # `noid`: the `turn/start`'s request id, then its Turn's id (bytes)
     coalesce = threading.Event()  # `bigdelta`: the Turn's reply deltas are joined into one
     joined: list[dict[str, Any]] = []  # `bigdelta`: the first delta held, its text the joined
+    internal: list[object] = []  # `internal`: the `thread/fork`'s request id
 
     def flush_joined() -> None:  # under the lock: the joined delta, as one line
         if joined:
@@ -224,12 +230,23 @@ def main() -> None:
                     return json.dumps(msg).encode() + b"\n"
         return line
 
+    def failed(line: bytes) -> bytes:  # under the lock: `internal`'s answer, an error now
+        with contextlib.suppress(ValueError):
+            msg = json.loads(line)
+            if isinstance(msg, dict) and "method" not in msg and msg.get("id") == internal[0]:
+                internal.clear()
+                error = {"code": -32603, "message": "internal error: injected by the relay"}
+                return json.dumps({"id": msg["id"], "error": error}).encode() + b"\n"
+        return line
+
     def pump() -> None:
         assert child.stdout is not None
         for line in child.stdout:
             with lock:
                 if silenced.is_set():
                     continue
+                if internal:
+                    line = failed(line)
                 if joins(line):
                     continue
                 if noid:
@@ -261,8 +278,16 @@ def main() -> None:
             if held_fork == "slow":
                 time.sleep(int(hold_ms or "0") / 1000)
         starts = line.startswith(start) if claude else start in line
-        taken = _take(arm) if starts else None
+        forks = not claude and fork in line
+        # `internal` is for a fork only, and only it is taken at one: every other mode waits
+        # for its `turn/start`, as ever.
+        taken = _take(arm, fork=forks) if starts or forks else None
         mode, _, count = (taken or "").partition(" ")
+        if mode == "internal" and forks:
+            with contextlib.suppress(ValueError), lock:
+                request = json.loads(line)
+                if isinstance(request, dict):
+                    internal[:] = [request.get("id")]
         if mode == "endless":
             silenced.set()
             with lock:
@@ -312,8 +337,11 @@ def main() -> None:
     child.wait()
 
 
-def _take(arm: str) -> str | None:
+def _take(arm: str, *, fork: bool = False) -> str | None:
     try:
+        with open(arm, encoding="utf-8") as f:
+            if (f.read().strip() == "internal") != fork:
+                return None
         os.rename(arm, arm + ".taken")
     except FileNotFoundError:
         return None

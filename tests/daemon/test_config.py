@@ -260,6 +260,11 @@ def test_model_keys_are_validated(tmp_path: Path) -> None:
     assert "sk-abc" not in str(e.value)
     with pytest.raises(ConfigError, match="use_user_login must be a boolean"):
         parse_config(tmp_path, {"providers": {"codex": {"use_user_login": "maybe"}}})
+    # A URL refused is named without its user and password.
+    bad_url = "ftp://agent:hunter2-S3cr3t@models.example/v1"
+    with pytest.raises(ConfigError, match=r"model_base_url must be an http\(s\) URL") as e:
+        parse_config(tmp_path, {"providers": {"codex": {"model_base_url": bad_url}}})
+    assert "hunter2" not in str(e.value) and "ftp://***@models.example/v1" in str(e.value)
     with pytest.raises(
         ConfigError, match=r'\[providers.tutti-agent\] unknown key "use_user_login"'
     ):
