@@ -62,6 +62,11 @@ from drivers.liveness import (
 )
 
 PROVIDER_HISTORY_MISSING = "provider_history_missing"
+RESPAWN_REAP_S = 2.0
+"""How long a Session's next app-server waits for what is left of its exited one to be
+reaped once killed: a process frozen by its cgroup dies only when thawed (its SIGKILL
+pending, it runs none of its own code meanwhile), and the Session's next Turn must not wait
+for that."""
 """The reason a Turn of a Session whose bound provider history is gone fails with."""
 
 
@@ -624,7 +629,9 @@ class AppServerDriver:
         if runtime is not None:
             # Its process exited, but not necessarily all of it: a launcher's child may still
             # hold the home and the thread's writer lock (`AppServerProcess.kill_tree`).
-            runtime.proc.end("app-server exited; what was left of it was killed")
+            runtime.proc.end(
+                "app-server exited; what was left of it was killed", reap_s=RESPAWN_REAP_S
+            )
         # Spawned and its thread opened with the home held: a transient app-server of the
         # home (a probe, a fork's source, a resolve's read) exits first, or waits for this one.
         with self.runtimes.home(session.home, owner=session):

@@ -675,16 +675,20 @@ class AppServerProcess:
         assert proc is not None, "not started"
         return self._kill_broken(proc, what)
 
-    def end(self, reason: str) -> None:
+    def end(self, reason: str, *, reap_s: float | None = None) -> None:
         """SIGKILL the server's process tree and reap it, its users told `reason`: a request
         it was sent and never answered can then act no more (a fork's child written after
-        the host recorded the fork `unknown`, and perhaps resolved it, would be no one's)."""
+        the host recorded the fork `unknown`, and perhaps resolved it, would be no one's).
+        `reap_s`: how long to wait for the exit (None: until it comes). A process frozen by its
+        cgroup (or stopped in the kernel) dies only once it runs again, but its SIGKILL is
+        pending: it runs no more of its own code; its reader thread reaps it then."""
         proc = self._proc
         if proc is None:
             return
         self._mark_closed(reason)
         self.kill_tree()
-        proc.wait()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(reap_s)
 
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
