@@ -1203,11 +1203,20 @@ def stall_after(w: World, command: str, probe: str) -> None:
     # it submitted) would fail this Turn instead: this Turn judges the stall only.
     c.call("debug.failpoints", {"points": {START_POINT: "off"}})
     (Path(w.cwd) / "after-stall.txt").write_text(f"{command} {time.time_ns()}\n")
-    turn = run_turn(c, probe, "after the stall")
-    ws = turn.get("workspace") or {}
+    for attempt in range(2):
+        turn = run_turn(c, probe, "after the stall")
+        ws = turn.get("workspace") or {}
+        missed = (ws.get("beforeUnavailable") or {}).get("reason")
+        if attempt == 0 and turn["outcome"] == "completed" and missed == "timed_out":
+            # A capture past its bound on a machine loaded past its cores (the soak beside
+            # others): the stall is judged by the next Turn, whose captures must both land.
+            (Path(w.cwd) / "after-stall.txt").write_text(f"{command} {time.time_ns()}\n")
+            continue
+        break
     assert turn["outcome"] == "completed" and ws.get("before") and ws.get("after"), (
         w.seed,
         command,
+        ws,
         turn,
     )
 
