@@ -166,6 +166,7 @@ from tests.support.git_repos import make_repo
 from tests.support.invariants import (
     WorkspaceAnswer,
     assert_invariants,
+    check_daemon_runtimes,
     check_invariants,
     check_processes,
     check_workspace_answers,
@@ -855,6 +856,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
             orphans = check_processes(w.home, w.daemon.proc.pid)
+            orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
             assert not orphans, (seed, orphans)
         # Every committed child that is alive resumes through the daemon (its provider state is
         # readable from its own home); a sample in the short profile.
@@ -1414,6 +1416,7 @@ def check_now(w: World) -> Any:
     assert not reads_wrong, (w.seed, reads_wrong)
     assert w.daemon.proc is not None
     orphans = check_processes(w.home, w.daemon.proc.pid)
+    orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
     assert not orphans, (w.seed, orphans)
     return report
 
