@@ -158,6 +158,7 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
+from tests.reliability.store_start import old_store_full_disk_start
 from tests.reliability.tutti_forks import tutti_fork_cells
 from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
@@ -917,6 +918,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
         chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
+        chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
+        c = w.daemon.client(timeout=60)
         final = assert_invariants(w.home, live_grace_s=LIVE_GRACE_S, repositories=w.repositories)
         assert not check_answers(w), (seed, check_answers(w))
         w.reader.sweep(c, list(w.sessions))
