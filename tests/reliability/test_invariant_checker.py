@@ -1480,7 +1480,11 @@ def test_a_live_daemon_s_runtime_is_its_app_server_and_ends_with_its_session(
     """On a real daemon the check sees a Session's app-server (told the daemon holds no live
     runtime, it names it) and finds it clean with what `host.status` says; once the Session
     is deleted, its runtime is closed and nothing of it is left."""
-    from tests.support.invariants import check_runtime_processes, live_runtimes
+    from tests.support.invariants import (
+        check_daemon_runtimes,
+        check_runtime_processes,
+        live_runtimes,
+    )
 
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
@@ -1502,6 +1506,15 @@ def test_a_live_daemon_s_runtime_is_its_app_server_and_ends_with_its_session(
         c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
         assert check_runtime_processes(home, d.proc.pid, live) == []
         assert check_runtime_processes(home, d.proc.pid, dict, grace_s=0) == []
+        # A daemon killed meanwhile answers no `host.status`: nothing of it is live.
+        from transport.client import Client
+
+        pid, quick = d.proc.pid, Client(d.api, timeout=2)
+        d.kill()
+        try:
+            assert check_daemon_runtimes(home, pid, quick) == []
+        finally:
+            quick.close()
     finally:
         d.stop()
 

@@ -41,6 +41,7 @@ from storage.history_links import (
 )
 from storage.schema import migrate, user_version
 from storage.store import Store
+from transport.client import ClientClosed, ClientTimeout
 from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
@@ -2559,10 +2560,18 @@ def check_runtime_processes(
 
 
 def check_daemon_runtimes(home: Path, daemon_pid: int, client: Any) -> list[Violation]:
-    """`check_runtime_processes` over a live daemon whose `host.status` `client` asks."""
-    return check_runtime_processes(
-        home, daemon_pid, lambda: live_runtimes(client.call("host.status"))
-    )
+    """`check_runtime_processes` over a live daemon whose `host.status` `client` asks. A daemon
+    killed meanwhile (a soak's armed point firing late) answers nothing: no runtime of it is
+    live, and `check_processes` judges what it left."""
+    try:
+        return check_runtime_processes(
+            home, daemon_pid, lambda: live_runtimes(client.call("host.status"))
+        )
+    except (ClientTimeout, ClientClosed):
+        state = _proc_tree().get(daemon_pid)
+        if state is not None and state[1] not in (b"Z", b"X"):
+            raise
+        return []
 
 
 def live_runtimes(status: Mapping[str, Any]) -> dict[str, int]:
