@@ -170,6 +170,7 @@ from tests.support.invariants import (
     Law,
     Violation,
     WorkspaceAnswer,
+    check_daemon_runtimes,
     check_descriptor_reserve,
     check_event_bounds,
     check_fork_events,
@@ -1464,6 +1465,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
         live_processes = check_processes(home, d.proc.pid)
+        live_processes += check_daemon_runtimes(home, d.proc.pid, c)
     finally:
         stop.set()
         if never_read is not None:

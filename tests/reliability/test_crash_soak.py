@@ -175,6 +175,8 @@ from tests.reliability.reliability_harness import (
     worker_of,
 )
 from tests.reliability.slow_fork import SlowFork, daemon_table
+from tests.reliability.store_start import old_store_full_disk_start
+from tests.reliability.tutti_forks import tutti_fork_cells
 from tests.reliability.workspace_chaos import refusal, workspace_request
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.freezer import running as pid_running
@@ -184,6 +186,7 @@ from tests.support.invariants import (
     InvariantReport,
     WorkspaceAnswer,
     assert_invariants,
+    check_daemon_runtimes,
     check_invariants,
     check_processes,
     check_workspace_answers,
@@ -899,6 +902,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
             orphans = check_processes(w.home, w.daemon.proc.pid)
+            orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
             assert not orphans, (seed, orphans)
         # Every committed child that is alive resumes through the daemon (its provider state is
         # readable from its own home); a sample in the short profile.
@@ -965,6 +969,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             w.faults.guarded(c, lambda: w.generation)
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
+        chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
+        chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
+        c = w.daemon.client(timeout=60)
         final = assert_invariants(
             w.home,
             live_grace_s=LIVE_GRACE_S,
@@ -1487,6 +1494,7 @@ def check_now(w: World) -> Any:
     assert not reads_wrong, (w.seed, reads_wrong)
     assert w.daemon.proc is not None
     orphans = check_processes(w.home, w.daemon.proc.pid)
+    orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
     assert not orphans, (w.seed, orphans)
     return report
 

@@ -1445,6 +1445,162 @@ def test_two_workers_of_one_provider_under_a_daemon_are_reported(tmp_path: Path)
         daemon.wait(10)
 
 
+_RUNTIME_TREE = """
+import os, subprocess, sys, time
+home, mode = sys.argv[1], sys.argv[2]
+sleep = [sys.executable, '-c', 'import time; time.sleep(120)']
+if mode == 'daemon':  # the daemon: one worker of codex
+    kid = subprocess.Popen([sys.executable, sys.argv[0], home, 'worker',
+                            '-m', 'drivers.worker', '--provider', 'codex'])
+elif mode == 'worker':  # two runtimes' app-servers, each its own group, one with a child
+    def env(s):
+        h = os.path.join(home, 'runtimes', 'ws', s, 'codex-home', '.home')
+        return dict(os.environ, HOME=h, CODEX_HOME=os.path.dirname(h))
+    a = subprocess.Popen([sys.executable, sys.argv[0], home, 'server'],
+                         env=env('s1'), process_group=0)
+    b = subprocess.Popen(sleep, env=env('s2'), process_group=0)
+    # A process of s2's runtime the worker started outside its app-server's group.
+    c = subprocess.Popen(sleep, env=env('s2'))
+    print('pids', a.pid, b.pid, c.pid, flush=True)
+else:  # an app-server with a child of its own (a launcher's native program)
+    kid = subprocess.Popen(sleep)
+    print('native', kid.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def test_a_runtime_process_without_its_app_server_is_reported(tmp_path: Path) -> None:
+    """A worker's app-servers are at most the daemon's live runtimes of its provider, and each
+    process of a runtime's private HOME is its app-server or in its tree or group: a server
+    whose runtime is closed, a process of a runtime outside its server's group, a launcher's
+    child left once the launcher was killed are each named. The process check says nothing
+    of the first two (all run under the daemon)."""
+    import os
+    import signal
+    import sys
+
+    import psutil
+
+    from tests.support.invariants import check_processes, check_runtime_processes
+
+    home = tmp_path / "home"
+    script = tmp_path / "tree.py"
+    script.write_text(_RUNTIME_TREE)
+    env = dict(os.environ, AGENTHOST_HOME=str(home))
+    daemon = subprocess.Popen(
+        [sys.executable, str(script), str(home), "daemon"], env=env, stdout=subprocess.PIPE
+    )
+    try:
+        assert daemon.stdout is not None
+        first = daemon.stdout.readline().split()
+        second = daemon.stdout.readline().split()
+        lines = {bytes(w[0]): [int(x) for x in w[1:]] for w in (first, second)}
+        (server, stray_server, stray), (native,) = lines[b"pids"], lines[b"native"]
+        for pid in (server, stray_server, stray, native):
+            _laid_out_pid(pid)
+        assert check_processes(home, daemon.pid, grace_s=0) == []  # all under the daemon
+
+        def found(live: int) -> list[str]:
+            got = check_runtime_processes(home, daemon.pid, lambda: {"codex": live}, grace_s=0)
+            assert {v.law for v in got} <= {Law.RUNTIME_PROCESSES_ENDED}, got
+            return sorted(v.detail for v in got)
+
+        s2 = str(home / "runtimes" / "ws" / "s2" / "codex-home" / ".home")
+        stray_s2 = f"process {stray} of the runtime home {s2} lives without its app-server"
+        assert found(2) == [stray_s2]
+        # One runtime closed (the daemon holds one live): its server lives on.
+        assert found(1) == [stray_s2, "processes of 2 codex runtimes live, the daemon holds 1 live"]
+        os.kill(stray, signal.SIGKILL)
+        _dead(stray)
+        assert found(2) == []
+        # The launcher killed alone: its native child lives on, out of every server's tree.
+        os.kill(server, signal.SIGKILL)
+        _dead(server)
+        s1 = str(home / "runtimes" / "ws" / "s1" / "codex-home" / ".home")
+        orphan = f"process {native} of the runtime home {s1} lives without its app-server"
+        assert found(2) == [orphan]
+        # ... and its runtime closed: processes of two runtimes, one live.
+        assert found(1) == [orphan, "processes of 2 codex runtimes live, the daemon holds 1 live"]
+    finally:
+        for kid in psutil.Process(daemon.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                kid.kill()
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(native, signal.SIGKILL)
+        daemon.kill()
+        daemon.wait(10)
+
+
+def test_a_live_daemon_s_runtime_is_its_app_server_and_ends_with_its_session(
+    tmp_path: Path,
+) -> None:
+    """On a real daemon the check sees a Session's app-server (told the daemon holds no live
+    runtime, it names it) and finds it clean with what `host.status` says; once the Session
+    is deleted, its runtime is closed and nothing of it is left."""
+    from tests.support.invariants import (
+        check_daemon_runtimes,
+        check_runtime_processes,
+        live_runtimes,
+    )
+
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        assert d.proc is not None
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        run_turn(c, sid, "one")
+
+        def live() -> dict[str, int]:
+            return live_runtimes(c.call("host.status"))
+
+        assert live() == {"tutti-agent": 1}
+        assert check_runtime_processes(home, d.proc.pid, live) == []
+        none = check_runtime_processes(home, d.proc.pid, dict, grace_s=0)
+        assert [v.detail for v in none] == [
+            "processes of 1 tutti-agent runtimes live, the daemon holds 0 live"
+        ]
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+        assert check_runtime_processes(home, d.proc.pid, live) == []
+        assert check_runtime_processes(home, d.proc.pid, dict, grace_s=0) == []
+        # A daemon killed meanwhile answers no `host.status`: nothing of it is live.
+        from transport.client import Client
+
+        pid, quick = d.proc.pid, Client(d.api, timeout=2)
+        d.kill()
+        try:
+            assert check_daemon_runtimes(home, pid, quick) == []
+        finally:
+            quick.close()
+    finally:
+        d.stop()
+
+
+def _dead(pid: int) -> None:
+    """Wait until `pid` (no child of this process: its parent never reaps it) is a zombie."""
+    import psutil
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return
+        except psutil.NoSuchProcess:
+            return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} still runs 10 s after its SIGKILL")
+
+
+def _laid_out_pid(pid: int) -> None:
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with contextlib.suppress(OSError), open(f"/proc/{pid}/environ", "rb") as fh:
+            if fh.read():
+                return
+        time.sleep(0.01)
+    raise AssertionError(f"process {pid} laid out no environment in 10 s")
+
+
 def test_session_events_law_names_a_touch_built_on_the_wrong_row() -> None:
     """A Turn's claim and settlement carry only their touch, built on the row the events thread
     holds: a last `session.upserted` whose active Turn, time or title is not the end's (a touch

@@ -41,6 +41,7 @@ from storage.history_links import (
 )
 from storage.schema import migrate, user_version
 from storage.store import Store
+from transport.client import ClientClosed, ClientTimeout
 from transport.server import MAX_EVENT_BYTES
 from workspace.shadow import ShadowStore
 
@@ -224,6 +225,16 @@ class Law(StrEnum):
     has two workers of one provider (a worker started ahead and one spawned by a request:
     `WorkerSupervisor` keeps one per provider). `check_processes`, on a live or stopped
     daemon, by the soaks."""
+    RUNTIME_PROCESSES_ENDED = "runtime_processes_ended"
+    """A process whose environment's `HOME` is an app-server runtime's private home
+    (`runtimes/.../<provider home>/.home`, `process.private_env`) lives while its runtime does
+    not: processes of more runtimes of a provider live than the daemon holds live runtimes of
+    it (`host.status` `runtimes.<provider>.live`: a runtime closed, evicted, deleted with its
+    Session or lost with its killed worker, whose app-server or a child of it lives on), or a
+    process of a runtime is not its app-server (a live child of a live worker of the daemon,
+    leader of its own process group) nor in that app-server's tree or group (a launcher's
+    native child left once the launcher was killed alone). `check_runtime_processes`, on a
+    live quiescent daemon, by the soaks."""
     FORK_EVENTS_HEARD = "fork_events_heard"
     """A subscriber connected all along did not hear a fork operation's last state, heard its
     states out of order (a later one, then an earlier one: an event published stale), or did
@@ -2566,6 +2577,119 @@ def check_processes(
         if not problems or time.monotonic() >= deadline:
             return problems
         time.sleep(0.05)
+
+
+def _env_home(pid: int) -> str | None:
+    """`pid`'s `HOME`, None when unreadable or unset."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            environ = fh.read().split(b"\0")
+    except OSError:
+        return None
+    for item in environ:
+        key, _, value = item.partition(b"=")
+        if key == b"HOME":
+            return value.decode(errors="replace")
+    return None
+
+
+def _runtime_process_problems(
+    home: Path, daemon_pid: int | None, live: Mapping[str, int]
+) -> list[Violation]:
+    tree = _proc_tree()
+    runtimes = str(home / "runtimes") + "/"
+    homes: dict[int, tuple[str, str]] = {}  # pid -> (its runtime's HOME, provider)
+    for pid, (_parent, state) in tree.items():
+        if state in (b"Z", b"X"):
+            continue
+        h = _env_home(pid)
+        if h is None or not h.startswith(runtimes) or not h.endswith("/.home"):
+            continue
+        provider = PROVIDER_OF_HOME.get(Path(h).parent.name)
+        if provider in ("codex", "tutti-agent"):
+            homes[pid] = (h, provider)
+    leaders: dict[str, int] = {}  # a runtime's HOME -> its app-server's pid
+    for pid, (h, provider) in homes.items():
+        parent = tree[pid][0]
+        worker = _worker_provider(parent) if parent in tree else None
+        if worker != provider or daemon_pid is None or tree[parent][0] != daemon_pid:
+            continue
+        with contextlib.suppress(OSError):
+            if os.getpgid(pid) == pid:
+                leaders[h] = pid
+    out: list[Violation] = []
+    for pid, (h, _provider) in sorted(homes.items()):
+        leader = leaders.get(h)
+        if leader == pid:
+            continue
+        owned = False
+        if leader is not None:
+            with contextlib.suppress(OSError):
+                owned = os.getpgid(pid) == leader
+            up: int | None = tree[pid][0]
+            seen: set[int] = set()
+            while not owned and up and up in tree and up not in seen:
+                seen.add(up)
+                owned = up == leader
+                up = tree[up][0]
+        if not owned:
+            out.append(
+                Violation(
+                    Law.RUNTIME_PROCESSES_ENDED,
+                    f"process {pid} of the runtime home {h} lives without its app-server",
+                )
+            )
+    runtimes_alive = Counter(provider for _h, provider in set(homes.values()))
+    out += [
+        Violation(
+            Law.RUNTIME_PROCESSES_ENDED,
+            f"processes of {n} {provider} runtimes live, the daemon holds"
+            f" {live.get(provider, 0)} live",
+        )
+        for provider, n in sorted(runtimes_alive.items())
+        if n > live.get(provider, 0)
+    ]
+    return out
+
+
+def check_runtime_processes(
+    home: Path,
+    daemon_pid: int | None,
+    live: Callable[[], Mapping[str, int]],
+    *,
+    grace_s: float = 10.0,
+) -> list[Violation]:
+    """`Law.RUNTIME_PROCESSES_ENDED` over the processes of `home`'s app-server runtimes
+    (Linux `/proc`), on a live daemon `daemon_pid` whose live runtimes per provider `live`
+    answers (`host.status` `runtimes`; asked again on each look). A runtime evicted a moment
+    ago is stopped on a lane of its own, an instant later: looked for again until none is
+    left or `grace_s` passed."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        problems = _runtime_process_problems(home, daemon_pid, live())
+        if not problems or time.monotonic() >= deadline:
+            return problems
+        time.sleep(0.05)
+
+
+def check_daemon_runtimes(home: Path, daemon_pid: int, client: Any) -> list[Violation]:
+    """`check_runtime_processes` over a live daemon whose `host.status` `client` asks. A daemon
+    killed meanwhile (a soak's armed point firing late) answers nothing: no runtime of it is
+    live, and `check_processes` judges what it left."""
+    try:
+        return check_runtime_processes(
+            home, daemon_pid, lambda: live_runtimes(client.call("host.status"))
+        )
+    except (ClientTimeout, ClientClosed):
+        state = _proc_tree().get(daemon_pid)
+        if state is not None and state[1] not in (b"Z", b"X"):
+            raise
+        return []
+
+
+def live_runtimes(status: Mapping[str, Any]) -> dict[str, int]:
+    """Live runtimes per provider in one `host.status` reply."""
+    return {p: int(v.get("live", 0)) for p, v in (status.get("runtimes") or {}).items()}
 
 
 def _soft_fd_limit(pid: int) -> int:
