@@ -7,10 +7,8 @@ child's rollout lands and the in-worker readability proof with tutti_agent's own
 
 from __future__ import annotations
 
-import os
 import shlex
 import sys
-import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +21,7 @@ from drivers.app_server.provider import config_env
 from drivers.binder import ParsedRollout
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
+from drivers.known_rollouts import KnownRollouts
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
@@ -50,9 +49,7 @@ class TuttiAgentProvider:
 
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
-        # Each home's thread and its rollout, once found: a later check is one `stat`.
-        self._rollouts: dict[Path, tuple[str, Path]] = {}
-        self._rollouts_lock = threading.Lock()
+        self._rollouts = KnownRollouts(_find_rollout)
 
     def command(self) -> list[str]:
         configured = self.config.get("command")
@@ -114,8 +111,7 @@ class TuttiAgentProvider:
         rollout is, forgotten at `close_session`)."""
 
     def close_session(self, home: Path) -> None:
-        with self._rollouts_lock:
-            self._rollouts.pop(home, None)
+        self._rollouts.forget(home)
 
     def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
         """Whether the thread's rollout is gone from `home` (True), there (False), or not
@@ -124,29 +120,10 @@ class TuttiAgentProvider:
         memory and appends its Turns to the removed file, lost at its next start, so a bound
         history is checked here, not asked of it. A fork child's rollout is a whole copy in
         its own home (`fork_copies_source`): checked as any other."""
-        with self._rollouts_lock:
-            known = self._rollouts.get(home)
-        if known is not None and known[0] == thread_id:
-            try:
-                os.stat(known[1])
-                return False
-            except OSError:
-                pass  # gone, or moved: looked for again below
-        if not search:
-            return None
-        from tutti_agent.rollout import find_rollout_path
-
-        path = find_rollout_path(home, thread_id)
-        with self._rollouts_lock:
-            if path is None:
-                self._rollouts.pop(home, None)
-            else:
-                self._rollouts[home] = (thread_id, path)
-        return path is None
+        return self._rollouts.gone(home, thread_id, search=search)
 
     def homes_kept(self) -> int:
-        with self._rollouts_lock:
-            return len(self._rollouts)  # a rollout's path per open home, dropped at its close
+        return len(self._rollouts)  # a rollout's path per open home, dropped at its close
 
     def session_context(self, home: Path, thread_id: str) -> dict[str, Any]:
         return {}
@@ -242,3 +219,9 @@ def prove_tutti_child(
     if any(t.id is None for t in turns):
         raise ReaderNotApplicable("the child's history holds legacy turns without ids")
     return prefix_problem([(t.id, t.status is TurnStatus.IN_PROGRESS) for t in turns], prefix)
+
+
+def _find_rollout(home: Path, thread_id: str) -> Path | None:
+    from tutti_agent.rollout import find_rollout_path  # the worker imports it when it asks
+
+    return find_rollout_path(home, thread_id)

@@ -8,7 +8,6 @@ in its own home (the binder re-run at resume, its ancestors loaded before a read
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -36,6 +35,7 @@ from drivers.codex.lineage import (
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
+from drivers.known_rollouts import KnownRollouts
 from drivers.versions import CODEX_GATE
 
 
@@ -88,8 +88,7 @@ class CodexProvider:
         self._homes_lock = threading.Lock()
         # Self-repair at resume never fires the fork failpoints (they belong to the saga).
         self._resume_binder = RolloutBinder()
-        # Each home's thread and its rollout, once found: a later check is one `stat`.
-        self._rollouts: dict[Path, tuple[str, Path]] = {}
+        self._rollouts = KnownRollouts(rollout_path)
 
     def command(self) -> list[str]:
         native = bool(self.config.get("resolve_native_binary", True))
@@ -151,7 +150,7 @@ class CodexProvider:
     def close_session(self, home: Path) -> None:
         with self._homes_lock:
             self._homes.pop(home, None)
-            self._rollouts.pop(home, None)
+        self._rollouts.forget(home)
 
     def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
         """Whether the thread's rollout is gone from `home` (True), there (False), or not
@@ -162,24 +161,9 @@ class CodexProvider:
         refuses its copy from the recorded source."""
         with self._homes_lock:
             spec = self._homes.get(home)
-            known = self._rollouts.get(home)
         if spec is not None and spec.lineage is not None:
             return False
-        if known is not None and known[0] == thread_id:
-            try:
-                os.stat(known[1])
-                return False
-            except OSError:
-                pass  # gone, or moved: searched again below
-        if not search:
-            return None
-        path = rollout_path(home, thread_id)
-        with self._homes_lock:
-            if path is None:
-                self._rollouts.pop(home, None)
-            else:
-                self._rollouts[home] = (thread_id, path)
-        return path is None
+        return self._rollouts.gone(home, thread_id, search=search)
 
     def homes_kept(self) -> int:
         with self._homes_lock:
