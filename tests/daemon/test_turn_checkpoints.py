@@ -279,7 +279,7 @@ def test_a_folder_holding_the_daemons_home_checkpoints_none_of_the_home(tmp_path
     checkpoints, so a quiet Turn lists nothing changed and the shadow index holds no path of
     the home."""
     repo = make_repo(tmp_path / "repo")
-    d = DaemonProcess(repo / ".local" / "agenthost").start()
+    d = DaemonProcess(repo / ".ah").start()  # short: its socket paths have a bound
     try:
         client = d.client()
         sid = create_session(client, cwd=str(repo))["agentSessionId"]
@@ -299,6 +299,6 @@ def test_a_folder_holding_the_daemons_home_checkpoints_none_of_the_home(tmp_path
             capture_output=True,
             text=True,
         ).stdout.split()
-        assert listed and not [p for p in listed if p.startswith(".local/")], listed
+        assert listed and not [p for p in listed if p.startswith(".ah/")], listed
     finally:
         d.stop()
