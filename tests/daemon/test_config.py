@@ -434,7 +434,7 @@ def test_readability_proof_app_server_in_the_file_proves_a_fork_by_a_fresh_app_s
     child is proven readable by a fresh app-server on its home, as its binding receipt says."""
     import apsw
 
-    from tests.support.daemon import WS, fork_params, wait_for
+    from tests.daemon.test_fork_saga import fork, until_terminal
 
     home = tmp_path / "home"
     home.mkdir()
@@ -446,13 +446,8 @@ def test_readability_proof_app_server_in_the_file_proves_a_fork_by_a_fresh_app_s
         client = daemon.client(timeout=60)
         sid = create_session(client)["agentSessionId"]
         turn = run_turn(client, sid, "hello")
-        op = client.call("fork.create", fork_params(WS, sid, turn["turnId"]))["operation"]
-
-        def ended() -> dict[str, Any] | None:
-            got = client.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
-            return dict(got["operation"]) if got["operation"]["status"] != "accepted" else None
-
-        assert wait_for(ended, timeout=60)["status"] == "committed"
+        op = until_terminal(client, fork(client, sid, turn["turnId"])[1])
+        assert op["status"] == "committed", op
     finally:
         daemon.stop()
     db = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
