@@ -31,10 +31,13 @@ from domain.model_limits import (
     RETRIES_KEY,
     STREAM_IDLE_KEY,
 )
-from domain.providers import PROVIDERS
+from domain.providers import CODEX, PROVIDERS, TUTTI_AGENT
 from workspace.shadow import DEFAULT_EXCLUDES, DEFAULT_SIZE_LIMIT
 
 WIRE_APIS = ("responses", "chat")
+READABILITY_PROOFS = ("in_worker", "app_server")
+"""The app-server driver's `readability_proof` values (drivers/app_server/fork.py), its default
+first."""
 _ENV_NAME = "an environment variable name ([A-Za-z_][A-Za-z0-9_]*)"
 _MODEL_DOC = {
     "tutti-agent": 'model name sent to `model_base_url` (default "mock-model")',
@@ -305,6 +308,18 @@ SCHEMA: tuple[Key, ...] = (
         'the model API\'s wire format (default "responses")',
     ),
     Key("providers.tutti-agent", "instructions", Str(), None, "system instructions for the model"),
+    *(
+        Key(
+            f"providers.{provider}",
+            "readability_proof",
+            Str(choices=READABILITY_PROOFS),
+            READABILITY_PROOFS[0],
+            "how a fork's bound child is proven readable from its own home before the fork is "
+            '`accepted`: "in_worker" (the provider\'s history reader in the worker; a fresh '
+            'app-server where it cannot judge) or "app_server" (always a fresh app-server)',
+        )
+        for provider in (TUTTI_AGENT, CODEX)
+    ),
     Key(
         "providers.codex",
         "use_user_login",

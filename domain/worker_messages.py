@@ -625,6 +625,14 @@ HISTORY_TURN_ALLOWANCE = 64
 """Characters counted per Turn of a page beyond its texts (its keys, its status)."""
 
 
+def history_turn_chars(turn: Mapping[str, Any]) -> int:
+    """What one history Turn counts for in a page (and in what a worker holds): its texts'
+    characters and `HISTORY_TURN_ALLOWANCE`."""
+    return HISTORY_TURN_ALLOWANCE + sum(
+        len(value) for value in turn.values() if isinstance(value, str)
+    )
+
+
 def history_page(
     turns: Sequence[Mapping[str, Any]], after_index: int, max_chars: int = HISTORY_PAGE_CHARS
 ) -> tuple[list[Mapping[str, Any]], int | None]:
@@ -636,9 +644,7 @@ def history_page(
     used = 0
     for index in range(max(after_index, 0), len(turns)):
         turn = turns[index]
-        size = HISTORY_TURN_ALLOWANCE + sum(
-            len(value) for value in turn.values() if isinstance(value, str)
-        )
+        size = history_turn_chars(turn)
         if page and used + size > max_chars:
             return page, index
         page.append(turn)

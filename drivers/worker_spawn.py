@@ -1,7 +1,8 @@
 """How the supervisor starts one worker process: where its ipc socket lives (a short private
 directory when the run dir's path is too long for `sun_path`), the environment it inherits
-(the package on `PYTHONPATH`, failpoints and their state dir, the provider's config, the
-parent's pid for the orphan check) and the command line, in a process group of its own."""
+(the package on `PYTHONPATH`, none of the Tutti Agent's settings, failpoints and their state
+dir, the provider's config, the parent's pid for the orphan check) and the command line, in a
+process group of its own."""
 
 from __future__ import annotations
 
@@ -16,6 +17,19 @@ from typing import Any
 from drivers.failpoints import ENV_POINTS, ENV_STATE_DIR, format_points
 from drivers.worker import ENV_PARENT_PID, ENV_PROVIDER_CONFIG
 
+TUTTI_AGENT_SETTINGS = (
+    "TUTTI_AGENT_MODEL_BASE_URL",
+    "TUTTI_AGENT_MODEL",
+    "TUTTI_AGENT_WIRE_API",
+    "TUTTI_AGENT_API_KEY_ENV",
+    "TUTTI_AGENT_INSTRUCTIONS",
+    "TUTTI_AGENT_FIRST_BYTE_SECONDS",
+    "TUTTI_AGENT_STREAM_IDLE_SECONDS",
+    "TUTTI_AGENT_MODEL_RETRIES",
+)
+"""What `tutti-agent app-server` reads as its options' defaults: the daemon's own environment
+does not pass them on (a URL a user set in their shell for another use would point every Tutti
+Agent at that server); the configuration gives them (`drivers.tutti_agent`)."""
 IPC_PATH_MAX = 100  # sun_path is 108 bytes on Linux; keep margin for the file name
 
 
@@ -34,7 +48,7 @@ def worker_env(
     state_dir: Path,
     provider_config: Mapping[str, Any],
 ) -> dict[str, str]:
-    env = dict(os.environ)
+    env = {name: value for name, value in os.environ.items() if name not in TUTTI_AGENT_SETTINGS}
     env.update(overrides)
     package_root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH", "")) if p)

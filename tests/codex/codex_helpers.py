@@ -17,6 +17,7 @@ import pytest
 from domain.worker_messages import ForkRequest
 from drivers.app_server.driver import AppServerDriver
 from drivers.codex.command import default_command, native_binary
+from model_fakes.responses import ResponsesServer
 from tests.support.events import EventLog, completed  # noqa: F401 - re-exported
 
 RELAY = str(Path(__file__).with_name("codex_relay.py"))
@@ -24,6 +25,18 @@ RELAY = str(Path(__file__).with_name("codex_relay.py"))
 MakeDriver = Callable[..., AppServerDriver]
 """The `make_driver` fixture's type (here, not in conftest.py: `from conftest import` finds
 another directory's conftest when several test directories are collected together)."""
+
+
+def write_config(home: Path, server: ResponsesServer, more: str = "") -> None:
+    """`home/agenthost.toml` running Codex (the pinned binary) against `server`, then `more`
+    (further tables)."""
+    home.mkdir(parents=True, exist_ok=True)
+    (home / "agenthost.toml").write_text(
+        "[providers.codex]\n"
+        f'command = "{codex_bin()}"\n'
+        'model = "mock-model"\n'
+        f'model_base_url = "{server.base_url}"\n' + more
+    )
 
 
 def codex_bin() -> str:

@@ -1,18 +1,21 @@
 """Fixtures for the Codex tests: the real pinned `codex app-server` driven by a real
-the Codex `AppServerDriver`, against the local fake Responses API (the only fake)."""
+the Codex `AppServerDriver`, or a real daemon running it (`codex_daemon`), against the local
+fake Responses API (the only fake)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
-from codex_helpers import EventLog, MakeDriver, codex_bin
+from codex_helpers import EventLog, MakeDriver, codex_bin, write_config
 
 from drivers.app_server.driver import AppServerDriver
 from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from model_fakes.responses import ResponsesServer
+from tests.support.daemon import DaemonProcess
 
 
 @pytest.fixture
@@ -41,3 +44,15 @@ def make_driver(model: ResponsesServer) -> Iterator[MakeDriver]:
 @pytest.fixture
 def log() -> EventLog:
     return EventLog()
+
+
+@pytest.fixture
+def codex_daemon(tmp_path: Path, model: ResponsesServer) -> Iterator[DaemonProcess]:
+    """A daemon at `tmp_path/home` whose Codex talks to `model`."""
+    home = tmp_path / "home"
+    write_config(home, model)
+    d = DaemonProcess(home).start()
+    try:
+        yield d
+    finally:
+        d.stop()

@@ -10,7 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_codex_daemon import codex_home, codex_source, write_config
+from codex_helpers import write_config
+from test_codex_daemon import codex_home, codex_source
 
 from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_full_session import assert_full_session_fork

@@ -11,13 +11,12 @@ import os
 import signal
 import threading
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import psutil
 import pytest
-from codex_helpers import codex_bin, codex_pids, conversation
+from codex_helpers import codex_pids, conversation, write_config
 
 from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
@@ -37,33 +36,6 @@ from transport.client import ApiError, Client
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
 
 SENT = {"one", "two", "three", "four", "five", "after the crash"}
-
-
-def write_config(home: Path, server: ResponsesServer) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "agenthost.toml").write_text(
-        "[providers.codex]\n"
-        f'command = "{codex_bin()}"\n'
-        'model = "mock-model"\n'
-        f'model_base_url = "{server.base_url}"\n'
-    )
-
-
-@pytest.fixture
-def model() -> Iterator[ResponsesServer]:
-    with ResponsesServer() as server:
-        yield server
-
-
-@pytest.fixture
-def codex_daemon(tmp_path: Path, model: ResponsesServer) -> Iterator[DaemonProcess]:
-    home = tmp_path / "home"
-    write_config(home, model)
-    d = DaemonProcess(home).start()
-    try:
-        yield d
-    finally:
-        d.stop()
 
 
 def codex_home(d: DaemonProcess, sid: str) -> Path:

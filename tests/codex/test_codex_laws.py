@@ -5,30 +5,17 @@ the seed's titles. In `make soak` (marked long)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
-from test_codex_daemon import codex_home, codex_source, write_config
+from test_codex_daemon import codex_home, codex_source
 
-from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_laws import SCENARIOS
 from tests.support.daemon import DaemonProcess
 from tests.support.homes import child_rollouts
 
 pytestmark = [pytest.mark.codex, pytest.mark.long, pytest.mark.timeout(300)]
-
-
-@pytest.fixture
-def codex_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with ResponsesServer() as server:
-        home = tmp_path / "home"
-        write_config(home, server)
-        d = DaemonProcess(home).start()
-        try:
-            yield d
-        finally:
-            d.stop()
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=[s.__name__ for s in SCENARIOS])

@@ -17,13 +17,11 @@ from typing import Any
 import pytest
 from codex_helpers import codex_pids
 
-from tests.codex.test_codex_daemon import codex_daemon, codex_home, codex_source, model
+from tests.codex.test_codex_daemon import codex_home, codex_source
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import WS, DaemonProcess, settle, submit, turn_of, wait_for
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
-
-__all__ = ["codex_daemon", "model"]  # the fixtures this module uses
 
 POINT = "worker.resolve.transient_loaded"
 

@@ -7,11 +7,9 @@ cut mid-JSON, an unreadable line): a fork of it is refused before `thread/fork` 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from codex_helpers import codex_bin
 
 from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
@@ -19,33 +17,6 @@ from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
-
-
-def write_config(home: Path, server: ResponsesServer) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "agenthost.toml").write_text(
-        "[providers.codex]\n"
-        f'command = "{codex_bin()}"\n'
-        'model = "mock-model"\n'
-        f'model_base_url = "{server.base_url}"\n'
-    )
-
-
-@pytest.fixture
-def model() -> Iterator[ResponsesServer]:
-    with ResponsesServer() as server:
-        yield server
-
-
-@pytest.fixture
-def codex_daemon(tmp_path: Path, model: ResponsesServer) -> Iterator[DaemonProcess]:
-    home = tmp_path / "home"
-    write_config(home, model)
-    d = DaemonProcess(home).start()
-    try:
-        yield d
-    finally:
-        d.stop()
 
 
 def test_a_turn_after_the_sessions_rollout_vanished_fails_typed_live_and_after_a_restart(

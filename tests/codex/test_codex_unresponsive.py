@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from codex_helpers import codex_bin, codex_pids
+from codex_helpers import codex_pids, write_config
 
 from model_fakes.responses import ResponsesServer
 from tests.support.daemon import (
@@ -31,23 +31,12 @@ from tests.support.homes import runtime_home
 pytestmark = [pytest.mark.timeout(180)]
 
 
-def write_config(home: Path, server: ResponsesServer) -> None:
-    home.mkdir(parents=True, exist_ok=True)
-    (home / "agenthost.toml").write_text(
-        "[providers.codex]\n"
-        f'command = "{codex_bin()}"\n'
-        f'model_base_url = "{server.base_url}"\n'
-        'model = "mock-model"\n'
-        "[daemon]\nprovider_stopped_seconds = 1\n"
-    )
-
-
 def test_a_frozen_codex_app_server_fails_its_turn_provider_unresponsive(tmp_path: Path) -> None:
     gate = threading.Event()
     gate.set()
     with ResponsesServer(gate=gate, hold_after=1) as server, freezer_group() as group:
         home = tmp_path / "home"
-        write_config(home, server)
+        write_config(home, server, "[daemon]\nprovider_stopped_seconds = 1\n")
         d = DaemonProcess(home).start()
         try:
             c = d.client()

@@ -418,3 +418,44 @@ def test_every_configuration_the_docs_show_is_one_serve_accepts(tmp_path: Path) 
     for block in blocks:
         text = re.sub(r"^# ([a-z_]+ =)", r"\1", block.replace("PORT", "8080"), flags=re.M)
         parse_config(tmp_path, tomllib.loads(text))
+
+
+def test_the_readability_proofs_the_config_accepts_are_the_drivers() -> None:
+    from agenthost.config_schema import READABILITY_PROOFS
+    from drivers.app_server.fork import READABILITY_APP_SERVER, READABILITY_IN_WORKER
+
+    assert READABILITY_PROOFS == (READABILITY_IN_WORKER, READABILITY_APP_SERVER)
+
+
+def test_readability_proof_app_server_in_the_file_proves_a_fork_by_a_fresh_app_server(
+    tmp_path: Path,
+) -> None:
+    """`[providers.tutti-agent] readability_proof = "app_server"` reaches the driver: the fork's
+    child is proven readable by a fresh app-server on its home, as its binding receipt says."""
+    import apsw
+
+    from tests.daemon.test_fork_saga import fork, until_terminal
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "agenthost.toml").write_text(
+        '[providers.tutti-agent]\nreadability_proof = "app_server"\n'
+    )
+    daemon = DaemonProcess(home).start()
+    try:
+        client = daemon.client(timeout=60)
+        sid = create_session(client)["agentSessionId"]
+        turn = run_turn(client, sid, "hello")
+        op = until_terminal(client, fork(client, sid, turn["turnId"])[1])
+        assert op["status"] == "committed", op
+    finally:
+        daemon.stop()
+    db = apsw.Connection(str(home / "store.sqlite3"), flags=apsw.SQLITE_OPEN_READONLY)
+    try:
+        ((receipt,),) = db.execute(
+            "SELECT binding_receipt FROM fork_operations WHERE operation_id = ?",
+            (op["operationId"],),
+        )
+    finally:
+        db.close()
+    assert json.loads(receipt)["readabilityProof"] == "app_server"

@@ -130,6 +130,9 @@ round's load and kill; with the clients parked its end is awaited, an `unknown` 
 at once, its Session's next Turn run, then the round's checks. When no round's was made
 `unknown` by the worker's limit, one more follows the rounds, held past it; the run asserts
 one was.
+The fresh app-server's proof (`proof_round`): the first daemon runs with `readability_proof =
+"app_server"` for Tutti Agent and Codex (a fork of each committed so before the clients start),
+the rounds' first restart with the default.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -155,6 +158,7 @@ import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.proof_round import forks_proven_by_app_server, set_app_server_proof
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
     START_FAILPOINT,
@@ -677,6 +681,7 @@ def home(tmp_path: Path) -> Iterator[Path]:
     config = daemon_table() + workspace + relay_table(tmp_path / "arms")
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
     with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
+        set_app_server_proof(tmp_path / "home", True)  # the first daemon's (`proof_round`)
         yield tmp_path / "home"
 
 
@@ -687,7 +692,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     w = World(home, seed)
     w.faults.setup(w.daemon.client(timeout=60), w.cwd)
     w.slow.setup(w.daemon.client(timeout=60), w.cwd)
-    chaos: Counter[str] = Counter()
+    chaos: Counter[str] = forks_proven_by_app_server(w, (TUTTI, CODEX))
     checks = violations = 0
     claude_checks = codex_checks = spares_seen = 0
     proven: Counter[str] = Counter()  # the kills' unanswered Turns after the last restart
@@ -859,6 +864,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 restarts += 1
                 if action == "full_disk_kill":
                     chaos[f"full_disk_start {full_disk_start(w)}"] += 1
+                if restarts == 1:
+                    set_app_server_proof(w.home, False)  # the default proof from now on
                 with w.lock, busy_store(w, restarts % BUSY_START_EVERY == 1) as held:
                     w.daemon = DaemonProcess(w.home, env=w.env).start()
                     w.generation += 1
