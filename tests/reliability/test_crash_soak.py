@@ -187,6 +187,7 @@ from tests.support.freezer import running as pid_running
 from tests.support.freezer import stop as sigstop
 from tests.support.git_repos import make_repo
 from tests.support.invariants import (
+    SPARE_HOME_PREFIX,
     InvariantReport,
     WorkspaceAnswer,
     assert_invariants,
@@ -976,6 +977,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             w.faults.guarded(c, lambda: w.generation)
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
+        if spares_seen == 0 and CLAUDE in covered:
+            # No round's check met a spare home (a short run may not: each is made on the
+            # Claude worker's own thread after a fork answers, and a kill's sweep removes it).
+            # The Claude fork just above asked for one; the cells below restart the daemon,
+            # whose start-up sweep removes it: walk it now, while this daemon keeps it.
+            wait_for(lambda: _glob_spares(w.home), timeout=30)
+            spares_seen = check_now(w).spare_homes
         chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
         chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
         c = w.daemon.client(timeout=60)
@@ -1488,6 +1496,11 @@ def kill_on_fork(w: World, provider: str) -> int:
         w.generation += 1
     w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
     return 1
+
+
+def _glob_spares(home: Path) -> list[Path]:
+    """The Claude spare homes made ahead under `home`'s runtimes (`SPARE_HOME_PREFIX`)."""
+    return list((home / "runtimes").glob(f"*/{SPARE_HOME_PREFIX}*"))
 
 
 def check_now(w: World) -> Any:
