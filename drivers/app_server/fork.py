@@ -59,6 +59,9 @@ READABILITY_APP_SERVER = "app_server"
 SOURCE_RECHECK_S = 0.05
 """How long a fork waits before it reads a source rollout it would refuse once more."""
 
+HISTORY_MISSING = "provider_history_missing"
+"""The reason a fork whose source's history lost its boundary Turn fails with."""
+
 INTERNAL_ERROR = -32603
 """JSON-RPC's internal error: from `thread/fork`, a failure that may come after the child was
 written, so the fork is `unknown`, not `rejected`."""
@@ -237,6 +240,9 @@ class ForkThroughTurn:
         refused = self._source_refused(source_home, source_id)
         if refused is not None:
             return ForkResult.not_started(f"source rollout refused before thread/fork: {refused}")
+        cut = self._source_cut(source_home, source_id, prefix[-1])
+        if cut is not None:
+            return ForkResult.not_started(cut)
         try:
             if self.failpoints.armed:
                 self.failpoints.hit("worker.fork.before_provider_call")
@@ -411,6 +417,27 @@ class ForkThroughTurn:
             except BinderError as exc:
                 refused = exc
         return refused
+
+    def _source_cut(self, source_home: str, source_id: str, turn_id: str) -> str | None:
+        """For a provider that checks it (`turn_end_missing`), whether the source's history
+        in its home lacks the end of the fork's boundary Turn — its rollout cut back by hand
+        to a valid prefix the bind takes, while a live server still shows the Turn from
+        memory: the words of the refusal, else None. Looked at once more a moment later, as
+        `_source_refused` does."""
+        missing = getattr(self.provider, "turn_end_missing", None)
+        if missing is None:
+            return None
+        home = Path(source_home)
+        for again in (False, True):
+            if again:
+                time.sleep(SOURCE_RECHECK_S)
+            if not missing(home, source_id, turn_id, search=True):
+                return None
+        return (
+            f"{HISTORY_MISSING}: source thread {source_id}'s history in {source_home} does not "
+            f"hold the end of its boundary Turn {turn_id} (its rollout cut back?); refused "
+            "before thread/fork"
+        )
 
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str
