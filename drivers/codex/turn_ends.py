@@ -25,8 +25,10 @@ from pathlib import Path
 
 TAIL_BYTES = 256 * 1024
 """How much of a file's end the no-search check reads for a Turn it does not know yet."""
+FIRST_READ_BYTES = 16 * 1024
+"""A scan's first read from a file's end: a Turn that just ended is in it."""
 CHUNK_BYTES = 1 << 20
-"""The step of a search's read from a file's end."""
+"""The step of a scan's later reads."""
 END_TYPES = frozenset({"task_complete", "turn_aborted"})
 
 
@@ -68,8 +70,10 @@ def _scan(path: Path, turn_id: str, limit: int | None) -> _Found | None:
         hi = st.st_size
         floor = 0 if limit is None else max(0, hi - limit)
         carry = b""  # the start of the line the later read began inside
+        step = min(FIRST_READ_BYTES, CHUNK_BYTES)
         while hi > floor:
-            lo = max(floor, hi - CHUNK_BYTES)
+            lo = max(floor, hi - step)
+            step = CHUNK_BYTES
             buf = os.pread(fd, hi - lo, lo) + carry
             # Whole lines only: from the first newline on, unless this read starts the file.
             first = 0 if lo == 0 else buf.find(b"\n") + 1
