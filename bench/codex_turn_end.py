@@ -72,6 +72,7 @@ def main(argv: list[str]) -> int:
             provider.turn_end_missing(home, thread, last, search=False)
 
         tail = cpu_us(new_turn, n) / 2
+
         def far() -> None:  # two Turns far from the end, asked in turn: each a search
             provider.turn_end_missing(home, thread, turns[0], search=True)
             provider.turn_end_missing(home, thread, turns[1], search=True)

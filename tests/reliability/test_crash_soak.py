@@ -154,6 +154,7 @@ import psutil
 import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
+from tests.reliability.codex_cut import codex_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
@@ -970,6 +971,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             chaos["provider_fault_after"] += 1
         fault_violations = w.faults.check(c)
         chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
+        chaos.update(codex_cut_cells(w))  # a Codex rollout cut back, refused, put back
         chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
         c = w.daemon.client(timeout=60)
         final = assert_invariants(
