@@ -469,10 +469,12 @@ class ForkThroughTurn:
         return turns
 
     def _read_statuses(self, runtime: Runtime, thread_id: str) -> list[tuple[str, str]]:
-        """`thread/read` of the thread's turns as `(id, status)`; without their items where the
-        provider can leave them out (`turns_without_items`)."""
+        """The thread's turns as `(id, status)`: `thread/read` without their items where the
+        provider can leave them out (`turns_without_items`), else listed page by page."""
         if not self.provider.turns_without_items:
-            return _statuses(self.runtimes.thread_turns(runtime, thread_id))
+            # A page at a time, as the history reads them: one `thread/read` with items is
+            # one line, and a long history's passes the reader's bound (the server killed).
+            return _statuses(self.runtimes.history_turns(runtime, thread_id))
         params: dict[str, Any] = {"threadId": thread_id, "includeTurns": True, "turnItems": False}
         if self.provider.turn_columns:
             params["turnColumns"] = True
