@@ -33,7 +33,7 @@ from drivers.app_server.events import QUIET_PREFIXES, TurnEvents
 from drivers.app_server.fork import (
     READABILITY_APP_SERVER,
     READABILITY_IN_WORKER,
-    SOURCE_RECHECK_S,
+    TURN_END_RECHECKS_S,
     ForkThroughTurn,
 )
 from drivers.app_server.items import thread_of, user_text
@@ -498,11 +498,11 @@ class AppServerDriver:
         host bound and settled (a valid prefix, so nothing reads it as torn) before the
         app-server gets a Turn: a live server would run it on the conversation it holds in
         memory, a new one on the shorter history, and either way the store's Turn is not in
-        the provider's history. A miss is looked at once more a moment later: a server may
-        be writing the Turn's last line."""
-        for again in (False, True):
-            if again:
-                time.sleep(SOURCE_RECHECK_S)
+        the provider's history. A miss is looked at again over about a second
+        (`TURN_END_RECHECKS_S`): a server may still be writing the Turn's last lines."""
+        for wait in (0.0, *TURN_END_RECHECKS_S):
+            if wait:
+                time.sleep(wait)
             if not self._turn_end_missing(session, params, search=True):
                 return
         raise ProviderNotCalled(

@@ -58,6 +58,10 @@ READABILITY_APP_SERVER = "app_server"
 
 SOURCE_RECHECK_S = 0.05
 """How long a fork waits before it reads a source rollout it would refuse once more."""
+TURN_END_RECHECKS_S = (0.05, 0.2, 0.75)
+"""The waits before a Turn's end not found in a rollout is looked for again (about 1 s in
+all): the app-server may write the Turn's last lines after it announced the Turn's end, the
+more so on a loaded machine, and a refusal of a history that is whole would fail a Turn."""
 
 HISTORY_MISSING = "provider_history_missing"
 """The reason a fork whose source's history lost its boundary Turn fails with."""
@@ -422,15 +426,15 @@ class ForkThroughTurn:
         """For a provider that checks it (`turn_end_missing`), whether the source's history
         in its home lacks the end of the fork's boundary Turn — its rollout cut back by hand
         to a valid prefix the bind takes, while a live server still shows the Turn from
-        memory: the words of the refusal, else None. Looked at once more a moment later, as
-        `_source_refused` does."""
+        memory: the words of the refusal, else None. Looked at again over about a second
+        (`TURN_END_RECHECKS_S`) before it is refused."""
         missing = getattr(self.provider, "turn_end_missing", None)
         if missing is None:
             return None
         home = Path(source_home)
-        for again in (False, True):
-            if again:
-                time.sleep(SOURCE_RECHECK_S)
+        for wait in (0.0, *TURN_END_RECHECKS_S):
+            if wait:
+                time.sleep(wait)
             if not missing(home, source_id, turn_id, search=True):
                 return None
         return (
