@@ -119,6 +119,11 @@ class SessionRuntime:
         # holds a history the Session's next Turn must resume, never start afresh. A bound
         # Turn stays bound, so True is kept.
         self._bound_history = False
+        # The provider's id of the Session's last Turn bound and settled `completed` (its
+        # end the provider's history must still hold: `bound_turn_id`), once asked of the
+        # store (`_bound_turn_asked`) or settled by this actor; None: none such.
+        self._bound_turn: str | None = None
+        self._bound_turn_asked = False
         # False until this actor's first re-bind check has also asked for settled Turns that
         # are not `completed` and unbound (a kill mid-Turn leaves one when its bind was still
         # queued, or one its provider never got): asked on the cold path only
@@ -236,8 +241,28 @@ class SessionRuntime:
                 return False
         return self._bound_history
 
+    def bound_turn_id(self) -> str | None:
+        """The provider's id of the Session's last Turn bound and settled `completed`, whose
+        end its provider's history must still hold: the store asked once, then this actor's
+        own settlements. A store that cannot answer: None (not checked this time)."""
+        if not self._bound_turn_asked:
+            try:
+                self._bound_turn = self._core.session_store.turns.last_completed_provider_turn(
+                    self._core.ws, self._core.sid
+                )
+            except HostError:
+                return None
+            self._bound_turn_asked = True
+        return self._bound_turn
+
+    def turn_completed(self, provider_turn_id: str) -> None:
+        """A Turn of this actor, bound to `provider_turn_id`, settles `completed`."""
+        self._bound_turn = provider_turn_id
+        self._bound_turn_asked = True
+
     def forget_bindings(self) -> None:
         """A write this actor cannot see into (a plain mutation) ran: ask the store again."""
+        self._bound_turn_asked = False
         self._all_bound = False
 
     def _hold_warm(self, session: Session, *, attested: bool) -> PreparedRuntime | None:
@@ -330,6 +355,7 @@ class SessionRuntime:
             provider_session_id=session.provider_session_id,
             runtime_context=dict(session.runtime_context),
             bound_history=bool(session.provider_session_id) and self.bound_history(),
+            bound_turn_id=self.bound_turn_id() if session.provider_session_id else None,
         )
         fut = self._core.ctx.workers.start_session(
             session.provider, request, self._core.ctx.timeouts.session_start_s

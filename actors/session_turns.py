@@ -203,14 +203,18 @@ class TurnRunner:
         state.last_activity = time.monotonic()
         # A bound Turn: the provider's history of the Session must be there to resume.
         bound = self._runtime.bound_history()
+        # And the last Turn bound and settled `completed`: its end must still be there.
+        last = self._runtime.bound_turn_id() if bound else None
         if warm:
             # The worker starts it only on this runtime, else refuses it (`RuntimeChanged`)
             # before the provider sees anything; then it is prepared and started once more.
             request = TurnStart(
-                self._core.key, state.turn_id, text, runtime.home, runtime.generation, bound
+                self._core.key, state.turn_id, text, runtime.home, runtime.generation, bound, last
             )
         else:
-            request = TurnStart(self._core.key, state.turn_id, text, bound_history=bound)
+            request = TurnStart(
+                self._core.key, state.turn_id, text, bound_history=bound, bound_turn_id=last
+            )
         fut = self._core.ctx.workers.start_turn(
             session.provider, request, self._core.ctx.timeouts.turn_start_s
         )
@@ -355,6 +359,8 @@ class TurnRunner:
         state.settling = True
         if state.watchdog is not None:
             state.watchdog.cancel()
+        if outcome == "completed" and state.provider_turn_id:
+            self._runtime.turn_completed(state.provider_turn_id)
 
         def _then(err: HostError | None) -> None:
             waiting, state.settle_waiters = state.settle_waiters, []

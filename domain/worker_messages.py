@@ -531,7 +531,7 @@ class Attestation:
 class SessionStart:
     """`session.start`: start or resume a Session's provider runtime on its own home.
     `bound_history`: as `TurnStart`'s (a driver that finds the bound history gone fails the
-    start rather than resume or start afresh)."""
+    start rather than resume or start afresh); `bound_turn_id` too."""
 
     METHOD: ClassVar[str] = "session.start"
 
@@ -543,6 +543,7 @@ class SessionStart:
     provider_session_id: str | None
     runtime_context: Mapping[str, Any]
     bound_history: bool = False
+    bound_turn_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -556,6 +557,8 @@ class SessionStart:
         }
         if self.bound_history:
             out["boundHistory"] = True
+        if self.bound_turn_id:
+            out["boundTurnId"] = self.bound_turn_id
         return out
 
 
@@ -715,7 +718,10 @@ class TurnStart:
     """`turn.start`: run a Turn. With `runtime_generation` (and `home`) it goes to that warm
     runtime only: the worker refuses it (`runtime_changed`) if another one is live.
     `bound_history`: a Turn of the Session is bound to its provider, so the provider's history
-    of it must exist (a driver that finds none fails the Turn rather than start afresh)."""
+    of it must exist (a driver that finds none fails the Turn rather than start afresh).
+    `bound_turn_id`: the provider's id of the Session's last Turn bound and settled
+    `completed`, whose end its history must still hold (a driver that finds it cut off fails
+    the start, `provider_history_missing`); None when there is none."""
 
     METHOD: ClassVar[str] = "turn.start"
 
@@ -725,6 +731,7 @@ class TurnStart:
     home: str | None = None
     runtime_generation: str | None = None
     bound_history: bool = False
+    bound_turn_id: str | None = None
 
     def to_wire(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -736,6 +743,8 @@ class TurnStart:
             out.update(home=self.home, runtimeGeneration=self.runtime_generation)
         if self.bound_history:
             out["boundHistory"] = True
+        if self.bound_turn_id:
+            out["boundTurnId"] = self.bound_turn_id
         return out
 
 

@@ -41,6 +41,12 @@ class KnownRollouts:
                 self._paths[home] = (thread_id, path)
         return path is None
 
+    def known(self, home: Path, thread_id: str) -> Path | None:
+        """The thread's rollout where last found in `home`, with no search (None: not known)."""
+        with self._lock:
+            known = self._paths.get(home)
+        return known[1] if known is not None and known[0] == thread_id else None
+
     def forget(self, home: Path) -> None:
         with self._lock:
             self._paths.pop(home, None)

@@ -225,6 +225,17 @@ class TurnStore:
         )
         return bool(rows)
 
+    def last_completed_provider_turn(self, ws: str, sid: str) -> str | None:
+        """The provider turn id of the Session's last Turn (by sequence) settled `completed`
+        with one: the Turn whose end the provider's history must still hold."""
+        rows = self._all(
+            "SELECT root_provider_turn_id FROM turns WHERE workspace_id = ? AND session_id = ?"
+            " AND phase = 'settled' AND outcome = 'completed'"
+            " AND root_provider_turn_id IS NOT NULL ORDER BY sequence DESC LIMIT 1",
+            (ws, sid),
+        )
+        return str(rows[0][0]) if rows else None
+
     def unanswered_turns_missing_binding(self, ws: str, sid: str) -> list[str]:
         """Settled Turns not `completed` with no provider turn id, in sequence order: a Turn
         the provider ran (and perhaps answered) whose bind was lost with a killed daemon, which

@@ -33,6 +33,7 @@ from drivers.app_server.events import QUIET_PREFIXES, TurnEvents
 from drivers.app_server.fork import (
     READABILITY_APP_SERVER,
     READABILITY_IN_WORKER,
+    TURN_END_RECHECKS_S,
     ForkThroughTurn,
 )
 from drivers.app_server.items import thread_of, user_text
@@ -288,6 +289,7 @@ class AppServerDriver:
         with session.op_lock:
             self._check_history(session, params)
             runtime = self._ensure_runtime(session)
+            self._check_turn_end(session, params)
         context = self._verdict(runtime)
         context.update(self.provider.session_context(home, session.thread_id))
         return {
@@ -333,6 +335,7 @@ class AppServerDriver:
         with session.op_lock:
             self._check_history(session, params)
             runtime = self._ensure_runtime(session)
+            self._check_turn_end(session, params)
             with session.state_lock:
                 if session.active or session.awaiting_turn is not None:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
@@ -368,6 +371,8 @@ class AppServerDriver:
                 return False
             if self._history_gone(session, params, search=False) is not False:
                 return False  # gone (`start_turn` fails it, typed), or not known without a walk
+            if self._turn_end_missing(session, params, search=False) is not False:
+                return False  # cut (`start_turn` fails it, typed), or not known from a tail
             with session.state_lock:
                 if session.active or session.awaiting_turn is not None:
                     return False  # `start_turn` refuses it, typed
@@ -474,6 +479,39 @@ class AppServerDriver:
                 "would not be kept (or could not resume the conversation), so none was "
                 "started. Put the rollout back, or start a new Session"
             )
+
+    def _turn_end_missing(
+        self, session: SessionState, params: Mapping[str, Any], *, search: bool
+    ) -> bool | None:
+        """Whether the Session's provider history lacks the end of the last Turn the host
+        bound and settled `completed` (`boundTurnId`): False when none is named, or the
+        provider keeps no such check."""
+        missing = getattr(self.provider, "turn_end_missing", None)
+        turn = params.get("boundTurnId")
+        if missing is None or not isinstance(turn, str) or not turn or not session.thread_id:
+            return False
+        result: bool | None = missing(session.home, session.thread_id, turn, search=search)
+        return result
+
+    def _check_turn_end(self, session: SessionState, params: Mapping[str, Any]) -> None:
+        """Refuse a start of a Session whose history was cut back before the last Turn the
+        host bound and settled (a valid prefix, so nothing reads it as torn) before the
+        app-server gets a Turn: a live server would run it on the conversation it holds in
+        memory, a new one on the shorter history, and either way the store's Turn is not in
+        the provider's history. A miss is looked at again over about a second
+        (`TURN_END_RECHECKS_S`): a server may still be writing the Turn's last lines."""
+        for wait in (0.0, *TURN_END_RECHECKS_S):
+            if wait:
+                time.sleep(wait)
+            if not self._turn_end_missing(session, params, search=True):
+                return
+        raise ProviderNotCalled(
+            f"{PROVIDER_HISTORY_MISSING}: {self.kind} thread {session.thread_id}'s history in "
+            f"its home {session.home} does not hold the end of Turn {params['boundTurnId']}, "
+            "which the host bound and settled (its rollout cut back?); a Turn would run on a "
+            "history without it, so none was started. Put the rollout back, or start a new "
+            "Session"
+        )
 
     def _expire_turn_starts(self, now: float) -> None:
         """`begin_turn`'s requests unanswered past `request_timeout_s` fail as `start_turn`'s

@@ -58,6 +58,13 @@ READABILITY_APP_SERVER = "app_server"
 
 SOURCE_RECHECK_S = 0.05
 """How long a fork waits before it reads a source rollout it would refuse once more."""
+TURN_END_RECHECKS_S = (0.05, 0.2, 0.75)
+"""The waits before a Turn's end not found in a rollout is looked for again (about 1 s in
+all): the app-server may write the Turn's last lines after it announced the Turn's end, the
+more so on a loaded machine, and a refusal of a history that is whole would fail a Turn."""
+
+HISTORY_MISSING = "provider_history_missing"
+"""The reason a fork whose source's history lost its boundary Turn fails with."""
 
 INTERNAL_ERROR = -32603
 """JSON-RPC's internal error: from `thread/fork`, a failure that may come after the child was
@@ -237,6 +244,9 @@ class ForkThroughTurn:
         refused = self._source_refused(source_home, source_id)
         if refused is not None:
             return ForkResult.not_started(f"source rollout refused before thread/fork: {refused}")
+        cut = self._source_cut(source_home, source_id, prefix[-1])
+        if cut is not None:
+            return ForkResult.not_started(cut)
         try:
             if self.failpoints.armed:
                 self.failpoints.hit("worker.fork.before_provider_call")
@@ -412,6 +422,27 @@ class ForkThroughTurn:
                 refused = exc
         return refused
 
+    def _source_cut(self, source_home: str, source_id: str, turn_id: str) -> str | None:
+        """For a provider that checks it (`turn_end_missing`), whether the source's history
+        in its home lacks the end of the fork's boundary Turn — its rollout cut back by hand
+        to a valid prefix the bind takes, while a live server still shows the Turn from
+        memory: the words of the refusal, else None. Looked at again over about a second
+        (`TURN_END_RECHECKS_S`) before it is refused."""
+        missing = getattr(self.provider, "turn_end_missing", None)
+        if missing is None:
+            return None
+        home = Path(source_home)
+        for wait in (0.0, *TURN_END_RECHECKS_S):
+            if wait:
+                time.sleep(wait)
+            if not missing(home, source_id, turn_id, search=True):
+                return None
+        return (
+            f"{HISTORY_MISSING}: source thread {source_id}'s history in {source_home} does not "
+            f"hold the end of its boundary Turn {turn_id} (its rollout cut back?); refused "
+            "before thread/fork"
+        )
+
     def _source_turns(
         self, runtime: Runtime, agent_session_id: str, source_id: str
     ) -> list[tuple[str, str]]:
@@ -442,10 +473,12 @@ class ForkThroughTurn:
         return turns
 
     def _read_statuses(self, runtime: Runtime, thread_id: str) -> list[tuple[str, str]]:
-        """`thread/read` of the thread's turns as `(id, status)`; without their items where the
-        provider can leave them out (`turns_without_items`)."""
+        """The thread's turns as `(id, status)`: `thread/read` without their items where the
+        provider can leave them out (`turns_without_items`), else listed page by page."""
         if not self.provider.turns_without_items:
-            return _statuses(self.runtimes.thread_turns(runtime, thread_id))
+            # A page at a time, as the history reads them: one `thread/read` with items is
+            # one line, and a long history's passes the reader's bound (the server killed).
+            return _statuses(self.runtimes.history_turns(runtime, thread_id))
         params: dict[str, Any] = {"threadId": thread_id, "includeTurns": True, "turnItems": False}
         if self.provider.turn_columns:
             params["turnColumns"] = True

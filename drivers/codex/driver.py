@@ -32,6 +32,7 @@ from drivers.codex.lineage import (
     rollout_path,
     session_meta,
 )
+from drivers.codex.turn_ends import TurnEnds
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
@@ -89,6 +90,7 @@ class CodexProvider:
         # Self-repair at resume never fires the fork failpoints (they belong to the saga).
         self._resume_binder = RolloutBinder()
         self._rollouts = KnownRollouts(rollout_path)
+        self._turn_ends = TurnEnds()
 
     def command(self) -> list[str]:
         native = bool(self.config.get("resolve_native_binary", True))
@@ -151,6 +153,7 @@ class CodexProvider:
         with self._homes_lock:
             self._homes.pop(home, None)
         self._rollouts.forget(home)
+        self._turn_ends.forget(home)
 
     def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
         """Whether the thread's rollout is gone from `home` (True), there (False), or not
@@ -164,6 +167,22 @@ class CodexProvider:
         if spec is not None and spec.lineage is not None:
             return False
         return self._rollouts.gone(home, thread_id, search=search)
+
+    def turn_end_missing(
+        self, home: Path, thread_id: str, turn_id: str, *, search: bool = True
+    ) -> bool | None:
+        """Whether the thread's history in `home` lacks the end of `turn_id` (a Turn the host
+        bound and settled `completed`): True when neither its rollout nor, for a fork child,
+        an ancestor's in the home holds it (cut back by hand, say); False when one does; None
+        with `search` false when that is not known without reading more than a file's tail.
+        (`drivers.codex.turn_ends`)"""
+
+        def files() -> list[Path]:
+            paths = (rollout_path(home, t) for t in rollout_lineage(home, thread_id))
+            return [p for p in paths if p is not None]
+
+        tail = self._rollouts.known(home, thread_id)
+        return self._turn_ends.missing(home, turn_id, tail, files, search=search)
 
     def homes_kept(self) -> int:
         with self._homes_lock:

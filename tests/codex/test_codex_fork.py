@@ -51,11 +51,12 @@ def test_fork_request_carries_only_thread_id_last_turn_id_and_exclude_turns(
         "excludeTurns": True,
     }
     assert result.child is not None
-    [listed] = calls(calls_log, "thread/turns/list")
-    assert listed["params"]["threadId"] == result.child.provider_session_id
-    # The source was read (the frozen prefix proven) before the one mutation.
-    methods = [c["method"] for c in calls(calls_log)]
-    assert "thread/read" in methods[: methods.index("thread/fork")]
+    # The source's Turns were listed (the frozen prefix proven) before the one mutation, and
+    # the child's after it.
+    listed = [(c["method"], c["params"].get("threadId")) for c in calls(calls_log)]
+    at = listed.index(("thread/fork", src.thread_id))
+    assert ("thread/turns/list", src.thread_id) in listed[:at]
+    assert listed[at + 1 :].count(("thread/turns/list", result.child.provider_session_id)) == 1
 
 
 def test_committed_child_runs_from_its_own_home_with_the_source_home_deleted(

@@ -33,6 +33,14 @@ def methods(log_path: Path) -> list[str]:
     return [c["method"] for c in calls(log_path)]
 
 
+def source_lists(log_path: Path, thread_id: str) -> int:
+    """The `thread/turns/list` requests of `thread_id` that started a listing (no cursor)."""
+    listed = calls(log_path, "thread/turns/list")
+    return sum(
+        1 for c in listed if c["params"]["threadId"] == thread_id and "cursor" not in c["params"]
+    )
+
+
 def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path
 ) -> None:
@@ -47,15 +55,12 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
         assert result.binding.receipt["readabilityProof"] == "in_worker"
     assert wait_until(lambda: methods(calls_log)[before:].count("thread/unsubscribe") == 3)
     made = Counter(methods(calls_log)[before:])
-    # Not thread/read + thread/fork + thread/unsubscribe per fork, all awaited: the
-    # source is read once, the child's turns are listed (`excludeTurns`: less Codex CPU than
-    # a hydrated fork answer) and the unsubscribe is not awaited.
-    assert made == {
-        "thread/read": 1,
-        "thread/fork": 3,
-        "thread/turns/list": 3,
-        "thread/unsubscribe": 3,
-    }
+    # Not a source read + thread/fork + thread/unsubscribe per fork, all awaited: the
+    # source's Turns are listed once (a page at a time), the child's turns are listed
+    # (`excludeTurns`: less Codex CPU than a hydrated fork answer) and the unsubscribe is not
+    # awaited.
+    assert made == {"thread/fork": 3, "thread/turns/list": 4, "thread/unsubscribe": 3}
+    assert source_lists(calls_log, src.thread_id) == 1
     assert driver.spawns == spawns  # no app-server started by a fork
 
     # A turn since the last read: the next fork reads the source again and sees it.
@@ -63,7 +68,7 @@ def test_codex_forks_of_an_unchanged_source_read_it_once_and_spawn_nothing(
     result = driver.fork(fork_request(src, prefix, tmp_path / "child-3"))
     assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
     assert result.child is not None and list(result.child.provider_turn_ids) == prefix
-    assert methods(calls_log).count("thread/read") == 2
+    assert source_lists(calls_log, src.thread_id) == 2
 
 
 def test_codex_fork_fsyncs_in_the_worker_only_the_bound_lineage(

@@ -12,8 +12,17 @@ import json
 from pathlib import Path
 
 import pytest
-from codex_helpers import EventLog, MakeDriver, open_session, start
+from codex_helpers import (
+    CodexSession,
+    EventLog,
+    MakeDriver,
+    fork_request,
+    home_of,
+    open_session,
+    start,
+)
 
+from domain.enums import DeliveryDisposition
 from drivers.app_server.process import MAX_LINE_BYTES
 from tutti_agent.ids import uuid7
 
@@ -71,3 +80,34 @@ def test_a_history_past_the_app_server_line_bound_starts_and_is_read_whole(
     assert [t["providerTurnId"] for t in history] == ids
     assert [t["status"] for t in history] == ["completed"] * TURNS
     assert [t["userText"] for t in history] == [_prompt(n) for n in range(TURNS)]
+
+
+def test_a_source_past_the_app_server_line_bound_is_forked(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path
+) -> None:
+    """The fork reads its source's Turns as the history does, a page at a time: one
+    `thread/read` of them all was one line past the bound (the server killed, the fork
+    `not_started` "source thread unreadable"). The fork through the last Turn is accepted,
+    its child holding every Turn."""
+    first = make_driver()
+    session = open_session(first, log, tmp_path, "src", (SEED,))
+    first.close()
+    [rollout] = session.home.rglob("rollout-*.jsonl")
+    ids = _grow(rollout, TURNS)
+    assert rollout.stat().st_size > MAX_LINE_BYTES
+    for cache in session.home.glob("*.sqlite*"):
+        cache.unlink()
+
+    driver = make_driver()
+    started = start(driver, tmp_path, "src", thread_id=session.thread_id)
+    source = CodexSession(
+        "src",
+        session.home,
+        session.thread_id,
+        started["runtimeContext"]["driverVersion"],
+        ids,
+        dict(started["runtimeContext"]),
+    )
+    result = driver.fork(fork_request(source, ids, home_of(tmp_path, "child")))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.child is not None and list(result.child.provider_turn_ids) == ids

@@ -7,6 +7,7 @@ cut mid-JSON, an unreadable line): a fork of it is refused before `thread/fork` 
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from model_fakes.responses import ResponsesServer
 from tests.daemon.test_fork_saga import fork, until_terminal
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 from tests.support.homes import child_rollouts, rollouts, runtime_home
+from transport.client import ApiError, Client
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(180)]
 
@@ -93,3 +95,77 @@ def test_a_fork_of_a_torn_source_rollout_fails_before_thread_fork_with_no_child(
     assert child_rollouts(home) == children  # no child made
     target = runtime_home(d.home, WS, op["targetAgentSessionId"], "codex-home")
     assert rollouts(target) == []
+
+
+def cut_last_turn(rollout: Path) -> str:
+    """Cut the rollout back to the line before its last Turn's `task_started`: a valid JSONL
+    prefix (every line whole), that Turn's lines and all after them gone. Its id returned."""
+    lines = rollout.read_bytes().split(b"\n")
+    start = max(i for i, line in enumerate(lines) if b'"task_started"' in line)
+    turn_id = str(json.loads(lines[start])["payload"]["turn_id"])
+    rollout.write_bytes(b"\n".join(lines[:start]) + b"\n")
+    return turn_id
+
+
+def fork_refused(d: DaemonProcess, c: Client, sid: str, turn_id: str) -> str:
+    """A fork of the Session through `turn_id`, refused `provider_history_missing` (before
+    any operation, or as a `failed` one with no target history): the refusal's words."""
+    try:
+        _, op = fork(c, sid, turn_id)
+    except ApiError as exc:
+        assert "provider_history_missing" in str(exc), exc
+        return str(exc)
+    op = until_terminal(c, op)
+    assert op["status"] == "failed", op
+    assert "provider_history_missing" in (op["error"] or ""), op
+    target = runtime_home(d.home, WS, op["targetAgentSessionId"], "codex-home")
+    assert rollouts(target) == []
+    return str(op["error"])
+
+
+def test_a_turn_after_the_last_bound_turn_was_cut_from_the_rollout_fails_typed(
+    codex_daemon: DaemonProcess, model: ResponsesServer, tmp_path: Path
+) -> None:
+    """The rollout cut back by hand to before the Session's last bound Turn (whole lines
+    left, so not torn), its app-server still running: a fork through that Turn fails before
+    `thread/fork` with no child made; the next Turn fails `provider_history_missing` naming
+    that Turn, the model not asked; a fork of the Session then is refused as its runtime is
+    prepared; after a restart its Turn fails the same."""
+    d = codex_daemon
+    c = d.client()
+    (tmp_path / "cwd").mkdir()
+    sid = create_session(c, provider="codex", title="x", cwd=str(tmp_path / "cwd"))[
+        "agentSessionId"
+    ]
+    turns = [run_turn(c, sid, text) for text in ("one", "two")]
+    assert [t["outcome"] for t in turns] == ["completed"] * 2, turns
+    home = runtime_home(d.home, WS, sid, "codex-home")
+    (rollout,) = rollouts(home)
+    last = cut_last_turn(rollout)
+    cut = rollout.read_bytes()
+
+    # The live app-server still shows the Turn: the fork is refused by the worker's check,
+    # as the source's runtime is prepared or (a warm one reused) before `thread/fork`.
+    assert last in fork_refused(d, c, sid, turns[1]["turnId"])
+    assert child_rollouts(home) == []
+
+    asked = len(model.requests)
+    third = run_turn(c, sid, "three")
+    assert third["outcome"] == "failed", third
+    assert third["errorReason"] == "provider_history_missing", third
+    assert last in third["error"], third
+    assert len(model.requests) == asked  # the model never asked
+    assert rollout.read_bytes() == cut
+
+    fork_refused(d, c, sid, turns[0]["turnId"])
+    assert child_rollouts(home) == []
+
+    d.stop()
+    d.start()
+    c = d.client()
+    fourth = run_turn(c, sid, "four")
+    assert fourth["outcome"] == "failed", fourth
+    assert fourth["errorReason"] == "provider_history_missing", fourth
+    assert last in fourth["error"], fourth
+    assert len(model.requests) == asked
+    assert rollout.read_bytes() == cut

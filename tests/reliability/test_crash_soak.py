@@ -157,6 +157,7 @@ import psutil
 import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
+from tests.reliability.codex_cut import codex_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.proof_round import forks_proven_by_app_server, set_app_server_proof
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
@@ -985,6 +986,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             wait_for(lambda: _glob_spares(w.home), timeout=30)
             spares_seen = check_now(w).spare_homes
         chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
+        chaos.update(codex_cut_cells(w))  # a Codex rollout cut back, refused, put back
         chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
         c = w.daemon.client(timeout=60)
         final = assert_invariants(

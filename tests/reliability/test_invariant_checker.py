@@ -2337,3 +2337,48 @@ def test_a_completed_claude_turn_missing_from_its_transcript_is_reported(tmp_pat
     )
     (gone,) = found()
     assert f"turn {turns[0]['turnId']}" in gone and "no Turn rooted at" in gone, gone
+
+
+@pytest.mark.codex
+def test_a_completed_codex_turn_cut_from_its_rollout_is_reported(tmp_path: Path) -> None:
+    """`codex_turn_in_rollout`: a completed Codex Turn has its end in its Session's logical
+    history read from its own home; a committed child's cloned Turns in the ancestor's copy
+    in the child's home. The source's rollout cut back to before its last Turn (whole lines
+    left) is reported, naming that Turn; the child's copy is left whole and reports nothing."""
+    from model_fakes.responses import ResponsesServer
+    from tests.codex.codex_helpers import codex_bin
+    from tests.daemon.test_fork_saga import fork, until_terminal
+
+    home = tmp_path / "home"
+    home.mkdir()
+    cwd = tmp_path / "cwd"
+    cwd.mkdir()
+    with ResponsesServer() as server:
+        (home / "agenthost.toml").write_text(
+            f'[providers.codex]\ncommand = "{codex_bin()}"\nmodel = "mock-model"\n'
+            f'model_base_url = "{server.base_url}"\n'
+        )
+        d = DaemonProcess(home).start()
+        try:
+            c = d.client()
+            sid = create_session(c, provider="codex", title="c", cwd=str(cwd))["agentSessionId"]
+            turns = [run_turn(c, sid, text) for text in ("one", "two")]
+            op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+            assert op["status"] == "committed", op
+        finally:
+            d.stop()
+    assert [t["outcome"] for t in turns] == ["completed", "completed"]
+
+    def found() -> list[str]:
+        violations = check_invariants(home).violations
+        return [v.detail for v in violations if v.law is Law.CODEX_TURN_IN_ROLLOUT]
+
+    assert found() == []
+    source_home = runtime_home(home, WS, sid, "codex-home")
+    (source,) = [p for p in rollouts(source_home) if p not in child_rollouts(source_home)]
+    lines = source.read_bytes().split(b"\n")
+    at = max(i for i, line in enumerate(lines) if b'"task_started"' in line)
+    last = json.loads(lines[at])["payload"]["turn_attribution"]["turn_id"]
+    source.write_bytes(b"\n".join(lines[:at]) + b"\n")
+    (cut,) = found()
+    assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut

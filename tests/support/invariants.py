@@ -154,6 +154,13 @@ class Law(StrEnum):
     COMPLETED_TURN_RECORDED = "completed_turn_recorded"
     """A settled `completed` Turn lacks its provider binding or its final assistant Message
     (a dropped driver event)."""
+    CODEX_TURN_IN_ROLLOUT = "codex_turn_in_rollout"
+    """A settled `completed` Turn of a live Codex Session has no end in the Session's logical
+    history read from its own home (its thread's rollout and, for a fork child, the
+    ancestors' it references): no `task_complete` or `turn_aborted` event names its provider
+    turn id — the rollout cut back before it, say — so the store holds a Turn the provider's
+    history lost (docs/design/drivers.md, "A bound history must still hold its last
+    completed Turn")."""
     CLAUDE_TURN_IN_TRANSCRIPT = "claude_turn_in_transcript"
     """A settled `completed` Turn of a live Claude Code Session is not in the Session's
     transcript (`projects/*/<provider session>.jsonl` in its own provider home): no Turn there
@@ -1672,6 +1679,46 @@ def claude_transcript_problem(
     if checkpoint is not None and checkpoint not in {uuid for _, uuid in span}:
         return f"its checkpoint {checkpoint} is no message of its Turn {root} in {matches[0]}"
     return None
+
+
+def codex_turn_end_problem(home_dir: Path, thread: str, turn_ids: Sequence[str]) -> list[str]:
+    """Of `turn_ids` (provider turn ids of a Codex thread's completed Turns), why each one
+    whose end is not in the thread's logical history in `home_dir` (`_codex_history`) is
+    missing: one problem for a history that cannot be read."""
+    history = _codex_history(home_dir, thread, set())
+    if isinstance(history, str):
+        return [history] if turn_ids else []
+    ended = {
+        r["payload"].get("turn_id")
+        for r in history
+        if r.get("type") == "event_msg"
+        and isinstance(r.get("payload"), dict)
+        and r["payload"].get("type") in ("task_complete", "turn_aborted")
+    }
+    return [f"no end of Turn {t} in thread {thread}'s history" for t in turn_ids if t not in ended]
+
+
+def _codex_turn_misses(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str]]:
+    """`codex_turn_in_rollout`: the completed Turns of each live Codex Session looked for in
+    its home. (workspace, Session, detail) of each miss: the caller rechecks the Session's
+    deletion as `claude_turn_in_transcript` does."""
+    by_session: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for t in _rows(
+        conn,
+        "SELECT t.workspace_id, t.session_id, t.root_provider_turn_id, s.provider_session_id"
+        " FROM turns t JOIN sessions s USING (workspace_id, session_id)"
+        " WHERE s.provider = 'codex' AND s.deleted = 0 AND s.provider_session_id IS NOT NULL"
+        " AND t.phase = 'settled' AND t.outcome = 'completed'"
+        " AND t.root_provider_turn_id IS NOT NULL ORDER BY t.sequence",
+    ):
+        key = (t["workspace_id"], t["session_id"], str(t["provider_session_id"]))
+        by_session[key].append(str(t["root_provider_turn_id"]))
+    misses: list[tuple[str, str, str]] = []
+    for (ws, sid, thread), turn_ids in by_session.items():
+        home_dir = provider_home(ctx.home, ws, sid, "codex")
+        for problem in codex_turn_end_problem(home_dir, thread, turn_ids):
+            misses.append((ws, sid, f"session {sid}: {problem}"))
+    return misses
 
 
 def _claude_transcript_misses(
@@ -3252,6 +3299,7 @@ def check_invariants(
             _check_tables(ctx, conn)
             _check_completed_turns(ctx, conn)
             claude_turns, transcript_misses = _claude_transcript_misses(ctx, conn)
+            codex_misses = _codex_turn_misses(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
             _check_provider_turns_once(ctx, conn)
@@ -3336,6 +3384,11 @@ def check_invariants(
             for ws, sid, detail in transcript_misses:
                 if (ws, sid) not in deleted_now:
                     ctx.fail(Law.CLAUDE_TURN_IN_TRANSCRIPT, detail)
+        if codex_misses:
+            deleted_now = _deleted_now(home)
+            for ws, sid, detail in codex_misses:
+                if (ws, sid) not in deleted_now:
+                    ctx.fail(Law.CODEX_TURN_IN_ROLLOUT, detail)
         _check_quarantine(ctx, home, ops, resolutions)
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)
