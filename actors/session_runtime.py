@@ -52,7 +52,7 @@ from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing, prove_absent
 from actors.session_base import SessionCore
-from domain.errors import HostError
+from domain.errors import HostError, SessionNotFound
 from domain.procfs import alive_in_stat, pid_exists, read_proc_stat
 from domain.worker_messages import (
     HistoryRequest,
@@ -132,6 +132,14 @@ class SessionRuntime:
         # during a fork's, `SessionControls.on_mutate`): run, in order, on this actor's thread
         # right after the last one's answer was handed on.
         self.after_preparing: list[Callable[[], None]] = []
+        # Of the preparations in progress: the forks' (`fork.create`), and those still queued
+        # for their slot (nothing started yet). A delete meets the former at once, as their
+        # fence would meet it, and does not wait for the latter (`SessionControls.on_mutate`).
+        self.forks_preparing = 0
+        self.slot_waits = 0
+        # The Session was deleted (committed): a preparation granted its slot after that starts
+        # nothing, answered as for a Session that is gone.
+        self.gone = False
 
     def forget_row(self) -> None:
         self._session_row = None
@@ -280,10 +288,13 @@ class SessionRuntime:
         Session has nothing in progress."""
         ref = self._core.actor_ref
         self.preparing += 1
+        self.forks_preparing += fork
+        self.slot_waits += 1
         self._slot_provider = session.provider
 
         def _ready(runtime: PreparedRuntime | HostError) -> None:
             self.preparing -= 1
+            self.forks_preparing -= fork
             self._core.ctx.runtime_slots.started(session.provider, self._core.key)
             try:
                 on_ready(runtime)
@@ -294,6 +305,13 @@ class SessionRuntime:
                         fn()
 
         def _prepare_now() -> None:
+            self.slot_waits -= 1
+            if self.gone:
+                # Deleted while this waited for its slot: nothing is started (the delete's
+                # runtime directory stays gone), the slot freed at once.
+                self._core.ctx.runtime_slots.forget(session.provider, self._core.key)
+                _ready(SessionNotFound(f"agent session {self._core.key} was deleted"))
+                return
             try:
                 self._prepare_runtime_now(session, _ready)
             except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
