@@ -101,6 +101,9 @@ class SessionRuntime:
         # The fork fast path: the runtime the last `session.start` reported with a
         # generation, and when (monotonic).
         self._warm: tuple[PreparedRuntime, float] | None = None
+        # The worker that ran the runtime this actor last prepared (its pid), kept past the
+        # warm runtime's end: a stop is not sent once that worker is gone (`stop_runtime`).
+        self._runtime_worker_pid: int | None = None
         # The Session row as this actor last read or wrote it, emptied by every message that
         # may change what it is read for (`forget_row`, called by the SessionActor).
         self._session_row: Session | None = None
@@ -396,6 +399,7 @@ class SessionRuntime:
                 worker_pid=result.stamp.worker_pid,
             )
             self._warm = None if prepared.generation is None else (prepared, time.monotonic())
+            self._runtime_worker_pid = prepared.worker_pid
             return prepared
 
         self._core.later(fut, _done)
@@ -504,8 +508,14 @@ class SessionRuntime:
         return final and any(t.root_provider_turn_id for t in canonical)
 
     def stop_runtime(self) -> None:
-        """Stop the Session's provider runtime (it respawns at the next use)."""
+        """Stop the Session's provider runtime (it respawns at the next use). Not sent once the
+        worker that ran it has died (the runtime went with it): the stop, retried until a new
+        worker is up, reached that worker after the Session's next `session.start` there and
+        stopped the new runtime, so the next Turn failed "not started in the worker"."""
         self._warm = None
+        worker_pid = self._runtime_worker_pid
+        if worker_pid is not None and not process_alive(worker_pid):
+            return
         provider = self._core.session().provider
         self._core.ctx.workers.stop_session(
             provider, SessionStop(self._core.key), self._core.ctx.timeouts.control_s
