@@ -83,7 +83,7 @@ class SlotDelete:
         random, one run in two)."""
         kill = self.rng.random() < 0.5 if kill is None else kill
         self.runs += 1
-        home = self._home = self.base / f"slot-delete-{self.runs}"
+        home = self._home = self.base / str(self.runs)  # short: its sockets live in it
         home.mkdir(parents=True)
         (home / "agenthost.toml").write_text(CONFIG)
         seed = self.rng.randrange(2**32)

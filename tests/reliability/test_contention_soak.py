@@ -1276,7 +1276,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         for th in threads:
             th.start()
         slow.start(d.client(timeout=60))  # held under the chaos's locks, stops and floods
-        slots = SlotDelete(tmp_path / "slot-delete", seed)  # `slot_delete`'s cells, beside it
+        slots = SlotDelete(tmp_path / "sd", seed)  # `slot_delete`'s cells, beside it
         slots.start(kill=False)
         started = time.monotonic()
         deadline = started + CHAOS_S

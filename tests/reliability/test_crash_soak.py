@@ -704,7 +704,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     pin = FailedTreePin(seed)
-    slots = SlotDelete(home.parent / "slot-delete", seed)  # `slot_delete`'s cells
+    slots = SlotDelete(home.parent / "sd", seed)  # `slot_delete`'s cells
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
