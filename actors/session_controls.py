@@ -46,6 +46,9 @@ class SessionControls:
         actor stays busy meanwhile. The Turn they act on may settle first (its end can
         overtake the worker's reply), and an idle stop then left the reply no actor: the
         request answered 503 `session_stopped` and an answer the provider took unrecorded."""
+        self.deletes_waiting = 0
+        """Deletes waiting for a runtime start to end (`on_mutate`): the requests after them
+        wait behind them (`SessionActor._dispatch`)."""
 
     # -- plain mutations -------------------------------------------------------------------
 
@@ -67,6 +70,7 @@ class SessionControls:
             # start works in, which the start makes again (and starts a runtime in) for a
             # Session that is gone. One still queued for its slot starts nothing once the
             # delete has committed (`SessionRuntime.gone`): the delete runs now.
+            self.deletes_waiting += 1
             runtime.after_preparing.append(partial(self._after_preparing, msg))
             return
         session = self._core.session() if msg.stop_runtime else None
@@ -105,6 +109,7 @@ class SessionControls:
     def _after_preparing(self, msg: Mutate) -> None:
         """A delete deferred by `on_mutate`, run on a continuation's turn: the Session row the
         actor keeps and its bindings' answer are forgotten around it, as for any `Mutate`."""
+        self.deletes_waiting -= 1
         self._runtime.forget_row()
         self._runtime.forget_bindings()
         try:

@@ -16,6 +16,7 @@ the question is answered."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,83 @@ def test_a_delete_after_an_interrupt_during_a_turns_slot_wait_is_applied_at_once
         d.stop()
     assert not source_home.exists()
     assert_invariants(home)
+
+
+def test_a_request_after_a_delete_waiting_for_a_runtime_start_goes_after_it(
+    tmp_path: Path,
+) -> None:
+    """A delete that waits for a Turn's `session.start` in progress (the Turn interrupted
+    meanwhile) is applied before the `turn.submit` that came after it: the submit gets what a
+    deleted Session gets (404), not a Turn that makes the delete refuse (409
+    `agent_session_busy`, the later request applied first).
+
+    The start is held by the real `tutti-agent` behind a front that waits while a file
+    exists (`_held_tutti`)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    hold = tmp_path / "hold"
+    (home / "agenthost.toml").write_text(
+        "[daemon]\nmax_runtimes_per_provider = 1\n" + _held_tutti(tmp_path, hold)
+    )
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c, title="source")["agentSessionId"]
+        run_turn(c, source, "hello")
+        # Another Session's Turn takes the only slot: the source's runtime is evicted, and
+        # its next Turn starts one (`session.start`), held by the front.
+        run_turn(c, create_session(c)["agentSessionId"], "evicts the source's runtime")
+        hold.touch()
+        cold = submit(c, source, "its runtime start is held")["turnId"]
+        wait_for(lambda: _starting(d) == 1, 30)
+        c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": cold})
+        assert settle(c, source, cold)["outcome"] == "interrupted"
+
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def call(name: str, method: str, params: dict[str, Any]) -> None:
+            answers[name] = d.client(timeout=90).call_raw(method, params, timeout=90)
+
+        delete = threading.Thread(
+            target=call,
+            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+        )
+        delete.start()
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
+        later = {
+            "workspaceId": WS,
+            "agentSessionId": source,
+            "requestId": "after-the-delete",
+            "input": [{"type": "text", "text": "after the delete"}],
+        }
+        after = threading.Thread(target=call, args=("submit", "turn.submit", later))
+        after.start()
+        wait_for(lambda: "submit" in answers or _in_flight(d) >= 3, 30)
+        hold.unlink()  # the start goes on
+        delete.join(90)
+        after.join(90)
+        assert answers["delete"][0] == 200, answers
+        status, body = answers["submit"]
+        assert (status, body.get("reason")) == (404, "workspace_agent_session_not_found"), answers
+        wait_for(lambda: _starting(d) == 0, 30)
+        wait_for(lambda: not (home / "runtimes" / WS / source).exists(), 30)
+    finally:
+        if hold.exists():
+            hold.unlink()
+        d.stop()
+    assert_invariants(home)
+
+
+def _held_tutti(tmp_path: Path, hold: Path) -> str:
+    """The `[providers.tutti-agent]` table of a `tutti-agent` (the real one beside this
+    Python) whose every start waits while `hold` exists."""
+    real = Path(sys.executable).parent / "tutti-agent"
+    front = tmp_path / "held-tutti-agent"
+    front.write_text(
+        f"#!/bin/sh\nwhile [ -e '{hold}' ]; do sleep 0.05; done\nexec '{real}' \"$@\"\n"
+    )
+    front.chmod(0o755)
+    return f'[providers."tutti-agent"]\ncommand = ["{front}"]\n'
 
 
 def _runtimes(d: DaemonProcess) -> dict[str, Any]:
