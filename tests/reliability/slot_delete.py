@@ -12,6 +12,10 @@ short idle limit (`idle_actor_seconds`, `IDLE_S`).
   restart the queued fork left nothing. Then the slot is freed: the fork commits (or, killed,
   is gone) and the source's delete is applied; no deleted Session's runtime directory is made
   again by a preparation that waited for the slot;
+- a request after a delete that waits: a Turn's `session.start` held (the real `tutti-agent`
+  behind a front that waits while a file exists), the Turn interrupted, the Session deleted
+  (the delete waits for the start), then a `turn.submit` or `fork.create` of it: once the start
+  is let go, the delete is applied (200) and the later request gets 404 — never applied first;
 - controls in flight past the idle reap: an `interaction.respond` and a `turn.interrupt` the
   provider took, whose worker's reply is held past the idle limit
   (`worker.interaction.after_answer`, `worker.turn.after_interrupt` `sleep:`) while the Turn
@@ -25,6 +29,7 @@ round that ran it."""
 from __future__ import annotations
 
 import random
+import sys
 import threading
 import uuid
 from collections import Counter
@@ -61,6 +66,7 @@ IDLE_S = 0.2
 """The cell daemon's `idle_actor_seconds`: far shorter than a held worker reply."""
 CONFIG = f"[daemon]\nmax_runtimes_per_provider = 1\nidle_actor_seconds = {IDLE_S}\n"
 TUTTI = "tutti-agent"
+HOLD = "hold-starts"
 ANSWER_POINT = "worker.interaction.after_answer"
 INTERRUPT_POINT = "worker.turn.after_interrupt"
 
@@ -85,7 +91,7 @@ class SlotDelete:
         self.runs += 1
         home = self._home = self.base / str(self.runs)  # short: its sockets live in it
         home.mkdir(parents=True)
-        (home / "agenthost.toml").write_text(CONFIG)
+        (home / "agenthost.toml").write_text(CONFIG + held_tutti(home))
         seed = self.rng.randrange(2**32)
         self._thread = threading.Thread(
             target=self._run, args=(home, seed, kill), name="slot-delete", daemon=True
@@ -116,6 +122,7 @@ def run_cells(home: Path, rng: random.Random, *, kill: bool = False) -> Counter[
     d = DaemonProcess(home).start()
     try:
         d = delete_beside_queued_fork(d, rng, ran, kill=kill)
+        request_after_waiting_delete(d, rng, ran)
         controls_past_idle(d.client(timeout=60), rng, ran)
     finally:
         d.stop()
@@ -237,8 +244,77 @@ def _terminal(c: Client, op_id: str) -> dict[str, Any] | None:
     return op if op["status"] in ("committed", "failed", "abandoned", "unknown") else None
 
 
+def held_tutti(home: Path) -> str:
+    """The `[providers.tutti-agent]` table of a `tutti-agent` (the real one beside this
+    Python) whose every start waits while `home`'s `hold` file exists (`HOLD`)."""
+    real = Path(sys.executable).parent / "tutti-agent"
+    front = home / "held-tutti-agent"
+    hold = home / HOLD
+    front.write_text(
+        f"#!/bin/sh\nwhile [ -e '{hold}' ]; do sleep 0.05; done\nexec '{real}' \"$@\"\n"
+    )
+    front.chmod(0o755)
+    return f'[providers."tutti-agent"]\ncommand = ["{front}"]\n'
+
+
+def request_after_waiting_delete(d: DaemonProcess, rng: random.Random, ran: Counter[str]) -> None:
+    """The second cell (see the module)."""
+    c = d.client(timeout=60)
+    source = create_session(c, title="slot held start")["agentSessionId"]
+    boundary = run_turn(c, source, "hello")
+    # Another Session's Turn takes the only slot: the source's next Turn starts its runtime.
+    run_turn(c, create_session(c)["agentSessionId"], "evicts the source's runtime")
+    hold = d.home / HOLD
+    hold.touch()
+    try:
+        cold = submit(c, source, "its runtime start is held")["turnId"]
+        wait_for(lambda: _tutti(d).get("starting", 0) == 1, 30)
+        c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": cold})
+        assert settle(c, source, cold)["outcome"] == "interrupted"
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def call(name: str, method: str, params: dict[str, Any]) -> None:
+            answers[name] = _call(d, method, params)
+
+        delete = threading.Thread(
+            target=call,
+            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+            daemon=True,
+        )
+        delete.start()
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
+        if rng.random() < 0.5:
+            later: tuple[str, dict[str, Any]] = (
+                "turn.submit",
+                {
+                    "workspaceId": WS,
+                    "agentSessionId": source,
+                    "requestId": str(uuid.uuid4()),
+                    "input": [{"type": "text", "text": "after the delete"}],
+                },
+            )
+        else:
+            later = ("fork.create", fork_params(WS, source, boundary["turnId"]))
+        after = threading.Thread(target=call, args=("later", *later), daemon=True)
+        after.start()
+        wait_for(lambda: "later" in answers or _in_flight(d) >= 3, 30)
+    finally:
+        hold.unlink()  # the start goes on
+    delete.join(90)
+    after.join(90)
+    assert answers["delete"][0] == 200, answers
+    status, body = answers["later"]
+    assert (status, body.get("reason")) == (404, "workspace_agent_session_not_found"), answers
+    wait_for(lambda: not home_of(d, source).exists(), 30)
+    ran[f"{later[0]}_after_waiting_delete"] += 1
+
+
+def _in_flight(d: DaemonProcess) -> int:
+    return int(d.client().call("host.status")["requestsInFlight"])
+
+
 def controls_past_idle(c: Client, rng: random.Random, ran: Counter[str]) -> None:
-    """The second cell (see the module): an answer and an interrupt, in a random order, each
+    """The third cell (see the module): an answer and an interrupt, in a random order, each
     with its worker's reply held past the idle limit; judged by the controls' laws."""
     answers: list[Answered] = []
     interrupts: list[Answered] = []

@@ -111,8 +111,9 @@ one was made `unknown` by the worker's limit.
 A delete beside a runtime slot wait and controls past the idle reap (`slot_delete`): as the
 chaos starts, on a daemon of its own (one runtime slot, a short idle limit) beside the chaos's
 load: a delete meets a fork queued for the slot at once (409), one beside an interrupted Turn's
-queued preparation is applied at once, an answer and an interrupt whose worker's reply is held
-past the idle limit are answered 200 and recorded; its home's laws are checked after the chaos.
+queued preparation is applied at once, a request after a delete waiting for a held runtime
+start goes after it (404), an answer and an interrupt whose worker's reply is held past the
+idle limit are answered 200 and recorded; its home's laws are checked after the chaos.
 The reads a GUI lives on among the clients' actions (`read_chaos.Reader`): `session.list`
 paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
 `session.lineage` — or a pin or rename the pages show — racing the Turns, forks, deletes and

@@ -133,7 +133,8 @@ one was.
 A delete beside a runtime slot wait and controls past the idle reap (`slot_delete`): in the
 1st, 9th, ... rounds, on a daemon of its own (one runtime slot, a short idle limit) beside the
 round's load: a delete meets a fork queued for the slot at once (409), one beside an
-interrupted Turn's queued preparation is applied at once, an answer and an interrupt whose
+interrupted Turn's queued preparation is applied at once, a request after a delete waiting
+for a held runtime start goes after it (404), an answer and an interrupt whose
 worker's reply is held past the idle limit are answered 200 and recorded; its daemon is
 SIGKILLed at random with the fork queued. Its home's laws are checked after the round.
 Seeded: the seed is printed and
