@@ -46,17 +46,32 @@ class SessionControls:
         actor stays busy meanwhile. The Turn they act on may settle first (its end can
         overtake the worker's reply), and an idle stop then left the reply no actor: the
         request answered 503 `session_stopped` and an answer the provider took unrecorded."""
+        self.deletes_waiting = 0
+        """Deletes waiting for a runtime start to end (`on_mutate`): the requests after them
+        wait behind them (`SessionActor._dispatch`)."""
 
     # -- plain mutations -------------------------------------------------------------------
 
     def on_mutate(self, msg: Mutate) -> None:
-        if msg.stop_runtime and self._runtime.preparing:
-            # A delete while this Session's runtime is prepared (a `fork.create`'s, before its
-            # operation exists; a Turn's, interrupted while it waited for a slot) waits for that
-            # to end, then meets the fork's fence — or deletes, the fork having ended. Run now,
-            # it would remove the runtime directory the start works in, which the start makes
-            # again (and starts a runtime in) for a Session that is gone.
-            self._runtime.after_preparing.append(partial(self._after_preparing, msg))
+        runtime = self._runtime
+        if msg.stop_runtime and runtime.forks_preparing:
+            # A delete while a `fork.create` of this Session prepares its runtime (queued for a
+            # slot, or in `session.start`; no operation, no fence yet) meets the fork now, as
+            # its fence would: the fork, accepted first, goes first, and the delete is not held
+            # for as long as the fork waits for a slot (minutes, with every slot busy).
+            raise ForkInProgress(
+                f"a fork of agent session {self._core.key} is preparing its runtime; "
+                "retry the delete once it has ended"
+            )
+        if msg.stop_runtime and runtime.preparing > runtime.slot_waits:
+            # A delete while a Turn's runtime start is in progress (a Turn interrupted while
+            # it waited; an active one's claim refuses the delete) waits for that start to end
+            # (within `session_start_s`). Run now, it would remove the runtime directory the
+            # start works in, which the start makes again (and starts a runtime in) for a
+            # Session that is gone. One still queued for its slot starts nothing once the
+            # delete has committed (`SessionRuntime.gone`): the delete runs now.
+            self.deletes_waiting += 1
+            runtime.after_preparing.append(partial(self._after_preparing, msg))
             return
         session = self._core.session() if msg.stop_runtime else None
         provider = session.provider if session is not None else None
@@ -69,6 +84,7 @@ class SessionControls:
             # Deleted (committed): its provider runtime and home have no further use. The home
             # goes once the runtime has stopped, off this thread; a kill in between is
             # finished by the next start (actors/runtime_dirs.py).
+            runtime.gone = True
             self._core.ctx.failpoints.hit("host.session.delete.after_commit")
             stopped = self._core.ctx.workers.stop_session(
                 provider, SessionStop(self._core.key), 10.0
@@ -93,6 +109,7 @@ class SessionControls:
     def _after_preparing(self, msg: Mutate) -> None:
         """A delete deferred by `on_mutate`, run on a continuation's turn: the Session row the
         actor keeps and its bindings' answer are forgotten around it, as for any `Mutate`."""
+        self.deletes_waiting -= 1
         self._runtime.forget_row()
         self._runtime.forget_bindings()
         try:

@@ -52,7 +52,7 @@ from actors.messages import FollowUp
 from actors.provider_errors import provider_error
 from actors.rebind import CanonicalTurn, match_missing, prove_absent
 from actors.session_base import SessionCore
-from domain.errors import HostError
+from domain.errors import HostError, SessionNotFound
 from domain.procfs import alive_in_stat, pid_exists, read_proc_stat
 from domain.worker_messages import (
     HistoryRequest,
@@ -101,6 +101,9 @@ class SessionRuntime:
         # The fork fast path: the runtime the last `session.start` reported with a
         # generation, and when (monotonic).
         self._warm: tuple[PreparedRuntime, float] | None = None
+        # The worker that ran the runtime this actor last prepared (its pid), kept past the
+        # warm runtime's end: a stop is not sent once that worker is gone (`stop_runtime`).
+        self._runtime_worker_pid: int | None = None
         # The Session row as this actor last read or wrote it, emptied by every message that
         # may change what it is read for (`forget_row`, called by the SessionActor).
         self._session_row: Session | None = None
@@ -137,6 +140,14 @@ class SessionRuntime:
         # during a fork's, `SessionControls.on_mutate`): run, in order, on this actor's thread
         # right after the last one's answer was handed on.
         self.after_preparing: list[Callable[[], None]] = []
+        # Of the preparations in progress: the forks' (`fork.create`), and those still queued
+        # for their slot (nothing started yet). A delete meets the former at once, as their
+        # fence would meet it, and does not wait for the latter (`SessionControls.on_mutate`).
+        self.forks_preparing = 0
+        self.slot_waits = 0
+        # The Session was deleted (committed): a preparation granted its slot after that starts
+        # nothing, answered as for a Session that is gone.
+        self.gone = False
 
     def forget_row(self) -> None:
         self._session_row = None
@@ -305,10 +316,13 @@ class SessionRuntime:
         Session has nothing in progress."""
         ref = self._core.actor_ref
         self.preparing += 1
+        self.forks_preparing += fork
+        self.slot_waits += 1
         self._slot_provider = session.provider
 
         def _ready(runtime: PreparedRuntime | HostError) -> None:
             self.preparing -= 1
+            self.forks_preparing -= fork
             self._core.ctx.runtime_slots.started(session.provider, self._core.key)
             try:
                 on_ready(runtime)
@@ -319,6 +333,13 @@ class SessionRuntime:
                         fn()
 
         def _prepare_now() -> None:
+            self.slot_waits -= 1
+            if self.gone:
+                # Deleted while this waited for its slot: nothing is started (the delete's
+                # runtime directory stays gone), the slot freed at once.
+                self._core.ctx.runtime_slots.forget(session.provider, self._core.key)
+                _ready(SessionNotFound(f"agent session {self._core.key} was deleted"))
+                return
             try:
                 self._prepare_runtime_now(session, _ready)
             except Exception as exc:  # noqa: BLE001 - the waiter and the start permit are freed
@@ -404,6 +425,7 @@ class SessionRuntime:
                 worker_pid=result.stamp.worker_pid,
             )
             self._warm = None if prepared.generation is None else (prepared, time.monotonic())
+            self._runtime_worker_pid = prepared.worker_pid
             return prepared
 
         self._core.later(fut, _done)
@@ -512,8 +534,14 @@ class SessionRuntime:
         return final and any(t.root_provider_turn_id for t in canonical)
 
     def stop_runtime(self) -> None:
-        """Stop the Session's provider runtime (it respawns at the next use)."""
+        """Stop the Session's provider runtime (it respawns at the next use). Not sent once the
+        worker that ran it has died (the runtime went with it): the stop, retried until a new
+        worker is up, reached that worker after the Session's next `session.start` there and
+        stopped the new runtime, so the next Turn failed "not started in the worker"."""
         self._warm = None
+        worker_pid = self._runtime_worker_pid
+        if worker_pid is not None and not process_alive(worker_pid):
+            return
         provider = self._core.session().provider
         self._core.ctx.workers.stop_session(
             provider, SessionStop(self._core.key), self._core.ctx.timeouts.control_s

@@ -213,7 +213,7 @@ class WorkerServer:
             "session.start": lambda p: self._stamped(p, self.driver().start_session),
             "session.stop": lambda p: self.driver().stop_session(p),
             "turn.start": self._start_turn,
-            "turn.interrupt": lambda p: self.driver().interrupt_turn(p),
+            "turn.interrupt": self._interrupt_turn,
             "session.history": self._history,
             "interaction.respond": self._respond_interaction,
             "fork": self._fork,
@@ -564,6 +564,12 @@ class WorkerServer:
         turns: Sequence[Mapping[str, Any]] = raw if isinstance(raw, list) else []
         rest = {k: v for k, v in answer.items() if k != "turns"}
         return HeldHistory(answer=rest, turns=turns, final=final)
+
+    def _interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        interrupted = self.driver().interrupt_turn(params)
+        # `sleep` here lets the provider's end of the Turn reach the host before this reply.
+        self.failpoints.hit("worker.turn.after_interrupt")
+        return interrupted
 
     def _respond_interaction(self, params: Mapping[str, Any]) -> dict[str, Any]:
         answered = self.driver().respond_interaction(params)

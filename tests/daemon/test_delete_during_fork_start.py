@@ -5,9 +5,10 @@ Nothing fences the Session yet, so the delete used to commit at once, stop the r
 remove the Session's runtime directory; the fork's preparation then went on for a deleted
 Session: `session.start` made its provider home again (left on disk for a Session that is
 gone) and failed in it, and the fork was answered 502 `agent_session_fork_failed` (its
-message an internal error of the worker). The two requests are answered in their order now:
-the delete waits for the preparation to end, so it meets the fork's fence (409
-`agent_session_fork_in_progress`, retryable) or, if the fork ended first, deletes.
+message an internal error of the worker). Then the delete waited for the preparation to end,
+as long as the fork waited for a slot (with every slot busy: until another Session's Turn
+ended). Now the fork, accepted first, goes first and the delete meets it at once: 409
+`agent_session_fork_in_progress` (retryable), while the fork still waits.
 
 Through the real daemon and tutti-agent: one runtime slot (`max_runtimes_per_provider = 1`)
 held by another Session's Turn waiting on a question, so the fork queues for the slot until
@@ -15,6 +16,7 @@ the question is answered."""
 
 from __future__ import annotations
 
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -44,7 +46,7 @@ def _queued_forks(d: DaemonProcess) -> int:
     return int((runtimes.get("tutti-agent") or {}).get("queuedForks", 0))
 
 
-def test_a_delete_during_a_forks_runtime_start_is_answered_after_it(tmp_path: Path) -> None:
+def test_a_delete_during_a_forks_runtime_wait_meets_the_fork_at_once(tmp_path: Path) -> None:
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
@@ -70,23 +72,19 @@ def test_a_delete_during_a_forks_runtime_start_is_answered_after_it(tmp_path: Pa
         fork.start()
         # The fork waits for the slot: no operation, no fence yet.
         wait_for(lambda: _queued_forks(d) == 1, 30)
-        delete = threading.Thread(
-            target=call,
-            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+        # The delete is answered while the fork still waits (the holder's question is
+        # unanswered: the slot stays held): it meets the fork, accepted first.
+        delete_status, delete_body = d.client(timeout=30).call_raw(
+            "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=30
         )
-        delete.start()
-        # The delete is answered, or taken and waiting beside the fork (this status call is
-        # the third request in flight); then the slot is freed: the holder's question
-        # answered, its Turn settles.
-        wait_for(lambda: "delete" in answers or _in_flight(d) >= 3, 30)
+        assert _queued_forks(d) == 1
+        assert "fork" not in answers
         respond(c, holder, held, question, {"text": "yes"})
         settle(c, holder, held)
         fork.join(90)
-        delete.join(90)
         fork_status, fork_body = answers["fork"]
-        delete_status, delete_body = answers["delete"]
 
-        # Answered in order: the fork first, the delete meets its fence.
+        # The fork goes on: the delete changed nothing.
         assert fork_status in (200, 202), (fork_status, fork_body, delete_status, delete_body)
         assert delete_status == 409, (delete_status, delete_body)
         assert delete_body["reason"] == "agent_session_fork_in_progress", delete_body
@@ -110,14 +108,15 @@ def _in_flight(d: DaemonProcess) -> int:
     return int(d.client().call("host.status")["requestsInFlight"])
 
 
-def test_a_delete_after_an_interrupt_during_a_turns_runtime_start_waits_for_it(
+def test_a_delete_after_an_interrupt_during_a_turns_slot_wait_is_applied_at_once(
     tmp_path: Path,
 ) -> None:
     """A Turn whose runtime waits for the slot, interrupted there (settled at once: nothing
-    reached the provider), then its Session deleted: the delete waits for the preparation,
-    then stops the runtime it started and removes the runtime directory for good. Run at once,
-    the preparation made the deleted Session's provider home again and started a runtime in
-    it, both left behind."""
+    reached the provider), then its Session deleted: the delete is applied at once, while the
+    preparation still waits, and the preparation, granted its slot later, starts nothing. Run
+    at once before, the preparation then made the deleted Session's provider home again and
+    started a runtime in it, both left behind; then the delete waited for the slot. A later
+    Turn or fork of the Session gets what a deleted Session gets."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
@@ -125,7 +124,7 @@ def test_a_delete_after_an_interrupt_during_a_turns_runtime_start_waits_for_it(
     try:
         c = d.client(timeout=60)
         source = create_session(c, title="source")["agentSessionId"]
-        run_turn(c, source, "hello")
+        boundary = run_turn(c, source, "hello")
         source_home = home / "runtimes" / WS / source
         holder = create_session(c)["agentSessionId"]
         held = submit(c, holder, "/ask hold the only runtime slot")["turnId"]
@@ -136,28 +135,117 @@ def test_a_delete_after_an_interrupt_during_a_turns_runtime_start_waits_for_it(
         c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": waiting})
         assert settle(c, source, waiting)["outcome"] == "interrupted"
 
-        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+        # Answered while the slot is still held (the holder's question unanswered).
+        status, body = d.client(timeout=30).call_raw(
+            "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=30
+        )
+        assert status == 200, (status, body)
+        assert _queued(d) == 1
+        wait_for(lambda: not source_home.exists(), 30)
+        # Mutations after it get what a deleted Session gets.
+        later = [
+            c.call_raw(
+                "turn.submit",
+                {
+                    "workspaceId": WS,
+                    "agentSessionId": source,
+                    "requestId": "after-the-delete",
+                    "input": [{"type": "text", "text": "after"}],
+                },
+            ),
+            c.call_raw("fork.create", fork_params(WS, source, boundary["turnId"])),
+        ]
+        assert [s for s, _ in later] == [404, 404], later
+        assert {b["reason"] for _, b in later} == {"workspace_agent_session_not_found"}, later
 
-        def delete() -> None:
-            answers["delete"] = d.client(timeout=90).call_raw(
-                "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=90
-            )
-
-        thread = threading.Thread(target=delete)
-        thread.start()
-        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
         respond(c, holder, held, question, {"text": "yes"})
         settle(c, holder, held)
-        thread.join(90)
-        assert answers["delete"][0] == 200, answers
-        # The source's preparation is over (nothing queued or starting): its directory is
-        # gone, not made again by it.
+        # The source's preparation is over (nothing queued or starting): its directory stays
+        # gone, not made again by it, and no runtime of it lives.
         wait_for(lambda: _queued(d) == 0 and _starting(d) == 0, 30)
-        wait_for(lambda: not source_home.exists(), 30)
+        assert not source_home.exists()
+        assert _runtimes(d)["live"] <= 1
     finally:
         d.stop()
     assert not source_home.exists()
     assert_invariants(home)
+
+
+def test_a_request_after_a_delete_waiting_for_a_runtime_start_goes_after_it(
+    tmp_path: Path,
+) -> None:
+    """A delete that waits for a Turn's `session.start` in progress (the Turn interrupted
+    meanwhile) is applied before the `turn.submit` that came after it: the submit gets what a
+    deleted Session gets (404), not a Turn that makes the delete refuse (409
+    `agent_session_busy`, the later request applied first).
+
+    The start is held by the real `tutti-agent` behind a front that waits while a file
+    exists (`_held_tutti`)."""
+    home = tmp_path / "home"
+    home.mkdir()
+    hold = tmp_path / "hold"
+    (home / "agenthost.toml").write_text(
+        "[daemon]\nmax_runtimes_per_provider = 1\n" + _held_tutti(tmp_path, hold)
+    )
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        source = create_session(c, title="source")["agentSessionId"]
+        run_turn(c, source, "hello")
+        # Another Session's Turn takes the only slot: the source's runtime is evicted, and
+        # its next Turn starts one (`session.start`), held by the front.
+        run_turn(c, create_session(c)["agentSessionId"], "evicts the source's runtime")
+        hold.touch()
+        cold = submit(c, source, "its runtime start is held")["turnId"]
+        wait_for(lambda: _starting(d) == 1, 30)
+        c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": cold})
+        assert settle(c, source, cold)["outcome"] == "interrupted"
+
+        answers: dict[str, tuple[int, dict[str, Any]]] = {}
+
+        def call(name: str, method: str, params: dict[str, Any]) -> None:
+            answers[name] = d.client(timeout=90).call_raw(method, params, timeout=90)
+
+        delete = threading.Thread(
+            target=call,
+            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+        )
+        delete.start()
+        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
+        later = {
+            "workspaceId": WS,
+            "agentSessionId": source,
+            "requestId": "after-the-delete",
+            "input": [{"type": "text", "text": "after the delete"}],
+        }
+        after = threading.Thread(target=call, args=("submit", "turn.submit", later))
+        after.start()
+        wait_for(lambda: "submit" in answers or _in_flight(d) >= 3, 30)
+        hold.unlink()  # the start goes on
+        delete.join(90)
+        after.join(90)
+        assert answers["delete"][0] == 200, answers
+        status, body = answers["submit"]
+        assert (status, body.get("reason")) == (404, "workspace_agent_session_not_found"), answers
+        wait_for(lambda: _starting(d) == 0, 30)
+        wait_for(lambda: not (home / "runtimes" / WS / source).exists(), 30)
+    finally:
+        if hold.exists():
+            hold.unlink()
+        d.stop()
+    assert_invariants(home)
+
+
+def _held_tutti(tmp_path: Path, hold: Path) -> str:
+    """The `[providers.tutti-agent]` table of a `tutti-agent` (the real one beside this
+    Python) whose every start waits while `hold` exists."""
+    real = Path(sys.executable).parent / "tutti-agent"
+    front = tmp_path / "held-tutti-agent"
+    front.write_text(
+        f"#!/bin/sh\nwhile [ -e '{hold}' ]; do sleep 0.05; done\nexec '{real}' \"$@\"\n"
+    )
+    front.chmod(0o755)
+    return f'[providers."tutti-agent"]\ncommand = ["{front}"]\n'
 
 
 def _runtimes(d: DaemonProcess) -> dict[str, Any]:

@@ -91,10 +91,12 @@ def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
         return None
     text = str(replies[-1].get("text") or "")
     asked_input = asked[0].get("input") or {}
-    if asked_input.get("tool") == "Bash" or "method" in asked_input:
-        # Claude Code's (`soak_reply`) or Codex's (`soak_responses_reply`).
-        said = TOOK.get(text)
-        return None if said is None else {"decision": said}
+    if text in TOOK:
+        # Claude Code's (`soak_reply`) or Codex's (`soak_responses_reply`). Tutti Agent's
+        # approvals carry a `method` too: telling them apart by it, none of its was judged.
+        return {"decision": TOOK[text]}
+    if asked_input.get("tool") == "Bash":
+        return None  # Claude Code's, its reply not one `soak_reply` gives after its tool
     if asked[0].get("kind") == "question":
         return {"text": text}
     for said, decision in (("approved: ", "approve"), ("declined: ", "decline")):

@@ -108,6 +108,12 @@ fork_provider_call_seconds`, `slow_fork.LIMIT_S`), under the lock takes and the 
 after the chaos its end is awaited, an `unknown` one abandoned at once and its Session's next
 Turn run (one more, held past the limit, when the chaos's did not meet it); the run asserts
 one was made `unknown` by the worker's limit.
+A delete beside a runtime slot wait and controls past the idle reap (`slot_delete`): as the
+chaos starts, on a daemon of its own (one runtime slot, a short idle limit) beside the chaos's
+load: a delete meets a fork queued for the slot at once (409), one beside an interrupted Turn's
+queued preparation is applied at once, a request after a delete waiting for a held runtime
+start goes after it (404), an answer and an interrupt whose worker's reply is held past the
+idle limit are answered 200 and recorded; its home's laws are checked after the chaos.
 The reads a GUI lives on among the clients' actions (`read_chaos.Reader`): `session.list`
 paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
 `session.lineage` — or a pin or rename the pages show — racing the Turns, forks, deletes and
@@ -161,6 +167,7 @@ from tests.reliability.reliability_harness import (
     resolve_params,
     trials,
 )
+from tests.reliability.slot_delete import SlotDelete
 from tests.reliability.slow_fork import LIMIT_S as SLOW_FORK_LIMIT_S
 from tests.reliability.slow_fork import SlowFork
 from tests.reliability.workspace_chaos import refusal, workspace_request
@@ -1270,6 +1277,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         for th in threads:
             th.start()
         slow.start(d.client(timeout=60))  # held under the chaos's locks, stops and floods
+        slots = SlotDelete(tmp_path / "sd", seed)  # `slot_delete`'s cells, beside it
+        slots.start(kill=False)
         started = time.monotonic()
         deadline = started + CHAOS_S
         # The deletions spread over the chaos, one at each of these times from its start.
@@ -1358,6 +1367,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         # The slow fork's end (an `unknown` one abandoned at once) and its Session's next Turn;
         # one more held past the worker's limit, no chaos, when the chaos's did not meet it.
         slow_ends = [slow.settle(c)]
+        slots_wrong = slots.join()
+        assert not slots_wrong, (seed, slots_wrong)
         if not slow.met_the_limit():
             slow.start(c, past_the_limit=True)
             slow_ends.append(slow.settle(c))

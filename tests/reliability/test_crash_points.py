@@ -265,6 +265,30 @@ def worker_interaction_after_answer(t: Trial) -> str:
     return "failed/superseded"
 
 
+def worker_turn_after_interrupt(t: Trial) -> str:
+    c = t.client()
+    t.session(c)
+    turn = submit(c, t.sid, "/ask go on?")
+    wait_for(lambda: turn_of(c, t.sid, turn["turnId"])["interactions"])
+    before = t.worker()
+    t.arm(c)
+    status, body = c.call_raw(
+        "turn.interrupt", {"workspaceId": WS, "agentSessionId": t.sid, "turnId": turn["turnId"]}
+    )
+    t.worker_killed(before)
+    # The provider took the interrupt; its worker died before saying so. An interrupt always
+    # ends the Turn: answered with it (the runtime gone, it is settled here), or, if the
+    # lost worker's news settled it first, with that.
+    done = settle(c, t.sid, turn["turnId"])
+    assert done["outcome"] in ("interrupted", "failed"), done
+    if status == 200:
+        assert body["turn"]["phase"] == "settled", body
+    else:
+        assert status == 502 and body["reason"] == "provider_lost", (status, body)
+    assert [i["status"] for i in done["interactions"]] == ["superseded"], done
+    return str(done["outcome"])
+
+
 def worker_binder_available(t: Trial) -> str:
     c = t.client()
     t.session(c)
@@ -388,6 +412,7 @@ CASES: dict[str, Case] = {
         worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
     ),
     "worker.interaction.after_answer": Case(worker_interaction_after_answer),
+    "worker.turn.after_interrupt": Case(worker_turn_after_interrupt),
     "worker.binder.available": Case(
         worker_binder_available, ("tutti-agent", "codex", "claude-code")
     ),

@@ -133,6 +133,13 @@ one was.
 The fresh app-server's proof (`proof_round`): the first daemon runs with `readability_proof =
 "app_server"` for Tutti Agent and Codex (a fork of each committed so before the clients start),
 the rounds' first restart with the default.
+A delete beside a runtime slot wait and controls past the idle reap (`slot_delete`): in the
+1st, 9th, ... rounds, on a daemon of its own (one runtime slot, a short idle limit) beside the
+round's load: a delete meets a fork queued for the slot at once (409), one beside an
+interrupted Turn's queued preparation is applied at once, a request after a delete waiting
+for a held runtime start goes after it (404), an answer and an interrupt whose
+worker's reply is held past the idle limit are answered 200 and recorded; its daemon is
+SIGKILLed at random with the fork queued. Its home's laws are checked after the round.
 Seeded: the seed is printed and
 `AGENTHOST_SOAK_SEED` replays it.
 """
@@ -179,6 +186,7 @@ from tests.reliability.reliability_harness import (
     worker_fired,
     worker_of,
 )
+from tests.reliability.slot_delete import SlotDelete
 from tests.reliability.slow_fork import SlowFork, daemon_table
 from tests.reliability.store_start import old_store_full_disk_start
 from tests.reliability.tutti_forks import tutti_fork_cells
@@ -302,6 +310,8 @@ PIN_HELD_ROUNDS = 2
 SLOW_FORK_EVERY = 9
 """The rounds (the 3rd, 12th, 21st, ...: a stall round, kill rounds, a full-disk one, a stall
 and kill one) whose load includes a slow Tutti Agent fork (`slow_fork`)."""
+SLOT_DELETE_EVERY = 8
+"""The rounds (the 1st, 9th, ...) beside whose load `slot_delete`'s cells run."""
 STOP_EVERY = 7
 """Round `n` SIGSTOPs a driver worker when `n % STOP_EVERY == 2` and it is neither a stall nor
 a full-disk round (the 2nd: the short profile's; the 16th, 37th, 51st: the soak's)."""
@@ -702,6 +712,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
     stops: Counter[str] = Counter()  # stopped workers, by provider
     stopped_gone_s: list[float] = []  # from each SIGSTOP to the stopped worker's end
     pin = FailedTreePin(seed)
+    slots = SlotDelete(home.parent / "sd", seed)  # `slot_delete`'s cells
     threads = [
         threading.Thread(target=client_loop, args=(w, n), daemon=True) for n in range(CLIENTS)
     ]
@@ -768,6 +779,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
                 chaos["failpoint_fired_late"] += 1
                 worker_pid = seed_fork(w, rng, provider, early)
             slow = rounds % SLOW_FORK_EVERY == 3
+            if rounds % SLOT_DELETE_EVERY == 1:
+                slots.start()  # on a daemon of its own, beside the round's load and kill
             if slow:
                 w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
             w.running.set()
@@ -901,6 +914,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             codex_checks += CODEX in w.met
             w.met.clear()
             assert report.ok, (seed, report.violations)
+            slots_wrong = slots.join()  # the cells' end and their home's laws, if they ran
+            violations += len(slots_wrong)
+            assert not slots_wrong, (seed, slots_wrong)
             answers_wrong = check_answers(w)
             violations += len(answers_wrong)
             assert not answers_wrong, (seed, answers_wrong)
@@ -987,6 +1003,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             spares_seen = check_now(w).spare_homes
         chaos.update(tutti_fork_cells(w))  # with the clients parked and the chaos over
         chaos.update(codex_cut_cells(w))  # a Codex rollout cut back, refused, put back
+        chaos.update(slots.ran)
         chaos.update(old_store_full_disk_start(w))  # the daemon restarted on the upgraded store
         c = w.daemon.client(timeout=60)
         final = assert_invariants(

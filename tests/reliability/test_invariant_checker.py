@@ -1848,6 +1848,26 @@ def test_an_interaction_answered_twice_or_recorded_otherwise_is_reported(asked: 
     assert [v.law for v in declined] == [Law.INTERACTION_ANSWERED], declined
 
 
+def test_an_answer_the_provider_took_refused_and_unrecorded_is_reported(asked: Asked) -> None:
+    """The provider took the answer (its Turn completed on it) but the client was answered 503
+    "try again" and the Interaction stayed `superseded` (as the idle reap left one): reported,
+    though no 200 was given and nothing `resolved` names another answer."""
+    first, second = asked.answers
+    stopped = {"code": "unavailable", "reason": "session_stopped", "retryable": True}
+    refused = Answered(**{**_fields(first), "status": 503, "body": stopped})
+    turn = asked.turns[first.turn_id]
+    dropped = [
+        i | {"status": "superseded", "output": None} if i["requestId"] == first.request_id else i
+        for i in turn["interactions"]
+    ]
+    turns = asked.turns | {first.turn_id: turn | {"interactions": dropped}}
+    assert took(turn) == dict(first.response)
+    found = check_interaction_answers([refused, second], turns, took)
+    assert [v.law for v in found] == [Law.INTERACTION_ANSWERED], found
+    # The same refusal, the provider having taken no answer: nothing to report.
+    assert check_interaction_answers([refused, second], turns, lambda _t: None) == []
+
+
 def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked: Asked) -> None:
     first, again = asked.interrupts
     active = {k: t | {"phase": "active"} for k, t in asked.turns.items()}

@@ -316,7 +316,9 @@ class Law(StrEnum):
     """Over what the soak's clients were answered (`check_interaction_answers`): an
     Interaction answered 200 twice, or one whose recorded answer (its `output`, `by` aside)
     is not the answer its 200 carried or not the one the provider took (what its reply says),
-    or a `resolved` one whose output is no answer that was sent and not refused
+    one the provider took an answer to (its Turn completed on an answer a client sent) not
+    recorded `resolved` with it, or a `resolved` one whose output is no answer that was sent
+    and not refused
     (docs/design/internals.md, "Interactions and interrupts: their laws")."""
     INTERRUPT_ANSWERED = "interrupt_answered"
     """Over what the soak's clients were answered (`check_interrupts`): a Turn whose
@@ -3089,6 +3091,23 @@ def check_interaction_answers(
                 Violation(
                     Law.INTERACTION_ANSWERED,
                     f"{where}: recorded {output}, the provider took {dict(got)}",
+                )
+            )
+        if (
+            got is not None
+            and record.get("status") != "resolved"
+            and dict(got) in [dict(a.response) for a in mine]
+            and all(a.status is not None for a in mine)
+        ):
+            # The provider took an answer a client sent (its Turn completed on it), and the
+            # record lacks it: the answer refused after it was taken (a 503 "try again"). A
+            # reply lost to a kill is excused (the kill may land between the take and the
+            # record).
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: the provider took {dict(got)} (answered"
+                    f" {[a.status for a in mine]}), recorded {record.get('status')}",
                 )
             )
         taken = [dict(a.response) for a in mine if a.status in (200, None)]
