@@ -116,10 +116,9 @@ def main(argv: list[str] | None = None) -> int:
             }
         if len(trees) == 2:
             a, b = (runs[str(t)] for t in trees)
-            summary["b_lower_cpu_pairs"] = sum(y["cpu_ms"] < x["cpu_ms"] for x, y in zip(a, b))
-            summary["b_lower_wall_pairs"] = sum(
-                y["wall_ms"] < x["wall_ms"] for x, y in zip(a, b)
-            )
+            pairs = list(zip(a, b, strict=True))
+            summary["b_lower_cpu_pairs"] = sum(y["cpu_ms"] < x["cpu_ms"] for x, y in pairs)
+            summary["b_lower_wall_pairs"] = sum(y["wall_ms"] < x["wall_ms"] for x, y in pairs)
         print(json.dumps(summary, indent=1))
         if args.json:
             args.json.write_text(json.dumps(summary, indent=1))
