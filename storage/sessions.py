@@ -346,8 +346,9 @@ class SessionStore:
 
     def runtime_owners_among(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
         """`runtime_owners` narrowed to the given session ids (in any workspace): the sweep's
-        few candidate folders, each found by the sessions' key (for every workspace) and a pass
-        over the fork operations' leading columns — no row per stored Session."""
+        candidate folders, each looked up by the sessions' key in every workspace (workspaces
+        are few), plus one pass over the fork operations (no index names a target) — no row
+        read per stored Session."""
         if not session_ids:
             return []
         ids = dumps(list(session_ids))
