@@ -122,6 +122,8 @@ class DeletedSessions(Protocol):
 
     def runtime_owners(self) -> list[tuple[str, str]]: ...
 
+    def runtime_owners_among(self, session_ids: Sequence[str]) -> list[tuple[str, str]]: ...
+
 
 class TurnWrites(Protocol):
     """`store.turns`: the submit claim and a Turn's durable writes."""

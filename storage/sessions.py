@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from domain.errors import (
@@ -340,6 +340,29 @@ class SessionStore:
                 "SELECT workspace_id, session_id FROM sessions"
                 " UNION SELECT workspace_id, target_session_id FROM fork_operations"
                 " WHERE status NOT IN ('failed', 'abandoned')"
+            ).fetchall()
+        )
+        return [(str(ws), str(sid)) for ws, sid in rows]
+
+    def runtime_owners_among(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
+        """`runtime_owners` narrowed to the given session ids (in any workspace): the sweep's
+        candidate folders, each looked up by the sessions' key in every workspace (workspaces
+        are few), plus one pass over the fork operations (no index names a target) — no row
+        read per stored Session."""
+        if not session_ids:
+            return []
+        ids = dumps(list(session_ids))
+        rows = self._with_conn(
+            lambda c: c.execute(
+                "WITH candidate(sid) AS (SELECT value FROM json_each(?))"
+                " SELECT s.workspace_id, s.session_id FROM workspaces AS w"
+                " CROSS JOIN candidate AS k"
+                " CROSS JOIN sessions AS s ON s.workspace_id = w.workspace_id"
+                " AND s.session_id = k.sid"
+                " UNION SELECT workspace_id, target_session_id FROM fork_operations"
+                " WHERE target_session_id IN (SELECT sid FROM candidate)"
+                " AND status NOT IN ('failed', 'abandoned')",
+                (ids,),
             ).fetchall()
         )
         return [(str(ws), str(sid)) for ws, sid in rows]

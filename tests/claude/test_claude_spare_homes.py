@@ -173,6 +173,10 @@ def test_the_daemon_start_sweep_removes_spares_and_keeps_every_session_home(
             def runtime_owners() -> list[tuple[str, str]]:
                 return [("ws", "s1")]
 
+            @staticmethod
+            def runtime_owners_among(ids: list[str]) -> list[tuple[str, str]]:
+                return [("ws", "s1")] if "s1" in ids else []
+
     runtimes = tmp_path / "runtimes"
     spare = runtimes / "ws" / f"{homes.PREFIX}ab" / "claude-config" / "projects" / "p"
     spare.mkdir(parents=True)
