@@ -1156,7 +1156,11 @@ def held_events_burst(
             wait_for(lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2)
         with contextlib.suppress(AssertionError):
             wait_for(
-                lambda: not check_turn_events(list(heard), out.streamed, out.settled_turns),
+                lambda: (
+                    not check_turn_events(
+                        list(heard), out.streamed, out.settled_turns, streaming=out.streamed
+                    )
+                ),
                 30,
                 interval=0.2,
             )
@@ -1168,7 +1172,9 @@ def held_events_burst(
     out.events = len(heard)
     out.violations = check_fork_events(list(heard), out.ends)
     out.violations += check_session_events(list(heard), out.sessions)
-    out.violations += check_turn_events(list(heard), out.streamed, out.settled_turns)
+    out.violations += check_turn_events(
+        list(heard), out.streamed, out.settled_turns, streaming=out.streamed
+    )
     return out
 
 

@@ -65,6 +65,7 @@ from tests.support.invariants import (
     check_read_answers,
     check_session_events,
     check_status_bounds,
+    check_turn_events,
     check_workspace_answers,
     repository_state,
     worktree_retrying,
@@ -1188,6 +1189,52 @@ def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) ->
     assert [v.detail for v in built_wrong] == [
         f"{op_id}: last heard differs from the end in error, targetAgentSessionId"
     ], built_wrong
+
+
+def test_a_fork_heard_at_two_ends_is_reported(base: Base) -> None:
+    """An operation none resolved reaches one end: an event of another end heard before its
+    own (a `failed` published for a fork that committed) is named, though every end ranks
+    alike and the last one heard is the end, field for field."""
+    end = base.committed
+    op_id, child = end["operationId"], end["targetAgentSessionId"]
+
+    def heard(*ops: dict[str, Any]) -> list[dict[str, Any]]:
+        announced = {"type": "session.upserted", "session": {"agentSessionId": child}}
+        return [*({"type": "fork.operation", "operation": op} for op in ops), announced]
+
+    frozen = end | {"status": "accepted", "phase": "frozen"}
+    failed = end | {"status": "failed", "phase": "failed"}
+    assert check_fork_events(heard(frozen, end, end), {op_id: end}) == []
+    two = check_fork_events(heard(frozen, failed, end), {op_id: end})
+    assert [v.detail for v in two] == [f"{op_id}: heard two ends: failed → committed"], two
+
+
+def test_a_streamed_reply_heard_without_any_delta_is_reported() -> None:
+    """A Turn whose reply streamed (`streaming`) heard with every delta of it lost passes
+    no longer as "a reply that was not streamed"; one delta lost was already named, and a
+    Turn not named as streaming may reply without deltas."""
+    reply = "echo: a streamed reply"
+    active = {"type": "turn.updated", "turn": {"turnId": "t", "phase": "active"}}
+    settled = {
+        "type": "turn.updated",
+        "turn": {
+            "turnId": "t",
+            "phase": "settled",
+            "messages": [{"kind": "user", "text": "hi"}, {"kind": "assistant", "text": reply}],
+        },
+    }
+    deltas = [
+        {"type": "message.delta", "turnId": "t", "kind": "assistant", "delta": reply[at : at + 4]}
+        for at in range(0, len(reply), 4)
+    ]
+    assert check_turn_events([active, *deltas, settled], ["t"], streaming={"t"}) == []
+    one_lost = check_turn_events([active, *deltas[1:], settled], ["t"], streaming={"t"})
+    assert [v.law for v in one_lost] == [Law.TURN_EVENTS_HEARD], one_lost
+    all_lost = check_turn_events([active, settled], ["t"], streaming={"t"})
+    assert [v.detail for v in all_lost] == [
+        f"t: its reply {reply!r} was streamed, no delta of it heard"
+    ], all_lost
+    assert check_turn_events([active, settled], ["t"]) == []  # not said to stream
 
 
 def test_session_events_law_names_a_stale_or_lost_state() -> None:

@@ -2447,6 +2447,12 @@ def check_fork_events(
         if ranks != sorted(ranks):
             path = " → ".join(f"{op['status']}/{op.get('phase')}" for op in seen)
             out.append(Violation(Law.FORK_EVENTS_HEARD, f"{op_id}: heard out of order: {path}"))
+        # None resolved meanwhile: an operation reaches one end, so two ends heard (a `failed`
+        # then `committed`: every end ranks alike) is an end published that it never reached.
+        if len(reached := list(dict.fromkeys(op["status"] for op in seen if _rank(op) == 3))) > 1:
+            out.append(
+                Violation(Law.FORK_EVENTS_HEARD, f"{op_id}: heard two ends: {' → '.join(reached)}")
+            )
         if seen[-1]["status"] != end["status"]:
             out.append(
                 Violation(
@@ -2895,6 +2901,8 @@ def check_turn_events(
     heard: Sequence[Mapping[str, Any]],
     turns: Iterable[str],
     stored: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    streaming: Collection[str] = (),
 ) -> list[Violation]:
     """The delta law over what a subscriber connected all along heard (`heard`: its events in
     arrival order) for the Turns `turns` names (settled before the caller stopped listening):
@@ -2902,7 +2910,9 @@ def check_turn_events(
     its assistant deltas, joined, its settled assistant Messages' text, joined. And the Turn
     events' own law: no `turn.updated` of a Turn back at `active` after one that settled it,
     and (`stored`: turn id → the Turn as `session.timeline` answered it once settled) its
-    settling event shows what the store committed."""
+    settling event shows what the store committed. `streaming`: the Turns whose provider
+    streamed their reply (a fake model's `/stream`): one of them heard with no delta at all
+    lost every delta (a Turn not named there may reply without any)."""
     out: list[Violation] = []
     wanted = set(turns)
     first: dict[str, int] = {}
@@ -2969,6 +2979,13 @@ def check_turn_events(
             for m in turn.get("messages") or []
             if m.get("kind") == "assistant"
         )
+        if not streamed and text and turn_id in streaming:
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: its reply {text[:60]!r} was streamed, no delta of it heard",
+                )
+            )
         if turn.get("messagesTruncated") or not streamed:
             continue  # a cut settled event, or a reply that was not streamed
         if streamed != text:
