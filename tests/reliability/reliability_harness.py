@@ -13,10 +13,12 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from drivers.worker import DRIVER_MODULES
 from tests.support.daemon import WS, DaemonProcess
@@ -32,6 +34,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 def trials(short: int, soak: int) -> int:
     return soak if SOAK else short
+
+
+REPLAY: pytest.StashKey[Callable[[], str]] = pytest.StashKey()
+"""A soak's words for its failure, read when it fails (`conftest.py` adds them to the
+report as its "soak replay" section): the seed, where it was, how to replay the draws."""
+
+
+def replay_hint(name: str, seed: int, where: str) -> str:
+    """`name`'s failure at `where` and the command that replays its seed's draws (the
+    threads' timing is the machine's: a replay draws the same, it need not meet the same)."""
+    profile = "AGENTHOST_SOAK=1 " if SOAK else ""
+    return (
+        f"{name} failed at {where}, seed {seed}; replay its draws with {profile}"
+        f"AGENTHOST_SOAK_SEED={seed}"
+    )
 
 
 def unwired_reason(provider: str) -> str | None:

@@ -166,10 +166,12 @@ from tests.reliability.provider_chaos import (
 from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
+    REPLAY,
     SOAK,
     fork_latest_params,
     fork_params,
     provider_env,
+    replay_hint,
     resolve_params,
     worker_fired,
     worker_of,
@@ -680,9 +682,13 @@ def home(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path / "home"
 
 
-def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home: Path) -> None:
+def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
+    home: Path, request: pytest.FixtureRequest
+) -> None:
     seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
     print(f"crash soak seed: {seed} (AGENTHOST_SOAK_SEED={seed} replays it)")
+    at = ["the set-up, before the rounds"]  # where a failure is (its report's "soak replay")
+    request.node.stash[REPLAY] = lambda: replay_hint("the crash soak", seed, at[0])
     rng = random.Random(seed)
     w = World(home, seed)
     w.faults.setup(w.daemon.client(timeout=60), w.cwd)
@@ -705,6 +711,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
         faulted: threading.Thread | None = None
         while rounds < ROUNDS:
             rounds += 1
+            at[0] = f"round {rounds} of {ROUNDS}"
             if revive(w):
                 chaos["failpoint_fired_late"] += 1
             # A Claude (Codex) round's seed fork is Claude's (Codex's); the first round (the
@@ -906,6 +913,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(home:
             assert not orphans, (seed, orphans)
         # Every committed child that is alive resumes through the daemon (its provider state is
         # readable from its own home); a sample in the short profile.
+        at[0] = f"the end's kills and checks, after round {rounds} of {ROUNDS}"
         w.pause()
         if revive(w):
             chaos["failpoint_fired_late"] += 1
