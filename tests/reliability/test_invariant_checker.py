@@ -1951,6 +1951,11 @@ def test_a_provider_fault_left_active_mis_settled_or_unbounded_is_reported(tmp_p
         ([replace(endless, relay_alive=True)], turns),
         ([replace(endless, next_pid=endless.relay_pid)], turns),
         ([replace(endless, next_outcome="failed")], turns),
+        # Its next Turn refused (not run, not disturbed): no Turn ran after the fault.
+        (
+            [replace(endless, next_outcome=None, next_pid=None, next_refused="409 busy")],
+            turns,
+        ),
         ([replace(endless, rss_growth_kib=FAULT_RSS_BOUND_KIB + 1)], turns),
         (
             [garbage],

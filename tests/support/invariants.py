@@ -323,7 +323,7 @@ class Law(StrEnum):
     once the clients are quiet; `failed` with no typed reason of the protocol's
     (docs/protocol.md, "Turn errors"); a fault that breaks the pipe (an endless line, a stdout
     closed) leaving its Turn `completed` or its runtime running once the Turn settled, or the
-    Session's next Turn on the same runtime or not `completed`; a fault the reader skips
+    Session's next Turn on the same runtime, not `completed` or refused; a fault the reader skips
     (garbage, a notification whose params are no object) failing its Turn; or the worker's
     peak RSS grown past `FAULT_RSS_BOUND_KIB` over the round (docs/reliability.md, "A
     misbehaving provider in the soaks")."""
@@ -3172,6 +3172,9 @@ class ProviderFault:
     """That relay still ran once the Turn settled (and the kill's grace passed)."""
     next_outcome: str | None = None
     """The Session's next Turn's outcome (None: not run)."""
+    next_refused: str | None = None
+    """The Session's next Turn's submit, refused (`<status> <reason>`; a busy store is asked
+    again for 30 s): the Session took no Turn after the fault."""
     next_pid: int | None = None
     """The relay that served that next Turn's `turn/start`."""
     rss_growth_kib: int | None = None
@@ -3222,6 +3225,8 @@ def check_provider_faults(
             fail(f, f"its broken runtime (relay {f.relay_pid}) still runs")
         if f.next_outcome is not None and f.next_outcome != "completed":
             fail(f, f"the Session's next Turn {f.next_outcome}")
+        if f.next_refused is not None:
+            fail(f, f"the Session's next Turn refused: {f.next_refused}")
         if breaking and f.next_pid is not None and f.next_pid == f.relay_pid:
             fail(f, f"the Session's next Turn ran on the broken runtime (relay {f.relay_pid})")
     return out
