@@ -90,11 +90,10 @@ def took(turn: Mapping[str, Any]) -> dict[str, Any] | None:
     if turn.get("outcome") != "completed" or len(asked) != 1 or not replies:
         return None
     text = str(replies[-1].get("text") or "")
-    asked_input = asked[0].get("input") or {}
-    if asked_input.get("tool") == "Bash" or "method" in asked_input:
-        # Claude Code's (`soak_reply`) or Codex's (`soak_responses_reply`).
-        said = TOOK.get(text)
-        return None if said is None else {"decision": said}
+    if text in TOOK:
+        # Claude Code's (`soak_reply`) or Codex's (`soak_responses_reply`). Not told by the
+        # request's input: Tutti Agent's approval is an app-server's `method` request too.
+        return {"decision": TOOK[text]}
     if asked[0].get("kind") == "question":
         return {"text": text}
     for said, decision in (("approved: ", "approve"), ("declined: ", "decline")):

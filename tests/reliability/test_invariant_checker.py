@@ -1895,6 +1895,27 @@ def test_an_interaction_answered_twice_or_recorded_otherwise_is_reported(asked: 
     assert [v.law for v in declined] == [Law.INTERACTION_ANSWERED], declined
 
 
+def test_an_answer_the_provider_took_recorded_superseded_is_reported(asked: Asked) -> None:
+    """The provider took the approval (its Turn completed `approved: ls`) while the request
+    was answered 503 and the record was then superseded by the settlement: the answer the
+    provider took never landed, though no 200 was given for the law to hold it to."""
+    first, second = asked.answers
+    lost = [Answered(**{**_fields(first), "status": 503}), second]
+    turn = asked.turns[first.turn_id]
+    assert took(turn) == {"decision": "approve"}, turn["messages"]
+    (record,) = turn["interactions"]
+    dropped = {"status": "superseded", "output": None}
+    turns = asked.turns | {first.turn_id: turn | {"interactions": [record | dropped]}}
+    found = check_interaction_answers(lost, turns, took)
+    assert [v.detail for v in found] == [
+        f"turn {first.turn_id} interaction {first.request_id}: the provider took"
+        " {'decision': 'approve'}, recorded superseded"
+    ], found
+    # Its reply lost (a kill) and its record landed: clean.
+    unanswered = [Answered(**{**_fields(first), "status": None}), second]
+    assert check_interaction_answers(unanswered, asked.turns, took) == []
+
+
 def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked: Asked) -> None:
     first, again = asked.interrupts
     active = {k: t | {"phase": "active"} for k, t in asked.turns.items()}

@@ -308,8 +308,9 @@ class Law(StrEnum):
     INTERACTION_ANSWERED = "interaction_answered"
     """Over what the soak's clients were answered (`check_interaction_answers`): an
     Interaction answered 200 twice, or one whose recorded answer (its `output`, `by` aside)
-    is not the answer its 200 carried or not the one the provider took (what its reply says),
-    or a `resolved` one whose output is no answer that was sent and not refused
+    is not the answer its 200 carried or not the one the provider took (what its reply says;
+    one the provider took is recorded `resolved` however its request was answered), or a
+    `resolved` one whose output is no answer that was sent and not refused
     (docs/design/internals.md, "Interactions and interrupts: their laws")."""
     INTERRUPT_ANSWERED = "interrupt_answered"
     """Over what the soak's clients were answered (`check_interrupts`): a Turn whose
@@ -3025,7 +3026,7 @@ def check_interaction_answers(
     record `resolved` with the answer that 200 carried, and a `resolved` record's answer one
     that was sent and not refused (answered 200, or its reply lost). `took`: the answer the
     provider says it took, read from a settled Turn (its fake model's reply; None: none said),
-    which a `resolved` record of the Turn's one Interaction must be."""
+    which the Turn's one Interaction must be recorded `resolved` with."""
     out: list[Violation] = []
     sent: dict[tuple[str, str], list[Answered]] = defaultdict(list)
     for a in answers:
@@ -3054,7 +3055,16 @@ def check_interaction_answers(
                 )
             )
         got = took(turn) if took is not None and len(turn.get("interactions") or []) == 1 else None
-        if got is not None and record.get("status") == "resolved" and output != dict(got):
+        if got is not None and record.get("status") != "resolved":
+            # The provider took an answer (its Turn completed on it): its record must land,
+            # whatever the request was answered (a 503 whose record was then dropped).
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: the provider took {dict(got)}, recorded {record.get('status')}",
+                )
+            )
+        elif got is not None and output != dict(got):
             out.append(
                 Violation(
                     Law.INTERACTION_ANSWERED,
