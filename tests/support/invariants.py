@@ -339,8 +339,9 @@ class Law(StrEnum):
     TIMELINE_PAGES = "timeline_pages"
     """Paging `session.timeline` (`afterSequence` = the last page's `nextSequence`) showed a
     Turn twice or out of sequence order, left out a Turn settled before the paging began (a
-    gap among settled Turns), showed a Turn at another sequence than the store's, or ended a
-    page that has `nextSequence` with fewer than `limit` Turns (docs/protocol.md)."""
+    gap among settled Turns), showed a Turn at another sequence than the store's, or gave a
+    page more than `limit` Turns or none with `nextSequence` set (a page may end before `limit`
+    at its byte bound: docs/protocol.md)."""
     LINEAGE_ANSWER = "lineage_answer"
     """A `session.lineage` answer disagrees with the store: its ancestors are not the
     Session's `forkedFrom` chain, a descendant is no committed fork of the node it is listed
