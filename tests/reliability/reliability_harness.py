@@ -199,6 +199,44 @@ def worker_fired(d: DaemonProcess, point: str) -> bool:
     return (d.home / "run" / "workers" / "failpoints-state" / f"fired.{point}").exists()
 
 
+class PointTally:
+    """The failpoints a soak armed and the `once:` ones that fired: their markers (`host_fired`,
+    `worker_fired`), looked at before anything arms the point again (an arming clears its
+    marker), each marker counted once. A soak's summary says which of its points its run met:
+    `arm_failpoint` counts an arming, which a later round may turn off unfired."""
+
+    def __init__(self) -> None:
+        self.armed: Counter[str] = Counter()
+        self.fired: Counter[str] = Counter()
+        self._seen: set[tuple[str, int]] = set()
+
+    def arm(self, name: str) -> None:
+        self.armed[name] += 1
+
+    def look(self, home: Path) -> None:
+        for folder in (
+            home / "run" / "failpoints-host",
+            home / "run" / "workers" / "failpoints-state",
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                for marker in sorted(folder.glob("fired.*")):
+                    with contextlib.suppress(FileNotFoundError):
+                        key = (marker.name[len("fired.") :], marker.stat().st_mtime_ns)
+                        if key not in self._seen:
+                            self._seen.add(key)
+                            self.fired[key[0]] += 1
+
+    def summary(self) -> str:
+        never = sorted(set(self.armed) - set(self.fired))
+        return (
+            "failpoints armed: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.armed.items())) or "none")
+            + "; fired (once: markers): "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.fired.items())) or "none")
+            + f"; armed, never fired: {never or 'none'}"
+        )
+
+
 @dataclass
 class Ledger:
     """Tallies every reliability suite reports; `pytest_terminal_summary` prints them."""

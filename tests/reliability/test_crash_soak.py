@@ -168,6 +168,7 @@ from tests.reliability.reliability_harness import (
     LEDGER,
     REPLAY,
     SOAK,
+    PointTally,
     fork_latest_params,
     fork_params,
     provider_env,
@@ -352,6 +353,8 @@ class World:
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.retried: list[str] = []
         """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
+        self.points = PointTally()
+        """The points the rounds armed `once:kill` and the `once:` points that fired."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -836,9 +839,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                     os.kill(int(worker["pid"]), signal.SIGKILL)
                     chaos[f"kill_worker {victim}"] += 1
             elif action == "arm_failpoint" and early is None:
+                point = rng.choice(POINTS)
+                w.points.arm(point)
                 try:
                     w.daemon.client(timeout=5).call(
-                        "debug.failpoints", {"points": {rng.choice(POINTS): "once:kill"}}
+                        "debug.failpoints", {"points": {point: "once:kill"}}
                     )
                 except ClientTimeout:
                     # Only a daemon that an armed point killed meanwhile may not answer.
@@ -943,6 +948,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             check_now(w)
             checks += 1
         c = w.daemon.client(timeout=60)
+        w.points.look(w.home)  # before `off` clears the markers
         c.call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
         committed = [op for op, status in w.ops.items() if status == "committed"]
         resumed: Counter[str] = Counter()
@@ -1056,6 +1062,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         f" {len(w.diffed)})",
         w.asker.summary(),
         w.faults.summary(),
+        w.points.summary(),
         f"reads held to the store: {len(w.reader.reads)} "
         + " ".join(f"{k}={v}" for k, v in sorted(w.reader.calls.items())),
     ]
@@ -1151,6 +1158,7 @@ def quiet_failpoints(w: World) -> bool:
     leave the stalled git running until the restart, and answer no call of the round's
     checks). A daemon such a point killed meanwhile is restarted (`revive`): none is armed
     in a new daemon. True when it was (a point fired late)."""
+    w.points.look(w.home)  # before `off` clears the markers
     try:
         w.daemon.client(timeout=10).call("debug.failpoints", {"points": {p: "off" for p in POINTS}})
     except (ClientTimeout, ClientClosed):
@@ -1480,6 +1488,7 @@ def kill_on_fork(w: World, provider: str) -> int:
     turn = run_turn(c, sid, "before the kill")
     with w.lock:
         w.sessions[sid] = [turn["turnId"]]
+    w.points.arm(COVER_POINT)
     c.call("debug.failpoints", {"points": {COVER_POINT: "once:kill"}})
     c.submit("fork.create", fork_params(sid, turn["turnId"]))  # its reply dies with the daemon
     assert w.daemon.proc is not None
@@ -1566,6 +1575,7 @@ def seed_fork(w: World, rng: random.Random, provider: str, arm: str | None) -> i
         w.sessions[sid] = [turn["turnId"]]
     worker = worker_of(w.daemon, provider)
     if arm is not None:
+        w.points.arm(arm)
         c.call("debug.failpoints", {"points": {arm: "once:kill"}})
 
     def register(future: Any) -> None:
@@ -1599,6 +1609,7 @@ def retrying(w: World) -> list[str]:
 def checked(w: World, *, live_grace_s: float | None = None) -> InvariantReport:
     """`check_invariants` over the soak's home, with the person's repository as it was and the
     trees the live daemon retries (a failed fork's among them may stay past the grace)."""
+    w.points.look(w.home)
     return check_invariants(
         w.home, live_grace_s=live_grace_s, repositories=w.repositories, retrying_trees=retrying(w)
     )
