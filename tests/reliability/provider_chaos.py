@@ -149,6 +149,9 @@ class ProviderChaos:
         self.violations: list[Violation] = []
         """What `every_fault`'s check found."""
         self.lock = threading.Lock()
+        self.refused: str | None = None
+        """The last submit `_submit` saw refused (`<status> <reason>`; the rounds run one at a
+        time)."""
         self.next_fault = self.rng.randrange(len(FAULTS))
         self.next_provider = self.rng.randrange(3)
 
@@ -239,9 +242,12 @@ class ProviderChaos:
             disturbed = bool(by)
             nxt = None
             next_s: float | None = None
+            next_refused: str | None = None
             if turn is not None and not disturbed and not (stop and stop.is_set()):
                 began_next = time.monotonic()
+                self.refused = None
                 nxt = self._turn(c, sid, "after", "pass")
+                next_refused = self.refused if nxt is None else None
                 next_s = time.monotonic() - began_next
                 if nxt is None:
                     self._count(f"{name} next Turn refused")
@@ -276,6 +282,7 @@ class ProviderChaos:
                 relay_pid=pid,
                 relay_alive=alive,
                 next_outcome=None if nxt is None else str(nxt[0].get("outcome")),
+                next_refused=None if disturbed else next_refused,
                 next_pid=None if nxt is None else nxt[1],
                 rss_growth_kib=growth,
                 provider=provider,
@@ -373,6 +380,7 @@ class ProviderChaos:
                 continue
             if status >= 400:
                 self._count(f"turn.submit {status} {body.get('reason')}")
+                self.refused = f"{status} {body.get('reason')}"
                 (self.arm_dir / sid / "armed").unlink(missing_ok=True)
                 return None
             return str(body["turn"]["turnId"])

@@ -13,10 +13,12 @@ import os
 import threading
 import uuid
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from drivers.worker import DRIVER_MODULES
 from tests.support.daemon import WS, DaemonProcess
@@ -32,6 +34,21 @@ REPO = Path(__file__).resolve().parents[2]
 
 def trials(short: int, soak: int) -> int:
     return soak if SOAK else short
+
+
+REPLAY: pytest.StashKey[Callable[[], str]] = pytest.StashKey()
+"""A soak's words for its failure, read when it fails (`conftest.py` adds them to the
+report as its "soak replay" section): the seed, where it was, how to replay the draws."""
+
+
+def replay_hint(name: str, seed: int, where: str) -> str:
+    """`name`'s failure at `where` and the command that replays its seed's draws (the
+    threads' timing is the machine's: a replay draws the same, it need not meet the same)."""
+    profile = "AGENTHOST_SOAK=1 " if SOAK else ""
+    return (
+        f"{name} failed at {where}, seed {seed}; replay its draws with {profile}"
+        f"AGENTHOST_SOAK_SEED={seed}"
+    )
 
 
 def unwired_reason(provider: str) -> str | None:
@@ -180,6 +197,44 @@ def host_fired(d: DaemonProcess, point: str) -> bool:
 
 def worker_fired(d: DaemonProcess, point: str) -> bool:
     return (d.home / "run" / "workers" / "failpoints-state" / f"fired.{point}").exists()
+
+
+class PointTally:
+    """The failpoints a soak armed and the `once:` ones that fired: their markers (`host_fired`,
+    `worker_fired`), looked at before anything arms the point again (an arming clears its
+    marker), each marker counted once. A soak's summary says which of its points its run met:
+    `arm_failpoint` counts an arming, which a later round may turn off unfired."""
+
+    def __init__(self) -> None:
+        self.armed: Counter[str] = Counter()
+        self.fired: Counter[str] = Counter()
+        self._seen: set[tuple[str, int]] = set()
+
+    def arm(self, name: str) -> None:
+        self.armed[name] += 1
+
+    def look(self, home: Path) -> None:
+        for folder in (
+            home / "run" / "failpoints-host",
+            home / "run" / "workers" / "failpoints-state",
+        ):
+            with contextlib.suppress(FileNotFoundError):
+                for marker in sorted(folder.glob("fired.*")):
+                    with contextlib.suppress(FileNotFoundError):
+                        key = (marker.name[len("fired.") :], marker.stat().st_mtime_ns)
+                        if key not in self._seen:
+                            self._seen.add(key)
+                            self.fired[key[0]] += 1
+
+    def summary(self) -> str:
+        never = sorted(set(self.armed) - set(self.fired))
+        return (
+            "failpoints armed: "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.armed.items())) or "none")
+            + "; fired (once: markers): "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.fired.items())) or "none")
+            + f"; armed, never fired: {never or 'none'}"
+        )
 
 
 @dataclass

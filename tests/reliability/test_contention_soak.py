@@ -161,9 +161,11 @@ from tests.reliability.provider_chaos import (
 from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import (
     LEDGER,
+    REPLAY,
     fork_latest_params,
     fork_params,
     provider_env,
+    replay_hint,
     resolve_params,
     trials,
 )
@@ -1163,7 +1165,11 @@ def held_events_burst(
             wait_for(lambda: not check_session_events(list(heard), out.sessions), 30, interval=0.2)
         with contextlib.suppress(AssertionError):
             wait_for(
-                lambda: not check_turn_events(list(heard), out.streamed, out.settled_turns),
+                lambda: (
+                    not check_turn_events(
+                        list(heard), out.streamed, out.settled_turns, streaming=out.streamed
+                    )
+                ),
                 30,
                 interval=0.2,
             )
@@ -1175,7 +1181,9 @@ def held_events_burst(
     out.events = len(heard)
     out.violations = check_fork_events(list(heard), out.ends)
     out.violations += check_session_events(list(heard), out.sessions)
-    out.violations += check_turn_events(list(heard), out.streamed, out.settled_turns)
+    out.violations += check_turn_events(
+        list(heard), out.streamed, out.settled_turns, streaming=out.streamed
+    )
     return out
 
 
@@ -1195,9 +1203,13 @@ def home(tmp_path: Path) -> Iterator[Path]:
         yield tmp_path / "home"
 
 
-def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, home: Path) -> None:
+def test_contention_soak_answers_everything_and_keeps_every_law(
+    tmp_path: Path, home: Path, request: pytest.FixtureRequest
+) -> None:
     seed = int(os.environ.get("AGENTHOST_SOAK_SEED") or random.SystemRandom().randrange(2**32))
-    print(f"contention soak seed: {seed}")
+    print(f"contention soak seed: {seed} (AGENTHOST_SOAK_SEED={seed} replays it)")
+    at = ["the set-up and warm Turns"]  # where a failure is (its report's "soak replay")
+    request.node.stash[REPLAY] = lambda: replay_hint("the contention soak", seed, at[0])
     rng = random.Random(seed)
     port = free_port()
     d = DaemonProcess(
@@ -1279,6 +1291,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
         slow.start(d.client(timeout=60))  # held under the chaos's locks, stops and floods
         slots = SlotDelete(tmp_path / "sd", seed)  # `slot_delete`'s cells, beside it
         slots.start(kill=False)
+        at[0] = f"the chaos ({CHAOS_S:.0f} s)"
         started = time.monotonic()
         deadline = started + CHAOS_S
         # The deletions spread over the chaos, one at each of these times from its start.
@@ -1323,6 +1336,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
                     os.kill(victim, signal.SIGSTOP)
                     stopped.append(victim)
         stop.set()
+        at[0] = "the settling after the chaos"
         for th in threads:
             th.join(90)
         # The unread clients still held: what the daemon holds for them is bounded.
@@ -1415,7 +1429,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(tmp_path: Path, 
                 }
             },
         )
+        at[0] = "the held-events burst"
         burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex, repo)
+        at[0] = "the end's checks, after the burst"
         t.claude |= claude
         t.codex |= codex
         assert burst.streamed, "no Turn streamed during the burst: the delta law went unchecked"

@@ -65,6 +65,7 @@ from tests.support.invariants import (
     check_read_answers,
     check_session_events,
     check_status_bounds,
+    check_turn_events,
     check_workspace_answers,
     repository_state,
     worktree_retrying,
@@ -1190,6 +1191,52 @@ def test_fork_events_lost_stale_or_without_the_child_are_reported(base: Base) ->
     ], built_wrong
 
 
+def test_a_fork_heard_at_two_ends_is_reported(base: Base) -> None:
+    """An operation none resolved reaches one end: an event of another end heard before its
+    own (a `failed` published for a fork that committed) is named, though every end ranks
+    alike and the last one heard is the end, field for field."""
+    end = base.committed
+    op_id, child = end["operationId"], end["targetAgentSessionId"]
+
+    def heard(*ops: dict[str, Any]) -> list[dict[str, Any]]:
+        announced = {"type": "session.upserted", "session": {"agentSessionId": child}}
+        return [*({"type": "fork.operation", "operation": op} for op in ops), announced]
+
+    frozen = end | {"status": "accepted", "phase": "frozen"}
+    failed = end | {"status": "failed", "phase": "failed"}
+    assert check_fork_events(heard(frozen, end, end), {op_id: end}) == []
+    two = check_fork_events(heard(frozen, failed, end), {op_id: end})
+    assert [v.detail for v in two] == [f"{op_id}: heard two ends: failed → committed"], two
+
+
+def test_a_streamed_reply_heard_without_any_delta_is_reported() -> None:
+    """A Turn whose reply streamed (`streaming`) heard with every delta of it lost passes
+    no longer as "a reply that was not streamed"; one delta lost was already named, and a
+    Turn not named as streaming may reply without deltas."""
+    reply = "echo: a streamed reply"
+    active = {"type": "turn.updated", "turn": {"turnId": "t", "phase": "active"}}
+    settled = {
+        "type": "turn.updated",
+        "turn": {
+            "turnId": "t",
+            "phase": "settled",
+            "messages": [{"kind": "user", "text": "hi"}, {"kind": "assistant", "text": reply}],
+        },
+    }
+    deltas = [
+        {"type": "message.delta", "turnId": "t", "kind": "assistant", "delta": reply[at : at + 4]}
+        for at in range(0, len(reply), 4)
+    ]
+    assert check_turn_events([active, *deltas, settled], ["t"], streaming={"t"}) == []
+    one_lost = check_turn_events([active, *deltas[1:], settled], ["t"], streaming={"t"})
+    assert [v.law for v in one_lost] == [Law.TURN_EVENTS_HEARD], one_lost
+    all_lost = check_turn_events([active, settled], ["t"], streaming={"t"})
+    assert [v.detail for v in all_lost] == [
+        f"t: its reply {reply!r} was streamed, no delta of it heard"
+    ], all_lost
+    assert check_turn_events([active, settled], ["t"]) == []  # not said to stream
+
+
 def test_session_events_law_names_a_stale_or_lost_state() -> None:
     """What a subscriber heard of two writers renaming one Session (`<writer>:<n>`): in each
     writer's order with the end's title last passes; an older title of a writer heard after a
@@ -1848,24 +1895,25 @@ def test_an_interaction_answered_twice_or_recorded_otherwise_is_reported(asked: 
     assert [v.law for v in declined] == [Law.INTERACTION_ANSWERED], declined
 
 
-def test_an_answer_the_provider_took_refused_and_unrecorded_is_reported(asked: Asked) -> None:
-    """The provider took the answer (its Turn completed on it) but the client was answered 503
-    "try again" and the Interaction stayed `superseded` (as the idle reap left one): reported,
-    though no 200 was given and nothing `resolved` names another answer."""
+def test_an_answer_the_provider_took_recorded_superseded_is_reported(asked: Asked) -> None:
+    """The provider took the approval (its Turn completed `approved: ls`) while the request
+    was answered 503 and the record was then superseded by the settlement: the answer the
+    provider took never landed, though no 200 was given for the law to hold it to."""
     first, second = asked.answers
-    stopped = {"code": "unavailable", "reason": "session_stopped", "retryable": True}
-    refused = Answered(**{**_fields(first), "status": 503, "body": stopped})
+    lost = [Answered(**{**_fields(first), "status": 503}), second]
     turn = asked.turns[first.turn_id]
-    dropped = [
-        i | {"status": "superseded", "output": None} if i["requestId"] == first.request_id else i
-        for i in turn["interactions"]
-    ]
-    turns = asked.turns | {first.turn_id: turn | {"interactions": dropped}}
-    assert took(turn) == dict(first.response)
-    found = check_interaction_answers([refused, second], turns, took)
-    assert [v.law for v in found] == [Law.INTERACTION_ANSWERED], found
-    # The same refusal, the provider having taken no answer: nothing to report.
-    assert check_interaction_answers([refused, second], turns, lambda _t: None) == []
+    assert took(turn) == {"decision": "approve"}, turn["messages"]
+    (record,) = turn["interactions"]
+    dropped = {"status": "superseded", "output": None}
+    turns = asked.turns | {first.turn_id: turn | {"interactions": [record | dropped]}}
+    found = check_interaction_answers(lost, turns, took)
+    assert [v.detail for v in found] == [
+        f"turn {first.turn_id} interaction {first.request_id}: the provider took"
+        " {'decision': 'approve'}, recorded superseded"
+    ], found
+    # Its reply lost (a kill) and its record landed: clean.
+    unanswered = [Answered(**{**_fields(first), "status": None}), second]
+    assert check_interaction_answers(unanswered, asked.turns, took) == []
 
 
 def test_an_interrupted_turn_left_active_or_settled_otherwise_is_reported(asked: Asked) -> None:
@@ -1924,6 +1972,11 @@ def test_a_provider_fault_left_active_mis_settled_or_unbounded_is_reported(tmp_p
         ([replace(endless, relay_alive=True)], turns),
         ([replace(endless, next_pid=endless.relay_pid)], turns),
         ([replace(endless, next_outcome="failed")], turns),
+        # Its next Turn refused (not run, not disturbed): no Turn ran after the fault.
+        (
+            [replace(endless, next_outcome=None, next_pid=None, next_refused="409 busy")],
+            turns,
+        ),
         ([replace(endless, rss_growth_kib=FAULT_RSS_BOUND_KIB + 1)], turns),
         (
             [garbage],

@@ -74,13 +74,19 @@ class DaemonProcess:
         assert self.proc.stdout is not None
         deadline = time.monotonic() + timeout
         line = b""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.tail_log()}")
-            ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
-            if ready:
-                line = self.proc.stdout.readline()
-                break
+        try:
+            while time.monotonic() < deadline:
+                if self.proc.poll() is not None:
+                    raise RuntimeError(f"daemon exited {self.proc.returncode}: {self.tail_log()}")
+                ready, _, _ = select.select([self.proc.stdout], [], [], 0.1)
+                if ready:
+                    line = self.proc.stdout.readline()
+                    break
+        except BaseException:
+            # A wait cut short (the test's timeout, ^C): the caller never gets this daemon to
+            # stop, and it would serve on, a process of the home outside the next run's.
+            self.kill()
+            raise
         if not line:
             self.kill()
             raise RuntimeError(f"daemon not ready in {timeout}s: {self.tail_log()}")

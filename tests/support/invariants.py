@@ -315,10 +315,9 @@ class Law(StrEnum):
     INTERACTION_ANSWERED = "interaction_answered"
     """Over what the soak's clients were answered (`check_interaction_answers`): an
     Interaction answered 200 twice, or one whose recorded answer (its `output`, `by` aside)
-    is not the answer its 200 carried or not the one the provider took (what its reply says),
-    one the provider took an answer to (its Turn completed on an answer a client sent) not
-    recorded `resolved` with it, or a `resolved` one whose output is no answer that was sent
-    and not refused
+    is not the answer its 200 carried or not the one the provider took (what its reply says;
+    one the provider took is recorded `resolved` however its request was answered), or a
+    `resolved` one whose output is no answer that was sent and not refused
     (docs/design/internals.md, "Interactions and interrupts: their laws")."""
     INTERRUPT_ANSWERED = "interrupt_answered"
     """Over what the soak's clients were answered (`check_interrupts`): a Turn whose
@@ -332,7 +331,7 @@ class Law(StrEnum):
     once the clients are quiet; `failed` with no typed reason of the protocol's
     (docs/protocol.md, "Turn errors"); a fault that breaks the pipe (an endless line, a stdout
     closed) leaving its Turn `completed` or its runtime running once the Turn settled, or the
-    Session's next Turn on the same runtime or not `completed`; a fault the reader skips
+    Session's next Turn on the same runtime, not `completed` or refused; a fault the reader skips
     (garbage, a notification whose params are no object) failing its Turn; or the worker's
     peak RSS grown past `FAULT_RSS_BOUND_KIB` over the round (docs/reliability.md, "A
     misbehaving provider in the soaks")."""
@@ -347,8 +346,9 @@ class Law(StrEnum):
     TIMELINE_PAGES = "timeline_pages"
     """Paging `session.timeline` (`afterSequence` = the last page's `nextSequence`) showed a
     Turn twice or out of sequence order, left out a Turn settled before the paging began (a
-    gap among settled Turns), showed a Turn at another sequence than the store's, or ended a
-    page that has `nextSequence` with fewer than `limit` Turns (docs/protocol.md)."""
+    gap among settled Turns), showed a Turn at another sequence than the store's, or gave a
+    page more than `limit` Turns or none with `nextSequence` set (a page may end before `limit`
+    at its byte bound: docs/protocol.md)."""
     LINEAGE_ANSWER = "lineage_answer"
     """A `session.lineage` answer disagrees with the store: its ancestors are not the
     Session's `forkedFrom` chain, a descendant is no committed fork of the node it is listed
@@ -2496,6 +2496,12 @@ def check_fork_events(
         if ranks != sorted(ranks):
             path = " → ".join(f"{op['status']}/{op.get('phase')}" for op in seen)
             out.append(Violation(Law.FORK_EVENTS_HEARD, f"{op_id}: heard out of order: {path}"))
+        # None resolved meanwhile: an operation reaches one end, so two ends heard (a `failed`
+        # then `committed`: every end ranks alike) is an end published that it never reached.
+        if len(reached := list(dict.fromkeys(op["status"] for op in seen if _rank(op) == 3))) > 1:
+            out.append(
+                Violation(Law.FORK_EVENTS_HEARD, f"{op_id}: heard two ends: {' → '.join(reached)}")
+            )
         if seen[-1]["status"] != end["status"]:
             out.append(
                 Violation(
@@ -2944,6 +2950,8 @@ def check_turn_events(
     heard: Sequence[Mapping[str, Any]],
     turns: Iterable[str],
     stored: Mapping[str, Mapping[str, Any]] | None = None,
+    *,
+    streaming: Collection[str] = (),
 ) -> list[Violation]:
     """The delta law over what a subscriber connected all along heard (`heard`: its events in
     arrival order) for the Turns `turns` names (settled before the caller stopped listening):
@@ -2951,7 +2959,9 @@ def check_turn_events(
     its assistant deltas, joined, its settled assistant Messages' text, joined. And the Turn
     events' own law: no `turn.updated` of a Turn back at `active` after one that settled it,
     and (`stored`: turn id → the Turn as `session.timeline` answered it once settled) its
-    settling event shows what the store committed."""
+    settling event shows what the store committed. `streaming`: the Turns whose provider
+    streamed their reply (a fake model's `/stream`): one of them heard with no delta at all
+    lost every delta (a Turn not named there may reply without any)."""
     out: list[Violation] = []
     wanted = set(turns)
     first: dict[str, int] = {}
@@ -3018,6 +3028,13 @@ def check_turn_events(
             for m in turn.get("messages") or []
             if m.get("kind") == "assistant"
         )
+        if not streamed and text and turn_id in streaming:
+            out.append(
+                Violation(
+                    Law.TURN_EVENTS_HEARD,
+                    f"{turn_id}: its reply {text[:60]!r} was streamed, no delta of it heard",
+                )
+            )
         if turn.get("messagesTruncated") or not streamed:
             continue  # a cut settled event, or a reply that was not streamed
         if streamed != text:
@@ -3057,7 +3074,7 @@ def check_interaction_answers(
     record `resolved` with the answer that 200 carried, and a `resolved` record's answer one
     that was sent and not refused (answered 200, or its reply lost). `took`: the answer the
     provider says it took, read from a settled Turn (its fake model's reply; None: none said),
-    which a `resolved` record of the Turn's one Interaction must be."""
+    which the Turn's one Interaction must be recorded `resolved` with."""
     out: list[Violation] = []
     sent: dict[tuple[str, str], list[Answered]] = defaultdict(list)
     for a in answers:
@@ -3086,28 +3103,20 @@ def check_interaction_answers(
                 )
             )
         got = took(turn) if took is not None and len(turn.get("interactions") or []) == 1 else None
-        if got is not None and record.get("status") == "resolved" and output != dict(got):
+        if got is not None and record.get("status") != "resolved":
+            # The provider took an answer (its Turn completed on it): its record must land,
+            # whatever the request was answered (a 503 whose record was then dropped).
+            out.append(
+                Violation(
+                    Law.INTERACTION_ANSWERED,
+                    f"{where}: the provider took {dict(got)}, recorded {record.get('status')}",
+                )
+            )
+        elif got is not None and output != dict(got):
             out.append(
                 Violation(
                     Law.INTERACTION_ANSWERED,
                     f"{where}: recorded {output}, the provider took {dict(got)}",
-                )
-            )
-        if (
-            got is not None
-            and record.get("status") != "resolved"
-            and dict(got) in [dict(a.response) for a in mine]
-            and all(a.status is not None for a in mine)
-        ):
-            # The provider took an answer a client sent (its Turn completed on it), and the
-            # record lacks it: the answer refused after it was taken (a 503 "try again"). A
-            # reply lost to a kill is excused (the kill may land between the take and the
-            # record).
-            out.append(
-                Violation(
-                    Law.INTERACTION_ANSWERED,
-                    f"{where}: the provider took {dict(got)} (answered"
-                    f" {[a.status for a in mine]}), recorded {record.get('status')}",
                 )
             )
         taken = [dict(a.response) for a in mine if a.status in (200, None)]
@@ -3221,6 +3230,9 @@ class ProviderFault:
     """That relay still ran once the Turn settled (and the kill's grace passed)."""
     next_outcome: str | None = None
     """The Session's next Turn's outcome (None: not run)."""
+    next_refused: str | None = None
+    """The Session's next Turn's submit, refused (`<status> <reason>`; a busy store is asked
+    again for 30 s): the Session took no Turn after the fault."""
     next_pid: int | None = None
     """The relay that served that next Turn's `turn/start`."""
     rss_growth_kib: int | None = None
@@ -3271,6 +3283,8 @@ def check_provider_faults(
             fail(f, f"its broken runtime (relay {f.relay_pid}) still runs")
         if f.next_outcome is not None and f.next_outcome != "completed":
             fail(f, f"the Session's next Turn {f.next_outcome}")
+        if f.next_refused is not None:
+            fail(f, f"the Session's next Turn refused: {f.next_refused}")
         if breaking and f.next_pid is not None and f.next_pid == f.relay_pid:
             fail(f, f"the Session's next Turn ran on the broken runtime (relay {f.relay_pid})")
     return out
