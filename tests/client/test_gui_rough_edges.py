@@ -216,3 +216,26 @@ def test_escape_sequences_in_a_title_or_a_reply_never_reach_the_terminal(
             assert raw not in drawn, repr(drawn)
 
     run_app(daemon, ws, (100, 30), scenario)
+
+
+def test_bidi_overrides_in_a_title_or_a_reply_are_drawn_in_the_order_stored(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # A right-to-left override or isolate makes a terminal that reorders text draw what
+    # follows it reversed: "report\u202efdp.exe" reads "reportexe.pdf" in the list and the
+    # session bar, and a reply can hide what it says. None of them reaches the terminal.
+    from tests.client.make_screenshot import screen_segments
+    from tests.client.test_client_cli_everyday import BIDI
+
+    sid = create_session(client, ws, title="report\u202efdp.exe " + BIDI)["agentSessionId"]
+    run_turn(client, sid, "reply \u2067olleh\u2069 done", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        await pilot.pause(0.2)
+        drawn = "".join(s.text for line in screen_segments(app) for s in line if not s.control)
+        assert "reportfdp.exe" in drawn and "reply olleh done" in drawn, drawn
+        for raw in BIDI:
+            assert raw not in drawn, (hex(ord(raw)), drawn)
+
+    run_app(daemon, ws, (100, 30), scenario)
