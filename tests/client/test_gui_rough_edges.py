@@ -20,7 +20,7 @@ from textual.widgets._toast import Toast
 from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.composer import Composer
-from client.gui.controls import ConfirmScreen
+from client.gui.controls import ConfirmScreen, RenameScreen
 from client.gui.session_list import SessionTree
 from tests.client.test_client_gui import header_text, open_and_wait, turn_views, until
 from tests.client.test_client_gui_keyboard import run_app
@@ -239,3 +239,35 @@ def test_bidi_overrides_in_a_title_or_a_reply_are_drawn_in_the_order_stored(
             assert raw not in drawn, (hex(ord(raw)), drawn)
 
     run_app(daemon, ws, (100, 30), scenario)
+
+
+def test_an_empty_rename_says_the_title_is_empty_and_keeps_the_dialog(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # F2, the title erased, Enter: the session keeps its title, and the person is told why in
+    # the words the CLI's `rename S ""` uses, with the dialog still open to type a title.
+    sid = create_session(client, ws, title="Kept title")["agentSessionId"]
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 0)
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        await pilot.press("end", "ctrl+u", "space", "enter")  # erased: only a space left
+        await until(
+            pilot,
+            lambda: any("the title is empty" in str(n.message) for n in app._notifications),  # noqa: SLF001
+        )
+        assert isinstance(app.screen, RenameScreen)
+        await pilot.press("ctrl+u", *"Given", "enter")
+        await until(pilot, lambda: not isinstance(app.screen, RenameScreen))
+        await until(
+            pilot,
+            lambda: (
+                client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})["session"][
+                    "title"
+                ]
+                == "Given"
+            ),
+        )
+
+    run_app(daemon, ws, (80, 24), scenario)
