@@ -271,3 +271,43 @@ def test_an_empty_rename_says_the_title_is_empty_and_keeps_the_dialog(
         )
 
     run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_a_narrow_session_list_gives_its_titles_all_the_room_it_has(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # At 80 columns the list was a quarter of the screen (20 cells), two of them left empty and
+    # the rest shared with the id: a fork child's title kept 10 characters. Now each row is its
+    # title cut with "…" at the list's edge, the id gives way before the title does, and the
+    # list takes a cell more (the transcript keeps what a Turn's header needs for its files).
+    long = "Plan a long weekend in Lisbon with the whole family"
+    sid = create_session(client, ws, title=long)["agentSessionId"]
+    run_turn(client, sid, "one", ws)
+    turns = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})["turns"]
+    child = _fork_now(client, ws, sid, turns[0]["turnId"])
+    client.call(
+        "session.updateTitle",
+        {"workspaceId": ws, "agentSessionId": child, "title": "Child of " + long},
+    )
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        from tests.client.make_screenshot import screen_segments
+
+        await open_and_wait(app, pilot, sid, 1)
+        tree = app.query_one(SessionTree)
+        await until(pilot, lambda: len(tree.root.children) == 1 and tree.root.children[0].children)
+        await until(pilot, lambda: "#1" in str(tree.root.children[0].children[0].label))
+        await pilot.pause(0.2)
+        width = tree.scrollable_content_region.width
+        rows = [
+            "".join(s.text for s in line if not s.control)[:width].rstrip()
+            for line in screen_segments(app)[:2]
+        ]
+        root, fork = rows
+        assert width >= 20, width  # the column split at 80 columns
+        assert root == long[: width - 1] + "…", rows
+        assert fork.endswith("#1 " + ("Child of " + long)[: len(fork) - 7] + "…"), rows
+        assert len(root) == len(fork) == width, rows  # no cell left empty
+        assert sid[:8] not in root and child[:8] not in fork, rows
+
+    run_app(daemon, ws, (80, 24), scenario)
