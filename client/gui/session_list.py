@@ -8,6 +8,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
@@ -68,6 +69,20 @@ class SessionTree(Tree[str]):
         super().__init__("Sessions", id=id)
         self.show_root = False
         self.guide_depth = 3
+        # What the rows were last made of, and the width they were cut for.
+        self._shown: (
+            tuple[list[Mapping[str, Any]], str | None, Mapping[str, LineageMark]] | None
+        ) = None
+        self._cut_for = 0
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The rows are cut for the list's width: a new width cuts them again (the cursor
+        stays on its session)."""
+        if self._shown is None or self.content_region.width == self._cut_for:
+            return
+        sessions, selected, marks = self._shown
+        cursor = self.cursor_node.data if self.cursor_node is not None else None
+        self.show_sessions(sessions, cursor or selected, marks)
 
     def show_sessions(
         self,
@@ -76,6 +91,9 @@ class SessionTree(Tree[str]):
         marks: Mapping[str, LineageMark] | None = None,
     ) -> None:
         marks = marks or {}
+        sessions = list(sessions)
+        self._shown = (sessions, selected, marks)
+        self._cut_for = self.content_region.width
         self.clear()
         stack: list[TreeNode[str]] = [self.root]
         target: TreeNode[str] | None = None

@@ -311,3 +311,33 @@ def test_a_narrow_session_list_gives_its_titles_all_the_room_it_has(
         assert sid[:8] not in root and child[:8] not in fork, rows
 
     run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_a_widened_terminal_gives_the_session_lists_titles_the_new_room(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # The rows were cut once, at the list's width when they were drawn: a terminal widened
+    # from 80 to 160 columns kept a 19-character title in a list of 40 cells until the next
+    # session event. A resize cuts them again, for the width the list has now.
+    long = "Plan a long weekend in Lisbon with the whole family and friends"
+    sid = create_session(client, ws, title=long)["agentSessionId"]
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        from tests.client.make_screenshot import screen_segments
+
+        tree = app.query_one(SessionTree)
+        await until(pilot, lambda: len(tree.root.children) == 1)
+
+        def row() -> str:
+            width = tree.scrollable_content_region.width
+            line = screen_segments(app)[0]
+            return "".join(s.text for s in line if not s.control)[:width].rstrip()
+
+        assert row() == long[: tree.scrollable_content_region.width - 1] + "…"
+        await pilot.resize_terminal(160, 30)
+        await until(pilot, lambda: tree.scrollable_content_region.width == 39)
+        await pilot.pause(0.2)
+        # The id beside it now: 28 cells are left for the title.
+        assert row() == long[:28] + "…  " + sid[:8], row()
+
+    run_app(daemon, ws, (80, 24), scenario)
