@@ -16,13 +16,23 @@ It imports `bench.*` from `PYTHONPATH`, so one copy measures any tree, old or ne
 
 `--by-comm` prints, before that line, each kind's run time per Turn by the kernel's thread name
 (libzmq's I/O threads are `ZMQbg/IO/0`; Python's threads carry the process's name).
+
+`--pairs M --against TREE` runs this probe in interleaved pairs (`bench.ab_pairs`: one run in
+each tree a pair, the order alternating), each run by the tree's own interpreter with the tree
+on `PYTHONPATH`, and prints each kind's CPU ms and wake-ups a Turn: each tree's median, the
+pairs in which this tree was higher (all; by which ran first), the median pair delta, and the
+command that reruns it (`--quick`: 2 pairs of 6 Turns, seconds):
+
+    build/venv/bin/python -m bench.turn_cpu --pairs 12 --against /tmp/base-tree 60
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import bench.profile as profile
@@ -74,10 +84,63 @@ def fine_by_kind(samples: list[ProcSample]) -> dict[str, float]:
 SPLIT = [False]
 
 
+# One run of this probe in the tree it runs in: the file by its path, so the tree's `bench/` is
+# not first on `sys.path` (its `profile.py` would shadow the standard library's).
+_RUN_PROBE = """
+import runpy, sys
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def probe_figures(line: str) -> dict[str, float]:
+    """The probe's line as figures a Turn: `<kind> ms` and `cs:<kind>` (wake-ups)."""
+    figures: dict[str, float] = {}
+    for part in line.split(" | ")[1:]:
+        for item in part.split():
+            key, _, value = item.partition("=")
+            if value.endswith("ms"):
+                figures[f"{key} ms"] = float(value[:-2])
+            elif key.startswith("cs:"):
+                figures[key] = float(value)
+    return figures
+
+
+def probe_in(tree: Path, turns: int) -> Mapping[str, float]:
+    """One run of this probe on `tree`'s code: its figures a Turn."""
+    from bench.ab_pairs import run_in_tree
+
+    out = run_in_tree(tree, ["-c", _RUN_PROBE, str(Path(__file__).resolve()), str(turns)])
+    return probe_figures(out.strip().splitlines()[-1])
+
+
+def pairs_main(argv: Sequence[str], pairs: int, against: Path, turns: int) -> int:
+    from bench.ab_pairs import AGAINST, THIS, interleave, print_pairs, summary
+    from bench.common import ab_trees, log
+
+    log(f"turn CPU: {pairs} pairs of {turns} Turns")
+    got = interleave(ab_trees(against), pairs, lambda tree: probe_in(tree, turns))
+    kinds = sorted(got[0].figures[THIS], key=lambda k: (k.startswith("cs:"), k))
+    title = f"CPU ms and wake-ups a Turn ({turns} Turns a run), {AGAINST} vs {THIS}"
+    print_pairs("bench.turn_cpu", argv, [summary(title, got, kinds)])
+    return 0
+
+
 def main(argv: list[str]) -> int:
-    SPLIT[0] = "--by-comm" in argv
-    argv = [a for a in argv if a != "--by-comm"]
-    turns_asked = int(argv[0]) if argv else 100
+    ap = argparse.ArgumentParser(prog="python -m bench.turn_cpu", description=__doc__)
+    ap.add_argument("turns", nargs="?", type=int, default=100, help="Turns a run")
+    ap.add_argument("--by-comm", action="store_true", help="run time by thread name too")
+    ap.add_argument("--pairs", type=int, default=0, help="interleaved A/B pairs with --against")
+    ap.add_argument("--against", type=Path, default=None, help="the other tree (the base)")
+    ap.add_argument("--quick", action="store_true", help="with --pairs: 2 pairs of 6 Turns")
+    args = ap.parse_args(argv)
+    if args.pairs or args.against is not None:
+        if args.against is None or (args.pairs < 1 and not args.quick):
+            ap.error("--pairs M and --against TREE go together")
+        pairs, turns = (2, 6) if args.quick else (args.pairs, args.turns)
+        return pairs_main(argv, pairs, args.against, turns)
+    SPLIT[0] = args.by_comm
+    turns_asked = args.turns
     samples: list[dict[str, float]] = []
     real_fine = fine_by_kind
 

@@ -161,6 +161,11 @@ _ERROR_WORDS: dict[str, str] = {
 }
 
 
+# A rename to an empty title, refused before anything is sent: the CLI's `rename S ""` and the
+# GUI's rename dialog say the same words.
+EMPTY_TITLE_WORDS = "the title is empty: give the new title"
+
+
 def too_large_words(params: Mapping[str, Any] | None) -> str | None:
     """A 413 `payload_too_large` for a person: the request's size and the limit in MiB and
     what to do, not the frame's byte counts; None without them."""

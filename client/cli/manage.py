@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast
 from client.cli.command import api_error, call, parse_pairs, with_client
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit
 from client.control_chars import shown
+from client.failure_words import EMPTY_TITLE_WORDS
 from protocol.methods import (
     FORK_GET,
     SESSION_DELETE,
@@ -141,9 +142,7 @@ def run_rename(args: argparse.Namespace, client: Client) -> int:
 
     if args.title == "":
         # The usage error `new --title ""` gives, before anything is sent.
-        raise CliError(
-            "invalid_argument", "the title is empty: give the new title", code=EXIT_USAGE
-        )
+        raise CliError("invalid_argument", EMPTY_TITLE_WORDS, code=EXIT_USAGE)
     sid = resolve_session(client, args.workspace, args.session)
     session = call(
         args,

@@ -67,8 +67,9 @@ class AgentHostApp(App[int]):
     TITLE = "agenthost"
     CSS = """
     #body { height: 1fr; }
-    /* At 80 columns the list shrinks to a quarter; ids are shortened to 8 characters. */
-    #sessions { width: 40; max-width: 25%; border-right: solid $primary 40%; }
+    /* A quarter of the screen, 21 to 40 cells: at 80 columns a title keeps 20 (the id gives
+       way first) and a Turn's header its file count; ids are shortened to 8 characters. */
+    #sessions { width: 25%; min-width: 21; max-width: 40; border-right: solid $primary 40%; }
     #main { width: 1fr; }
     #session-bar { height: auto; background: $boost; }
     /* One line whatever it says (a blocked fork's reason included): elided with "…". */

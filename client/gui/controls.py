@@ -14,6 +14,7 @@ from textual.message import Message
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, Select, Static
 
+from client.failure_words import EMPTY_TITLE_WORDS
 from client.session_client import describe_interaction
 from domain.providers import PROVIDERS
 
@@ -188,7 +189,12 @@ class RenameScreen(ModalScreen[str | None]):
 
     def _done(self) -> None:
         title = self.query_one("#rename-title", Input).value.strip()
-        self.dismiss(title or None)
+        if not title:
+            # Nothing to send (the protocol wants 1.. characters): say so, as the CLI does,
+            # and keep the dialog open for a title.
+            self.notify(EMPTY_TITLE_WORDS, severity="warning")
+            return
+        self.dismiss(title)
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()

@@ -8,11 +8,15 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from rich.text import Text
+from textual import events
 from textual.widgets import Tree
 from textual.widgets.tree import TreeNode
 
 from client.lineage_view import LineageMark
 from client.session_client import session_tree
+
+# The cells a cut title keeps before the id beside it is dropped for it.
+TITLE_BESIDE_ID = 16
 
 
 def session_label(
@@ -37,10 +41,11 @@ def session_label(
     title = Text(str(session.get("title") or "Untitled"))
     short_id = f"  {str(session['agentSessionId'])[:8]}"
     if room is not None:
-        # What the marks around the title take; the title gets the rest (at least 8 cells),
-        # and in a list too narrow for both the id gives way to the title.
-        around = len(label) + (27 if gone else 0) + (3 if session.get("activeTurnId") else 0) + 1
-        if room - around - len(short_id) < 8:
+        # What the marks around the title take; the title gets the rest (at least 8 cells).
+        # The id gives way first: it stays only beside a title that keeps all of itself or
+        # TITLE_BESIDE_ID cells of it.
+        around = label.cell_len + (27 if gone else 0) + (3 if session.get("activeTurnId") else 0)
+        if room - around - len(short_id) < min(title.cell_len, TITLE_BESIDE_ID):
             short_id = ""
         fits = max(8, room - around - len(short_id))
         if title.cell_len > fits:
@@ -64,6 +69,20 @@ class SessionTree(Tree[str]):
         super().__init__("Sessions", id=id)
         self.show_root = False
         self.guide_depth = 3
+        # What the rows were last made of, and the width they were cut for.
+        self._shown: (
+            tuple[list[Mapping[str, Any]], str | None, Mapping[str, LineageMark]] | None
+        ) = None
+        self._cut_for = 0
+
+    def on_resize(self, event: events.Resize) -> None:
+        """The rows are cut for the list's width: a new width cuts them again (the cursor
+        stays on its session)."""
+        if self._shown is None or self.content_region.width == self._cut_for:
+            return
+        sessions, selected, marks = self._shown
+        cursor = self.cursor_node.data if self.cursor_node is not None else None
+        self.show_sessions(sessions, cursor or selected, marks)
 
     def show_sessions(
         self,
@@ -72,11 +91,18 @@ class SessionTree(Tree[str]):
         marks: Mapping[str, LineageMark] | None = None,
     ) -> None:
         marks = marks or {}
+        sessions = list(sessions)
+        self._shown = (sessions, selected, marks)
+        self._cut_for = self.content_region.width
         self.clear()
         stack: list[TreeNode[str]] = [self.root]
         target: TreeNode[str] | None = None
         rows = session_tree(sessions)
-        width = self.scrollable_content_region.width  # 0 until laid out: nothing to elide for
+        # 0 until laid out: nothing to elide for. The rows a list taller than itself gets take
+        # a scrollbar's cells, whether or not it is drawn yet.
+        width = self.content_region.width
+        if len(rows) > self.content_region.height:
+            width -= self.styles.scrollbar_size_vertical
         listed = {str(r.session["agentSessionId"]) for r in rows}
         for row in rows:
             del stack[row.depth + 1 :]
@@ -87,7 +113,7 @@ class SessionTree(Tree[str]):
                 source_deleted=bool(source) and source not in listed,
                 mark=marks.get(sid),
                 # A title wider than the list is elided with "…", not cut unmarked.
-                room=(width - self.guide_depth * row.depth - 1) if width > 0 else None,
+                room=(width - self.guide_depth * row.depth) if width > 0 else None,
             )
             node = stack[-1].add(label, data=str(row.session["agentSessionId"]), expand=True)
             node.allow_expand = False

@@ -372,3 +372,35 @@ def test_control_characters_from_the_model_or_a_title_are_shown_not_obeyed(
     assert "colour \x1b[31mred\x9b2J" in cli.run("show", sid).stdout
     # The session keeps its text: --json carries it as it is.
     assert cli.json("show", sid)["session"]["title"] == "evil\x1b[2J\x1b]52;c;aGk=\x07title"
+
+
+# Every bidirectional formatting character (embeddings, overrides, isolates and the three marks).
+BIDI = "\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c"
+
+
+def test_bidi_overrides_in_a_title_or_a_reply_are_shown_not_obeyed(
+    cli: Cli, client: Client, ws: str
+) -> None:
+    # A right-to-left override makes a terminal draw what follows it reversed: a title stored
+    # as "report\u202efdp.exe" reads "reportexe.pdf", and an id-like title can pass for
+    # another session's. Each such character is shown as its escape, as a control is.
+    from tests.client.test_client_cli_control import run_on_tty
+
+    sid = new_session(cli, "Plain")
+    title = "report\u202efdp.exe " + BIDI
+    assert cli.run("rename", sid, title).returncode == 0
+    say(cli, sid, "reply \u2067olleh\u2069 done")
+    for args in (["show", sid], ["sessions"], ["say", sid, "again \u202d!"]):
+        code, out = run_on_tty(cli, args, b"", after="(never shown)")
+        assert code == 0, out
+        for raw in BIDI:
+            assert raw not in out, (args, hex(ord(raw)), out)
+        if args[0] == "say":
+            assert "again \\u202d!" in out, out
+        else:
+            assert "report\\u202efdp.exe" in out, (args, out)
+        if args[0] == "show":
+            assert "reply \\u2067olleh\\u2069 done" in out, out
+    # The session keeps its text: --json carries it as it is, a pipe gets it as it is.
+    assert cli.json("show", sid)["session"]["title"] == title
+    assert "reply \u2067olleh\u2069 done" in cli.run("show", sid).stdout

@@ -20,7 +20,7 @@ from textual.widgets._toast import Toast
 from client.engine.lifecycle import Engine
 from client.gui.app import AgentHostApp
 from client.gui.composer import Composer
-from client.gui.controls import ConfirmScreen
+from client.gui.controls import ConfirmScreen, RenameScreen
 from client.gui.session_list import SessionTree
 from tests.client.test_client_gui import header_text, open_and_wait, turn_views, until
 from tests.client.test_client_gui_keyboard import run_app
@@ -216,3 +216,128 @@ def test_escape_sequences_in_a_title_or_a_reply_never_reach_the_terminal(
             assert raw not in drawn, repr(drawn)
 
     run_app(daemon, ws, (100, 30), scenario)
+
+
+def test_bidi_overrides_in_a_title_or_a_reply_are_drawn_in_the_order_stored(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # A right-to-left override or isolate makes a terminal that reorders text draw what
+    # follows it reversed: "report\u202efdp.exe" reads "reportexe.pdf" in the list and the
+    # session bar, and a reply can hide what it says. None of them reaches the terminal.
+    from tests.client.make_screenshot import screen_segments
+    from tests.client.test_client_cli_everyday import BIDI
+
+    sid = create_session(client, ws, title="report\u202efdp.exe " + BIDI)["agentSessionId"]
+    run_turn(client, sid, "reply \u2067olleh\u2069 done", ws)
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 1)
+        await pilot.pause(0.2)
+        drawn = "".join(s.text for line in screen_segments(app) for s in line if not s.control)
+        assert "reportfdp.exe" in drawn and "reply olleh done" in drawn, drawn
+        for raw in BIDI:
+            assert raw not in drawn, (hex(ord(raw)), drawn)
+
+    run_app(daemon, ws, (100, 30), scenario)
+
+
+def test_an_empty_rename_says_the_title_is_empty_and_keeps_the_dialog(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # F2, the title erased, Enter: the session keeps its title, and the person is told why in
+    # the words the CLI's `rename S ""` uses, with the dialog still open to type a title.
+    sid = create_session(client, ws, title="Kept title")["agentSessionId"]
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        await open_and_wait(app, pilot, sid, 0)
+        await pilot.press("f2")
+        await until(pilot, lambda: isinstance(app.screen, RenameScreen))
+        await pilot.press("end", "ctrl+u", "space", "enter")  # erased: only a space left
+        await until(
+            pilot,
+            lambda: any("the title is empty" in str(n.message) for n in app._notifications),  # noqa: SLF001
+        )
+        assert isinstance(app.screen, RenameScreen)
+        await pilot.press("ctrl+u", *"Given", "enter")
+        await until(pilot, lambda: not isinstance(app.screen, RenameScreen))
+        await until(
+            pilot,
+            lambda: (
+                client.call("session.get", {"workspaceId": ws, "agentSessionId": sid})["session"][
+                    "title"
+                ]
+                == "Given"
+            ),
+        )
+
+    run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_a_narrow_session_list_gives_its_titles_all_the_room_it_has(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # At 80 columns the list was a quarter of the screen (20 cells), two of them left empty and
+    # the rest shared with the id: a fork child's title kept 10 characters. Now each row is its
+    # title cut with "…" at the list's edge, the id gives way before the title does, and the
+    # list takes a cell more (the transcript keeps what a Turn's header needs for its files).
+    long = "Plan a long weekend in Lisbon with the whole family"
+    sid = create_session(client, ws, title=long)["agentSessionId"]
+    run_turn(client, sid, "one", ws)
+    turns = client.call("session.timeline", {"workspaceId": ws, "agentSessionId": sid})["turns"]
+    child = _fork_now(client, ws, sid, turns[0]["turnId"])
+    client.call(
+        "session.updateTitle",
+        {"workspaceId": ws, "agentSessionId": child, "title": "Child of " + long},
+    )
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        from tests.client.make_screenshot import screen_segments
+
+        await open_and_wait(app, pilot, sid, 1)
+        tree = app.query_one(SessionTree)
+        await until(pilot, lambda: len(tree.root.children) == 1 and tree.root.children[0].children)
+        await until(pilot, lambda: "#1" in str(tree.root.children[0].children[0].label))
+        await pilot.pause(0.2)
+        width = tree.scrollable_content_region.width
+        rows = [
+            "".join(s.text for s in line if not s.control)[:width].rstrip()
+            for line in screen_segments(app)[:2]
+        ]
+        root, fork = rows
+        assert width >= 20, width  # the column split at 80 columns
+        assert root == long[: width - 1] + "…", rows
+        assert fork.endswith("#1 " + ("Child of " + long)[: len(fork) - 7] + "…"), rows
+        assert len(root) == len(fork) == width, rows  # no cell left empty
+        assert sid[:8] not in root and child[:8] not in fork, rows
+
+    run_app(daemon, ws, (80, 24), scenario)
+
+
+def test_a_widened_terminal_gives_the_session_lists_titles_the_new_room(
+    daemon: DaemonProcess, client: Client, ws: str
+) -> None:
+    # The rows were cut once, at the list's width when they were drawn: a terminal widened
+    # from 80 to 160 columns kept a 19-character title in a list of 40 cells until the next
+    # session event. A resize cuts them again, for the width the list has now.
+    long = "Plan a long weekend in Lisbon with the whole family and friends"
+    sid = create_session(client, ws, title=long)["agentSessionId"]
+
+    async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
+        from tests.client.make_screenshot import screen_segments
+
+        tree = app.query_one(SessionTree)
+        await until(pilot, lambda: len(tree.root.children) == 1)
+
+        def row() -> str:
+            width = tree.scrollable_content_region.width
+            line = screen_segments(app)[0]
+            return "".join(s.text for s in line if not s.control)[:width].rstrip()
+
+        assert row() == long[: tree.scrollable_content_region.width - 1] + "…"
+        await pilot.resize_terminal(160, 30)
+        await until(pilot, lambda: tree.scrollable_content_region.width == 39)
+        await pilot.pause(0.2)
+        # The id beside it now: 28 cells are left for the title.
+        assert row() == long[:28] + "…  " + sid[:8], row()
+
+    run_app(daemon, ws, (80, 24), scenario)
