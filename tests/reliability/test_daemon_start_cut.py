@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from pathlib import Path
 from types import FrameType
 
@@ -25,8 +26,16 @@ def test_a_daemon_start_cut_short_leaves_no_daemon_running(tmp_path: Path) -> No
 
     before = signal.signal(signal.SIGUSR1, cut)
     d = DaemonProcess(tmp_path / "home")
-    # Past the spawn (a fork and exec), long before the daemon is ready (its imports, its store).
-    timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1))
+
+    def cut_once_spawned() -> None:
+        # Right after the spawn (a fork and exec), long before the daemon is ready (its imports,
+        # its store): not after a fixed time, which a loaded machine's start can outrun.
+        deadline = time.monotonic() + 60
+        while d.proc is None and time.monotonic() < deadline:
+            time.sleep(0.001)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    timer = threading.Thread(target=cut_once_spawned)
     timer.start()
     try:
         with pytest.raises(Cut):
