@@ -5,12 +5,20 @@ transcript holds the Session's Turns."""
 
 from __future__ import annotations
 
+import contextlib
+import sqlite3
 import threading
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from drivers.claude_transcript import parse_entries
+from model_fakes.messages import MessagesServer
 from tests.claude.conftest import ClaudeSession, Harness
+from tests.reliability.reliability_harness import fork_latest_params, worker_fired
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from transport.client import ApiError
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
 
@@ -60,3 +68,52 @@ def test_concurrent_starts_naming_no_id_all_answer_one_id(harness: Harness) -> N
     harness.turn(session, "one")
     files = [f.stem for f in harness.transcript(session).parent.glob("*.jsonl")]
     assert files == [session.provider_session_id]
+
+
+@pytest.fixture
+def claude_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    with MessagesServer() as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        (tmp_path / "cwd").mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def test_a_fork_prepared_beside_a_new_sessions_first_turn_leaves_it_its_turns_id(
+    claude_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A new Session's fork (`latestSettled`) and its first Turn both prepare its runtime
+    naming no provider session id: the fork's answer held back in the worker (after its start
+    put the Session in place) until the Turn's start answered and the Turn ran. The id the
+    store records is the one whose transcript holds the Turn."""
+    d = claude_daemon
+    c = d.client(timeout=60)
+    sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
+    points = {"worker.session.after_start": "once:sleep:3000"}
+    c.call("debug.failpoints", {"points": points})
+
+    def fork() -> None:
+        # Refused (no Turn settled when its runtime is prepared, or the Turn's claim), or
+        # forked through the Turn: either way after its runtime's preparation answered.
+        with contextlib.suppress(ApiError):
+            d.client(timeout=60).call("fork.create", fork_latest_params(sid))
+
+    forking = threading.Thread(target=fork)
+    forking.start()
+    wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
+    turn = run_turn(c, sid, "first")
+    forking.join(timeout=60)
+    assert turn["outcome"] == "completed", turn
+    with contextlib.closing(sqlite3.connect(d.home / "store.sqlite3")) as db:
+        (recorded,) = db.execute(
+            "SELECT provider_session_id FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+    transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
+    assert [p.stem for p in transcripts] == [recorded]
