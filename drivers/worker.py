@@ -210,7 +210,7 @@ class WorkerServer:
         self._forking_lock = threading.Lock()
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
-            "session.start": lambda p: self._stamped(p, self.driver().start_session),
+            "session.start": self._start_session,
             "session.stop": lambda p: self.driver().stop_session(p),
             "turn.start": self._start_turn,
             "turn.interrupt": self._interrupt_turn,
@@ -245,6 +245,13 @@ class WorkerServer:
             return None
         value = hook(agent_session_id, home)
         return None if value is None else f"{INCARNATION}:{value}"
+
+    def _start_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.start`: the driver's start, stamped. Failpoint `worker.session.after_start`:
+        the driver has put the Session's runtime in place, its answer not yet sent."""
+        result = self._stamped(params, self.driver().start_session)
+        self.failpoints.hit("worker.session.after_start")
+        return result
 
     def _stamped(
         self,

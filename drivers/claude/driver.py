@@ -207,6 +207,13 @@ class ClaudeDriver:
         )
         with self._sessions_lock:
             old = self._sessions.get(agent_session_id)
+            if not requested and old is not None and (old.config_dir, old.cwd) == (home, cwd):
+                # A start naming no id, of a Session this worker holds in the same home: the
+                # id this worker chose for it stays. Two preparations of a new Session (a
+                # Turn's and a fork's, each sent before the host recorded the other's answer)
+                # would otherwise claim two ids, and the host record the one whose answer came
+                # last while a Turn writes the transcript of the other.
+                provider_session_id = session.provider_session_id = old.provider_session_id
             if old is None or old.active is None:
                 self._sessions[agent_session_id] = session
             elif (old.config_dir, old.cwd) == (home, cwd) and requested in (

@@ -236,6 +236,21 @@ def worker_turn_before_start(t: Trial) -> str:
     return "failed"
 
 
+def worker_session_after_start(t: Trial) -> str:
+    c = t.client()
+    t.session(c)
+    before = worker_of(t.d, t.provider)
+    t.arm(c)
+    turn = submit(c, t.sid, "its runtime's worker dies before the start is answered")
+    t.worker_killed(before)
+    done = settle(c, t.sid, turn["turnId"])
+    # The start, lost unanswered with its worker, is sent again to the next one (nothing of
+    # the Turn reached a provider yet): the Turn runs there.
+    assert done["outcome"] == "completed", done
+    t.serves_the_next_turn()
+    return "completed"
+
+
 def worker_interaction_after_answer(t: Trial) -> str:
     c = t.client()
     t.session(c)
@@ -411,6 +426,7 @@ CASES: dict[str, Case] = {
     "worker.turn.before_start": Case(
         worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
     ),
+    "worker.session.after_start": Case(worker_session_after_start, ("tutti-agent", "claude-code")),
     "worker.interaction.after_answer": Case(worker_interaction_after_answer),
     "worker.turn.after_interrupt": Case(worker_turn_after_interrupt),
     "worker.binder.available": Case(

@@ -1,0 +1,119 @@
+"""A Claude Session's provider session id is chosen once by the worker that first starts it:
+a later `session.start` naming no id (a second preparation sent before the host recorded the
+first's answer) answers that same id, so the id the host records is always the one whose
+transcript holds the Session's Turns."""
+
+from __future__ import annotations
+
+import contextlib
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from drivers.claude_transcript import parse_entries
+from model_fakes.messages import MessagesServer
+from tests.claude.conftest import ClaudeSession, Harness
+from tests.reliability.reliability_harness import fork_latest_params, worker_fired
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from transport.client import ApiError
+
+pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
+
+
+def test_a_start_naming_no_id_of_a_held_session_answers_the_id_its_turns_are_in(
+    harness: Harness,
+) -> None:
+    first = harness.start("again")
+    assert harness.start("again").provider_session_id == first.provider_session_id
+    harness.turn(first, "one")
+    # Started once more naming no id, after a Turn: the id the host would record now is the
+    # one whose transcript holds that Turn, and the next Turn resumes it.
+    second = harness.start("again")
+    assert second.provider_session_id == first.provider_session_id
+    assert second.start_result["runtimeContext"]["resumeCursor"] == {
+        "resume": first.provider_session_id
+    }
+    harness.turn(second, "two")
+    files = sorted(f.stem for f in harness.transcript(first).parent.glob("*.jsonl"))
+    assert files == [first.provider_session_id]
+    roots = [e for e in parse_entries(harness.transcript(first).read_text()) if e.is_root_user]
+    assert [r.uuid for r in roots] == [t for t, _ in first.turns + second.turns]
+
+
+def test_concurrent_starts_naming_no_id_all_answer_one_id(harness: Harness) -> None:
+    barrier = threading.Barrier(6)
+    answers: list[ClaudeSession] = []
+    errors: list[BaseException] = []
+
+    def start() -> None:
+        try:
+            barrier.wait(timeout=10)
+            answers.append(harness.start("racing"))
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    assert not errors, errors
+    ids = {a.provider_session_id for a in answers}
+    assert len(answers) == 6 and len(ids) == 1, ids
+    # The Turn runs on whichever state the worker holds now: its transcript is that one id's.
+    session = answers[0]
+    harness.turn(session, "one")
+    files = [f.stem for f in harness.transcript(session).parent.glob("*.jsonl")]
+    assert files == [session.provider_session_id]
+
+
+@pytest.fixture
+def claude_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    with MessagesServer() as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        (tmp_path / "cwd").mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            yield d
+        finally:
+            d.stop()
+
+
+def test_a_fork_prepared_beside_a_new_sessions_first_turn_leaves_it_its_turns_id(
+    claude_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A new Session's fork (`latestSettled`) and its first Turn both prepare its runtime
+    naming no provider session id: the fork's answer held back in the worker (after its start
+    put the Session in place) until the Turn's start answered and the Turn ran. The id the
+    store records is the one whose transcript holds the Turn."""
+    d = claude_daemon
+    c = d.client(timeout=60)
+    sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
+    points = {"worker.session.after_start": "once:sleep:3000"}
+    c.call("debug.failpoints", {"points": points})
+
+    def fork() -> None:
+        # Refused (no Turn settled when its runtime is prepared, or the Turn's claim), or
+        # forked through the Turn: either way after its runtime's preparation answered.
+        with contextlib.suppress(ApiError):
+            d.client(timeout=60).call("fork.create", fork_latest_params(sid))
+
+    forking = threading.Thread(target=fork)
+    forking.start()
+    wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
+    turn = run_turn(c, sid, "first")
+    forking.join(timeout=60)
+    assert turn["outcome"] == "completed", turn
+    with contextlib.closing(sqlite3.connect(d.home / "store.sqlite3")) as db:
+        (recorded,) = db.execute(
+            "SELECT provider_session_id FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+    transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
+    assert [p.stem for p in transcripts] == [recorded]
