@@ -177,8 +177,11 @@ def _split(
         while k < len(stamps) and stamps[k][1] <= t1:
             point, t = stamps[k]
             # The worker's points of this fork follow this fork's send: a message sent
-            # before the window (a previous fork's) may be received inside it.
-            if "sup.send" in first or not point.startswith(("w.", "c.")):
+            # before the window (a previous fork's) may be received inside it; and the
+            # supervisor's completion of this fork follows the worker's answer to it.
+            if point == "sup.complete" and "w.send" not in first:
+                pass  # another request's answer (a previous fork's follow-up) inside the window
+            elif "sup.send" in first or not point.startswith(("w.", "c.")):
                 first.setdefault(point, t)
             k += 1
         host.append(t1 - t0)

@@ -84,6 +84,26 @@ def test_a_worker_stamp_before_the_forks_own_send_is_not_taken_for_the_forks() -
     ]
 
 
+def test_a_completion_before_the_forks_answer_is_not_taken_for_the_forks() -> None:
+    """Another request's answer completed inside a fork's window (a previous fork's follow-up,
+    late on a loaded machine) is not the fork's: its `sup.complete` is the one after its own
+    `w.send` (taken first, it put `sup.complete` before `w.send` and failed the path's order)."""
+    sys.path.insert(0, str(REPO))
+    from bench.fork_hops import _split
+
+    stamps = [
+        ("sup.send", 2.0),
+        ("w.recv", 2.5),
+        ("sup.complete", 3.0),  # another request's answer
+        ("w.send", 4.0),
+        ("sup.complete", 4.5),
+    ]
+    out = _split("tutti-agent", [(0.0, 5.0)], stamps, [1.0], 1.0)
+    offsets = out["offsetsP50Ms"]
+    assert offsets["sup.complete"] == 4.5, offsets
+    assert list(offsets) == ["sup.send", "w.recv", "w.send", "sup.complete"]
+
+
 def test_the_reply_leg_counts_an_events_batch_begun_before_the_reply_s_send() -> None:
     """The reply's leg is the loop's send less the responder's answer, per fork; a fork whose
     events thread began its batch before that send is counted, one that began after is not."""
