@@ -2315,13 +2315,11 @@ def test_a_file_an_abandon_quarantined_then_removed_is_reported(base: Base, tmp_
     assert quarantine_laws() == [f"{dest}, quarantined by {op}, was removed"]
 
 
-@pytest.mark.claude
-def test_a_committed_claude_child_cut_short_in_its_own_home_is_unreadable(
+def _claude_source_forked(
     tmp_path: Path,
-) -> None:
-    """`child_readable`, Claude's: the committed child's transcript in its own home holds the
-    Turns the fork recorded for it (their root user messages, in order). One cut back to its
-    first line still names the child's session, but its boundary Turn is gone."""
+) -> tuple[Path, str, list[dict[str, Any]], dict[str, Any]]:
+    """A stopped daemon's home whose Claude Code Session ran two Turns and was forked through
+    the second (committed): (home, the source's id, its two Turns, the fork's operation)."""
     from model_fakes.messages import MessagesServer
     from tests.daemon.test_fork_saga import fork, until_terminal
 
@@ -2344,6 +2342,17 @@ def test_a_committed_claude_child_cut_short_in_its_own_home_is_unreadable(
             assert op["status"] == "committed", op
         finally:
             d.stop()
+    return home, sid, turns, op
+
+
+@pytest.mark.claude
+def test_a_committed_claude_child_cut_short_in_its_own_home_is_unreadable(
+    tmp_path: Path,
+) -> None:
+    """`child_readable`, Claude's: the committed child's transcript in its own home holds the
+    Turns the fork recorded for it (their root user messages, in order). One cut back to its
+    first line still names the child's session, but its boundary Turn is gone."""
+    home, _sid, _turns, op = _claude_source_forked(tmp_path)
     assert Law.CHILD_READABLE not in laws(home)
     target = op["targetAgentSessionId"]
     (child,) = home.glob(f"runtimes/{WS}/{target}/claude-config/projects/*/*.jsonl")
@@ -2358,28 +2367,7 @@ def test_a_completed_claude_turn_missing_from_its_transcript_is_reported(tmp_pat
     checkpoint); a committed child's cloned Turns are read in the child's own transcript. The
     last Turn's reply cut out of the source's transcript is reported, and so is the first
     Turn's root user message cut out."""
-    from model_fakes.messages import MessagesServer
-    from tests.daemon.test_fork_saga import fork, until_terminal
-
-    home = tmp_path / "home"
-    home.mkdir()
-    cwd = tmp_path / "cwd"
-    cwd.mkdir()
-    with MessagesServer() as server:
-        (home / "agenthost.toml").write_text(
-            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
-        )
-        d = DaemonProcess(home).start()
-        try:
-            c = d.client()
-            sid = create_session(c, provider="claude-code", title="c", cwd=str(cwd))[
-                "agentSessionId"
-            ]
-            turns = [run_turn(c, sid, text) for text in ("one", "two")]
-            op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
-            assert op["status"] == "committed", op
-        finally:
-            d.stop()
+    home, sid, turns, _op = _claude_source_forked(tmp_path)
     assert [t["outcome"] for t in turns] == ["completed", "completed"]
 
     def found() -> list[str]:
