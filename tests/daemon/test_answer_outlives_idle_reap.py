@@ -13,6 +13,8 @@ worker's reply held back after the provider took the answer
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,11 +22,16 @@ import pytest
 from tests.support.daemon import WS, DaemonProcess, create_session, settle, submit
 from tests.support.git_repos import pending_request
 from tests.support.invariants import assert_invariants
+from transport.client import Client
 
 pytestmark = pytest.mark.timeout(120)
 
 
-def test_an_answer_the_provider_took_is_recorded_after_the_idle_reap(tmp_path: Path) -> None:
+@contextmanager
+def asked_with_a_short_idle(tmp_path: Path, point: str) -> Iterator[tuple[Client, str, str, str]]:
+    """A daemon whose Session actors are reaped after 0.2 s idle, a tutti-agent Turn waiting
+    on its question, and worker failpoint `point` holding a reply 3 s: yields (client,
+    session, Turn, request); then stops the daemon and checks every law."""
     home = tmp_path / "home"
     home.mkdir()
     (home / "agenthost.toml").write_text("[daemon]\nidle_actor_seconds = 0.2\n")
@@ -34,7 +41,16 @@ def test_an_answer_the_provider_took_is_recorded_after_the_idle_reap(tmp_path: P
         sid = create_session(c)["agentSessionId"]
         turn_id = submit(c, sid, "/ask go on?")["turnId"]
         request_id = pending_request(c, sid, turn_id)
-        c.call("debug.failpoints", {"points": {"worker.interaction.after_answer": "sleep:3000"}})
+        c.call("debug.failpoints", {"points": {point: "sleep:3000"}})
+        yield c, sid, turn_id, request_id
+    finally:
+        d.stop()
+    assert_invariants(home)
+
+
+def test_an_answer_the_provider_took_is_recorded_after_the_idle_reap(tmp_path: Path) -> None:
+    point = "worker.interaction.after_answer"
+    with asked_with_a_short_idle(tmp_path, point) as (c, sid, turn_id, request_id):
         status, body = c.call_raw(
             "interaction.respond",
             {
@@ -53,6 +69,3 @@ def test_an_answer_the_provider_took_is_recorded_after_the_idle_reap(tmp_path: P
         (asked,) = [i for i in turn["interactions"] if i["requestId"] == request_id]
         assert asked["status"] == "resolved", asked
         assert asked["output"]["text"] == "yes", asked
-    finally:
-        d.stop()
-    assert_invariants(home)

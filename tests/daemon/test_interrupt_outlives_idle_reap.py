@@ -16,24 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, settle, submit
-from tests.support.git_repos import pending_request
-from tests.support.invariants import assert_invariants
+from tests.daemon.test_answer_outlives_idle_reap import asked_with_a_short_idle
+from tests.support.daemon import WS, run_turn, settle
 
 pytestmark = pytest.mark.timeout(120)
 
 
 def test_an_interrupt_the_provider_took_is_answered_after_the_idle_reap(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    home.mkdir()
-    (home / "agenthost.toml").write_text("[daemon]\nidle_actor_seconds = 0.2\n")
-    d = DaemonProcess(home).start()
-    try:
-        c = d.client(timeout=60)
-        sid = create_session(c)["agentSessionId"]
-        turn_id = submit(c, sid, "/ask go on?")["turnId"]
-        pending_request(c, sid, turn_id)
-        c.call("debug.failpoints", {"points": {"worker.turn.after_interrupt": "sleep:3000"}})
+    point = "worker.turn.after_interrupt"
+    with asked_with_a_short_idle(tmp_path, point) as (c, sid, turn_id, _request_id):
         status, body = c.call_raw(
             "turn.interrupt",
             {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id},
@@ -47,6 +38,3 @@ def test_an_interrupt_the_provider_took_is_answered_after_the_idle_reap(tmp_path
         c.call("debug.failpoints", {"points": {"worker.turn.after_interrupt": "off"}})
         # The Session goes on: its next Turn runs.
         assert run_turn(c, sid, "after the interrupt")["outcome"] == "completed"
-    finally:
-        d.stop()
-    assert_invariants(home)
