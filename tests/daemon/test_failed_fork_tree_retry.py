@@ -10,14 +10,18 @@ from __future__ import annotations
 
 import uuid
 from pathlib import Path
-from typing import Any
 
 import apsw
 import pytest
 
 from tests.support.daemon import WS, DaemonProcess, create_session, wait_for
 from tests.support.invariants import assert_invariants
-from tests.support.worktree_forks import source_in, trees_beside, worktree_fork_params
+from tests.support.worktree_forks import (
+    removal_counts,
+    source_in,
+    trees_beside,
+    worktree_fork_params,
+)
 from tests.support.worktree_repos import git, make_repo, make_unremovable
 
 pytestmark = pytest.mark.timeout(120)
@@ -101,17 +105,10 @@ def test_a_failed_forks_tree_git_cannot_remove_is_retried_live_and_kept_while_in
         assert not tree.exists()
         assert tree.name not in git(repo, "worktree", "list")
         assert not [b for b in git(repo, "branch", "--list").split() if tree.name in b]
-        assert wait_for(lambda: _counts(c) == (0, 1), 10), _counts(c)
+        assert wait_for(lambda: removal_counts(c) == (0, 1), 10), removal_counts(c)
         assert_invariants(home)
     finally:
         d.stop()
-
-
-def _counts(c: Any) -> tuple[int, int]:
-    """`worktreeRemovals`' pending and removed counts: the store records a tree `removed` a
-    moment before the retries drop it from their list, so a test waits for them."""
-    removals = c.call("host.status")["worktreeRemovals"]
-    return removals["pending"], removals["removed"]
 
 
 def _op_id(d: DaemonProcess, request_id: str) -> str:
@@ -175,7 +172,7 @@ def test_a_failed_forks_half_made_tree_git_cannot_remove_is_retried_live(tmp_pat
         assert not work.parent.exists() and not tree.exists()
         assert work.name not in git(repo, "worktree", "list")
         assert not [b for b in git(repo, "branch", "--list").split() if work.name in b]
-        assert wait_for(lambda: _counts(c) == (0, 1), 10), _counts(c)
+        assert wait_for(lambda: removal_counts(c) == (0, 1), 10), removal_counts(c)
         assert_invariants(home)
     finally:
         d.stop()

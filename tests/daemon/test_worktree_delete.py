@@ -22,7 +22,12 @@ from storage.store import Store
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.invariants import Law, assert_invariants, check_invariants
 from tests.support.store_lock import ReleaseWhenLogged, WriteLockHolder
-from tests.support.worktree_forks import tree_state, trees_beside, worktree_fork_params
+from tests.support.worktree_forks import (
+    removal_counts,
+    tree_state,
+    trees_beside,
+    worktree_fork_params,
+)
 from tests.support.worktree_repos import git, make_repo, make_unremovable
 from transport.client import ApiError, Client
 from workspace.shadow import ShadowStore
@@ -381,8 +386,7 @@ def test_a_tree_git_cannot_remove_is_retried_live_and_recorded_once_it_goes(
         # No restart: the next retry removes it and records it.
         assert wait_for(lambda: tree_state(d, child) == "removed", 60)
         assert not tree.exists() and where["branch"] not in branches(repo)
-        removals = c.call("host.status")["worktreeRemovals"]
-        assert (removals["pending"], removals["removed"]) == (0, 1), removals
+        assert wait_for(lambda: removal_counts(c) == (0, 1), 10), removal_counts(c)
         refused_in(c, str(tree), tree, "removed")
         assert_invariants(home)
     finally:
@@ -691,8 +695,11 @@ def test_a_tree_kept_for_a_session_is_removed_once_that_session_is_deleted(
         delete(c, users[0])
         assert wait_for(lambda: tree_state(d, child) == "removed", 30), d.tail_log(5000)
         assert not Path(where["path"]).exists() and where["branch"] not in branches(repo)
-        removals = c.call("host.status")["worktreeRemovals"]
-        assert (removals["pending"], removals["rounds"], removals["removed"]) == (0, 1, 1)
+        # One round (the one `user_gone` asked for), counted after its removal is.
+        assert wait_for(lambda: removal_counts(c) == (0, 1), 10), removal_counts(c)
+        assert wait_for(lambda: c.call("host.status")["worktreeRemovals"]["rounds"] == 1, 10)
+        time.sleep(0.3)  # and no second round after it
+        assert c.call("host.status")["worktreeRemovals"]["rounds"] == 1
         assert_invariants(home)
     finally:
         d.stop()

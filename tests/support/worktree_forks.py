@@ -74,3 +74,11 @@ def tree_state(d: DaemonProcess, child: str) -> str | None:
     finally:
         conn.close()
     return None if row is None else str(row[0])
+
+
+def removal_counts(c: Client) -> tuple[int, int]:
+    """`host.status` → `worktreeRemovals`' pending and removed counts. The store records a tree
+    `removed` a moment before the live retries drop it from their list and count it, so a
+    test that saw the record waits for these (`wait_for`), never reads them once."""
+    removals = c.call("host.status")["worktreeRemovals"]
+    return int(removals["pending"]), int(removals["removed"])
