@@ -1,5 +1,5 @@
 """The Codex worker's check that a Session's rollout still holds the end of its last bound,
-completed Turn (`CodexProvider.turn_end_missing`, drivers/codex/turn_ends.py), as a warm Turn
+completed Turn (`CodexProvider.turn_end_missing`, drivers/turn_ends.py), as a warm Turn
 makes it: on a rollout of `TURNS` Turns (Codex 0.171's line shapes, `PAD` bytes of reply
 each), N times each of: the Turn asked again (its line kept: one `pread` of it), a Turn just
 ended (found in the file's last 256 KiB), and a cold search for the first Turn (the whole file
