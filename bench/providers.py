@@ -226,7 +226,12 @@ def _codex_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
             sandbox_mode=SandboxMode.READ_ONLY,
         )
     )
-    bare = BareAppServer([*default_command(), "app-server"], "CODEX_HOME", home, {}, paged=True)
+    # The daemon's Sessions' cwd: a small folder of their own (`BenchDaemon.workdir`), not a
+    # git work tree, where Codex's `thread/fork` runs ~12 `git` processes a fork.
+    work = home.parent / f"{home.name}-work"
+    work.mkdir(exist_ok=True)
+    argv = [*default_command(), "app-server"]
+    bare = BareAppServer(argv, "CODEX_HOME", home, {}, cwd=work, paged=True)
     bare.run_turns(n, lambda i: f"turn {i}")
     return bare
 
