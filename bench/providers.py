@@ -85,10 +85,10 @@ class BareAppServer:
             self.thread_id, self.turn_ids = resume[0], list(resume[1])
             self.proc.request("thread/resume", {"threadId": self.thread_id}, timeout=300)
             return
-        # The same cwd as the daemon's Sessions (its default cwd is the directory it runs in,
-        # REPO, a git work tree): Codex's `thread/fork` collects the child's git info there
-        # (about 12 `git` processes per fork), so a bare thread elsewhere would skip that cost.
-        # `cwd`: another folder, as the daemon's Sessions of that benchmark have.
+        # `cwd`: the folder the benchmark's daemon Sessions work in (`BenchDaemon.workdir`, a
+        # small folder of their own, for Codex: its `thread/fork` collects the child's git
+        # info in its cwd, ~12 `git` processes a fork in a git work tree), else REPO (the
+        # Tutti Agent runs no `git`).
         started = self.proc.request("thread/start", {"cwd": str(cwd or REPO)})
         self.thread_id = str(started["thread"]["id"])
 
