@@ -1,10 +1,12 @@
 """Benchmark 1: fork overhead against the provider itself. Through the daemon socket,
 `fork.create` → committed on a live source of N turns; in the same run, interleaved, the bare
 provider calls the saga needs on an equally warm provider this benchmark runs itself
-(app-servers: `thread/read` + `thread/fork`; Claude Code: `fork_session` through the checkpoint
-+ the in-process read of the child). Reports p50/p99 of both, their ratio, and where the host's
-time goes (the operation's durable stage timestamps, and a py-spy/CPU profile of the process
-tree). Every available provider of `bench/providers.py` is measured, in every mode.
+(the Tutti Agent: `thread/read` + `thread/fork`; Codex: the driver's calls, `thread/fork` with
+`excludeTurns` + the child's Turns listed, the source's listed only when it changed; Claude Code:
+`fork_session` through the checkpoint + the in-process read of the child). Reports p50/p99 of
+both, their ratio, and where the host's time goes (the operation's durable stage timestamps,
+and a py-spy/CPU profile of the process tree). Every available provider of `bench/providers.py`
+is measured, in every mode.
 """
 
 from __future__ import annotations

@@ -20,8 +20,11 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from drivers.app_server.process import AppServerProcess, private_env
+from drivers.app_server.runtimes import list_turns
 
 REPO = Path(__file__).resolve().parent.parent
+LIST_TIMEOUT_S = 300.0
+"""A paged bare fork's wait for each `thread/turns/list` page."""
 
 
 class BareProvider(Protocol):
@@ -42,9 +45,13 @@ class BareProvider(Protocol):
 
 class BareAppServer:
     """A Codex-style app-server driven over stdio with the same client the driver uses: the
-    timed part is `thread/read` (with turns) + `thread/fork {lastTurnId}`, exactly the two
-    calls the driver makes on the source before binding; the child is unsubscribed after the
-    timing, as the driver does, so the server stays equally warm."""
+    timed part is `thread/read` (with turns) + `thread/fork {lastTurnId}`; the child is
+    unsubscribed after the timing, as the driver does, so the server stays equally warm.
+
+    `paged` (Codex): the reads the driver makes instead. The source's Turns listed with
+    `thread/turns/list` pages (`drivers.app_server.runtimes.list_turns`) only when Turns ran
+    since the last listing (the driver reuses a listing of an unchanged source), then
+    `thread/fork {lastTurnId, excludeTurns}` and the child's Turns listed the same way."""
 
     def __init__(
         self,
@@ -55,8 +62,11 @@ class BareAppServer:
         *,
         resume: tuple[str, list[str]] | None = None,
         cwd: Path | None = None,
+        paged: bool = False,
     ):
         self._argv, self._home_var, self._home, self._env = argv, home_var, home, dict(env)
+        self._paged = paged
+        self._listed: int | None = None  # how many Turns the source had at its last listing
         self._done: dict[str, threading.Event] = {}
         self._lock = threading.Lock()
         home.mkdir(parents=True, exist_ok=True)
@@ -75,10 +85,10 @@ class BareAppServer:
             self.thread_id, self.turn_ids = resume[0], list(resume[1])
             self.proc.request("thread/resume", {"threadId": self.thread_id}, timeout=300)
             return
-        # The same cwd as the daemon's Sessions (its default cwd is the directory it runs in,
-        # REPO, a git work tree): Codex's `thread/fork` collects the child's git info there
-        # (about 12 `git` processes per fork), so a bare thread elsewhere would skip that cost.
-        # `cwd`: another folder, as the daemon's Sessions of that benchmark have.
+        # `cwd`: the folder the benchmark's daemon Sessions work in (`BenchDaemon.workdir`, a
+        # small folder of their own, for Codex: its `thread/fork` collects the child's git
+        # info in its cwd, ~12 `git` processes a fork in a git work tree), else REPO (the
+        # Tutti Agent runs no `git`).
         started = self.proc.request("thread/start", {"cwd": str(cwd or REPO)})
         self.thread_id = str(started["thread"]["id"])
 
@@ -106,6 +116,8 @@ class BareAppServer:
             self.turn_ids.append(turn_id)
 
     def fork_once(self) -> float:
+        if self._paged:
+            return self._paged_fork_once()
         t0 = time.perf_counter()
         read = self.proc.request("thread/read", {"threadId": self.thread_id, "includeTurns": True})
         if not (read.get("thread") or {}).get("turns"):
@@ -117,6 +129,20 @@ class BareAppServer:
         )
         elapsed = (time.perf_counter() - t0) * 1000.0
         child = str(forked["thread"]["id"])
+        self.proc.request("thread/unsubscribe", {"threadId": child})
+        return elapsed
+
+    def _paged_fork_once(self) -> float:
+        t0 = time.perf_counter()
+        if self._listed != len(self.turn_ids):
+            list_turns(self.proc, self.thread_id, LIST_TIMEOUT_S)
+            self._listed = len(self.turn_ids)
+        params = {"threadId": self.thread_id, "lastTurnId": self.turn_ids[-1]}
+        forked = self.proc.request("thread/fork", {**params, "excludeTurns": True})
+        child = str(forked["thread"]["id"])
+        if not forked["thread"].get("turns"):
+            list_turns(self.proc, child, LIST_TIMEOUT_S)
+        elapsed = (time.perf_counter() - t0) * 1000.0
         self.proc.request("thread/unsubscribe", {"threadId": child})
         return elapsed
 
@@ -200,7 +226,12 @@ def _codex_bare(home: Path, n: int, config: Mapping[str, str]) -> BareProvider:
             sandbox_mode=SandboxMode.READ_ONLY,
         )
     )
-    bare = BareAppServer([*default_command(), "app-server"], "CODEX_HOME", home, {})
+    # The daemon's Sessions' cwd: a small folder of their own (`BenchDaemon.workdir`), not a
+    # git work tree, where Codex's `thread/fork` runs ~12 `git` processes a fork.
+    work = home.parent / f"{home.name}-work"
+    work.mkdir(exist_ok=True)
+    argv = [*default_command(), "app-server"]
+    bare = BareAppServer(argv, "CODEX_HOME", home, {}, cwd=work, paged=True)
     bare.run_turns(n, lambda i: f"turn {i}")
     return bare
 

@@ -22,6 +22,7 @@ from drivers.binder import ParsedRollout
 from drivers.credentials import credential_plan, file_key_env
 from drivers.failpoints import Failpoints
 from drivers.known_rollouts import KnownRollouts
+from drivers.turn_ends import TurnEnds
 from drivers.versions import TUTTI_AGENT_GATE
 
 __all__ = ["TuttiAgentProvider", "create_driver", "prove_tutti_child"]
@@ -50,6 +51,7 @@ class TuttiAgentProvider:
     def __init__(self, config: Mapping[str, Any]) -> None:
         self.config = config
         self._rollouts = KnownRollouts(_find_rollout)
+        self._turn_ends = TurnEnds()
 
     def command(self) -> list[str]:
         configured = self.config.get("command")
@@ -112,6 +114,7 @@ class TuttiAgentProvider:
 
     def close_session(self, home: Path) -> None:
         self._rollouts.forget(home)
+        self._turn_ends.forget(home)
 
     def history_gone(self, home: Path, thread_id: str, *, search: bool = True) -> bool | None:
         """Whether the thread's rollout is gone from `home` (True), there (False), or not
@@ -121,6 +124,23 @@ class TuttiAgentProvider:
         history is checked here, not asked of it. A fork child's rollout is a whole copy in
         its own home (`fork_copies_source`): checked as any other."""
         return self._rollouts.gone(home, thread_id, search=search)
+
+    def turn_end_missing(
+        self, home: Path, thread_id: str, turn_id: str, *, search: bool = True
+    ) -> bool | None:
+        """Whether the thread's rollout in `home` lacks the end of `turn_id` (a Turn the host
+        bound and settled `completed`): True when it holds no `task_complete`/`turn_aborted`
+        naming it (cut back by hand, say, while the app-server runs on from memory); False
+        when it does; None with `search` false when that is not known from a file's tail. A
+        fork child's rollout is a whole copy, so its own file is the only one read.
+        (`drivers.turn_ends`)"""
+
+        def files() -> list[Path]:
+            path = _find_rollout(home, thread_id)
+            return [] if path is None else [path]
+
+        tail = self._rollouts.known(home, thread_id)
+        return self._turn_ends.missing(home, turn_id, tail, files, search=search)
 
     def homes_kept(self) -> int:
         return len(self._rollouts)  # a rollout's path per open home, dropped at its close

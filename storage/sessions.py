@@ -334,37 +334,25 @@ class SessionStore:
 
     def runtime_owners(self) -> list[tuple[str, str]]:
         """`(workspace, session)` of every Session (live or deleted) and of every fork target
-        not `failed` or `abandoned`: whose runtime directory the start-up sweep keeps."""
+        not `failed` or `abandoned` (its reservation: an operation holds it from its prepare
+        until it fails or is abandoned): whose runtime directory the start-up sweep keeps."""
         rows = self._with_conn(
             lambda c: c.execute(
                 "SELECT workspace_id, session_id FROM sessions"
-                " UNION SELECT workspace_id, target_session_id FROM fork_operations"
-                " WHERE status NOT IN ('failed', 'abandoned')"
+                " UNION SELECT workspace_id, session_id FROM session_reservations"
             ).fetchall()
         )
         return [(str(ws), str(sid)) for ws, sid in rows]
 
     def runtime_owners_among(self, session_ids: Sequence[str]) -> list[tuple[str, str]]:
         """`runtime_owners` narrowed to the given session ids (in any workspace): the sweep's
-        candidate folders, each looked up by the sessions' key in every workspace (workspaces
-        are few), plus one pass over the fork operations (no index names a target) — no row
-        read per stored Session."""
+        candidate folders, each looked up by the key of the sessions and of the reservations
+        (workspace, session) in every workspace (workspaces are few) — no row read per stored
+        Session or fork operation."""
         if not session_ids:
             return []
         ids = dumps(list(session_ids))
-        rows = self._with_conn(
-            lambda c: c.execute(
-                "WITH candidate(sid) AS (SELECT value FROM json_each(?))"
-                " SELECT s.workspace_id, s.session_id FROM workspaces AS w"
-                " CROSS JOIN candidate AS k"
-                " CROSS JOIN sessions AS s ON s.workspace_id = w.workspace_id"
-                " AND s.session_id = k.sid"
-                " UNION SELECT workspace_id, target_session_id FROM fork_operations"
-                " WHERE target_session_id IN (SELECT sid FROM candidate)"
-                " AND status NOT IN ('failed', 'abandoned')",
-                (ids,),
-            ).fetchall()
-        )
+        rows = self._with_conn(lambda c: c.execute(RUNTIME_OWNERS_AMONG_SQL, (ids,)).fetchall())
         return [(str(ws), str(sid)) for ws, sid in rows]
 
     def update_runtime(
@@ -390,6 +378,22 @@ class SessionStore:
             )
             touch(tx, ws, sid)
             return written(tx, require_session(tx.conn, ws, sid))
+
+
+RUNTIME_OWNERS_AMONG_SQL = (
+    "WITH candidate(sid) AS (SELECT value FROM json_each(?1))"
+    " SELECT s.workspace_id, s.session_id FROM workspaces AS w"
+    " CROSS JOIN candidate AS k"
+    " CROSS JOIN sessions AS s ON s.workspace_id = w.workspace_id AND s.session_id = k.sid"
+    " UNION SELECT r.workspace_id, r.session_id FROM workspaces AS w"
+    " CROSS JOIN candidate AS k"
+    " CROSS JOIN session_reservations AS r"
+    " ON r.workspace_id = w.workspace_id AND r.session_id = k.sid"
+)
+"""`runtime_owners_among`'s read (`?1`: the ids, a JSON array): each candidate looked up by the
+primary keys of `sessions` and `session_reservations` in each workspace. A fork target's
+reservation stands for its operation (the `reservation` law): `fork_operations` has no index
+on its target, so asking it was a scan of every operation the store ever had."""
 
 
 def _update_live(tx: Tx, ws: str, sid: str, assignment: str, value: object) -> Session:

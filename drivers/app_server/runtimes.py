@@ -66,6 +66,33 @@ def _text_chars(value: object) -> int:
     return 0
 
 
+def list_turns(proc: AppServerProcess, thread_id: str, timeout: float) -> list[Mapping[str, Any]]:
+    """`thread/turns/list` ascending, page after page: the first of `TURN_PAGE_FIRST`
+    turns, each next sized from the largest turn seen so far to hold about
+    `TURN_PAGE_CHARS` characters (at most `TURN_PAGE_MOST` turns), so no answer's line
+    comes near the bound while a history of small turns takes a few requests."""
+    turns: list[Mapping[str, Any]] = []
+    cursor: str | None = None
+    limit, largest = TURN_PAGE_FIRST, 1
+    for _ in range(TURN_PAGES_MOST):
+        params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc"}
+        params["limit"] = limit
+        if cursor:
+            params["cursor"] = cursor
+        page = proc.request("thread/turns/list", params, timeout=timeout)
+        data = [t for t in page.get("data") or [] if isinstance(t, Mapping)]
+        turns.extend(data)
+        after = page.get("nextCursor")
+        if not after or not data:
+            return turns
+        if after == cursor:
+            raise AppServerFailure(f"thread/turns/list: the cursor {after!r} did not move")
+        cursor = str(after)
+        largest = max(largest, *(_text_chars(t) for t in data))
+        limit = max(1, min(TURN_PAGE_MOST, TURN_PAGE_CHARS // largest))
+    raise AppServerFailure(f"thread/turns/list: more than {TURN_PAGES_MOST} pages")
+
+
 class _HomeClaim:
     """The lock of one home and how many threads hold or wait for it (the entry goes with the
     last: the map holds only homes in use)."""
@@ -298,27 +325,5 @@ class Runtimes:
         return self.list_turns(runtime, thread_id)
 
     def list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
-        """`thread/turns/list` ascending, page after page: the first of `TURN_PAGE_FIRST`
-        turns, each next sized from the largest turn seen so far to hold about
-        `TURN_PAGE_CHARS` characters (at most `TURN_PAGE_MOST` turns), so no answer's line
-        comes near the bound while a history of small turns takes a few requests."""
-        turns: list[Mapping[str, Any]] = []
-        cursor: str | None = None
-        limit, largest = TURN_PAGE_FIRST, 1
-        for _ in range(TURN_PAGES_MOST):
-            params: dict[str, Any] = {"threadId": thread_id, "sortDirection": "asc"}
-            params["limit"] = limit
-            if cursor:
-                params["cursor"] = cursor
-            page = runtime.proc.request("thread/turns/list", params, timeout=self.request_timeout)
-            data = [t for t in page.get("data") or [] if isinstance(t, Mapping)]
-            turns.extend(data)
-            after = page.get("nextCursor")
-            if not after or not data:
-                return turns
-            if after == cursor:
-                raise AppServerFailure(f"thread/turns/list: the cursor {after!r} did not move")
-            cursor = str(after)
-            largest = max(largest, *(_text_chars(t) for t in data))
-            limit = max(1, min(TURN_PAGE_MOST, TURN_PAGE_CHARS // largest))
-        raise AppServerFailure(f"thread/turns/list: more than {TURN_PAGES_MOST} pages")
+        """The thread's turns with their items, in order, a page at a time (`list_turns`)."""
+        return list_turns(runtime.proc, thread_id, self.request_timeout)

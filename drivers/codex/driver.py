@@ -32,11 +32,11 @@ from drivers.codex.lineage import (
     rollout_path,
     session_meta,
 )
-from drivers.codex.turn_ends import TurnEnds
 from drivers.credentials import copy_login, credential_plan, file_key_env, user_codex_auth
 from drivers.errors import DriverError
 from drivers.failpoints import Failpoints
 from drivers.known_rollouts import KnownRollouts
+from drivers.turn_ends import TurnEnds
 from drivers.versions import CODEX_GATE
 
 
@@ -175,7 +175,7 @@ class CodexProvider:
         bound and settled `completed`): True when neither its rollout nor, for a fork child,
         an ancestor's in the home holds it (cut back by hand, say); False when one does; None
         with `search` false when that is not known without reading more than a file's tail.
-        (`drivers.codex.turn_ends`)"""
+        (`drivers.turn_ends`)"""
 
         def files() -> list[Path]:
             paths = (rollout_path(home, t) for t in rollout_lineage(home, thread_id))

@@ -92,7 +92,7 @@ def _made_ahead(runtimes: Path, ws: str, sid: str) -> Path:
 
 
 def test_no_folder_on_disk_reads_nothing_of_the_store(store: Store, tmp_path: Path) -> None:
-    # A store whose owners cannot be read (its fork operations' table renamed away), while
+    # A store whose owners cannot be read (its fork targets' reservations renamed away), while
     # the deleted Sessions' index still answers: a sweep with no Session folder on disk reads
     # no owner, whatever the store holds — only dot folders, links and files here.
     for _ in range(3):
@@ -104,13 +104,13 @@ def test_no_folder_on_disk_reads_nothing_of_the_store(store: Store, tmp_path: Pa
     (runtimes / WS / "a-link").symlink_to(tmp_path)
     (runtimes / "ws-link").symlink_to(runtimes / WS)
     broken = apsw.Connection(str(tmp_path / "store.sqlite3"))
-    broken.execute("ALTER TABLE fork_operations RENAME TO fork_operations_gone")
+    broken.execute("ALTER TABLE session_reservations RENAME TO session_reservations_gone")
     broken.close()
     runtime_dirs.sweep(store, runtimes)  # the spare home trashed, nothing else
     assert sorted(p.name for p in (runtimes / WS).iterdir()) == ["a-file", "a-link"]
     # The same store is read as soon as one folder is there: the read above would have failed.
     _made_ahead(runtimes, WS, str(uuid.uuid4()))
-    with pytest.raises(apsw.SQLError, match="fork_operations"):
+    with pytest.raises(apsw.SQLError, match="session_reservations"):
         runtime_dirs.sweep(store, runtimes)
 
 

@@ -150,6 +150,7 @@ import zmq
 
 from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
+from tests.reliability.codex_cut import rollout_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
@@ -1429,6 +1430,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
                 }
             },
         )
+        at[0] = "the rollout-cut cells"
+        (tmp_path / "cut").mkdir()  # a Codex and a Tutti Agent rollout cut, refused, put back
+        assert rollout_cut_cells(home, c, seed, str(tmp_path / "cut")), seed
         at[0] = "the held-events burst"
         burst = held_events_burst(d, c, sids, set(sids[1::2]), rng, claude, codex, repo)
         at[0] = "the end's checks, after the burst"

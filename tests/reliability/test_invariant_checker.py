@@ -2443,3 +2443,37 @@ def test_a_completed_codex_turn_cut_from_its_rollout_is_reported(tmp_path: Path)
     source.write_bytes(b"\n".join(lines[:at]) + b"\n")
     (cut,) = found()
     assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut
+
+
+def test_a_completed_tutti_turn_cut_from_its_rollout_is_reported(tmp_path: Path) -> None:
+    """`tutti_turn_in_rollout`: a completed Tutti Agent Turn has its end in its thread's
+    rollout in its own home; a committed child's cloned Turns in the child's whole copy. The
+    source's rollout cut back to before its last Turn (whole lines left) is reported, naming
+    that Turn; the child's copy is left whole and reports nothing."""
+    from tests.daemon.test_fork_saga import fork, until_terminal
+
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client()
+        sid = create_session(c)["agentSessionId"]
+        turns = [run_turn(c, sid, text) for text in ("one", "two")]
+        op = until_terminal(c, fork(c, sid, turns[1]["turnId"])[1])
+        assert op["status"] == "committed", op
+    finally:
+        d.stop()
+    assert [t["outcome"] for t in turns] == ["completed", "completed"]
+
+    def found() -> list[str]:
+        violations = check_invariants(home).violations
+        return [v.detail for v in violations if v.law is Law.TUTTI_TURN_IN_ROLLOUT]
+
+    assert found() == []
+    source_home = runtime_home(home, WS, sid)
+    (source,) = [p for p in rollouts(source_home) if p not in child_rollouts(source_home)]
+    lines = source.read_bytes().split(b"\n")
+    at = max(i for i, line in enumerate(lines) if b'"task_started"' in line)
+    last = json.loads(lines[at])["payload"]["turn_id"]
+    source.write_bytes(b"\n".join(lines[:at]) + b"\n")
+    (cut,) = found()
+    assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut

@@ -217,3 +217,39 @@ def test_a_start_finds_the_failed_forks_trees_by_their_index(months_path: Path) 
         assert plan[0].startswith(
             "SEARCH fork_operations USING INDEX fork_operations_worktrees (status=? AND"
         ), (statistics, plan)
+
+
+def test_the_start_sweeps_owner_lookup_reads_its_candidates_keys_only(months_path: Path) -> None:
+    """`runtime_owners_among` (the start-up sweep's question about the folders it found): each
+    candidate is looked up by a key, in `sessions` and in the fork targets' reservations; no
+    Session and no fork operation is scanned, and its answer is the owners: a Session, an
+    `unknown` fork's target (no Session yet), not a failed fork's target nor a stranger."""
+    conn = apsw.Connection(str(months_path))
+    try:
+        targets = dict(
+            conn.execute("SELECT status, target_session_id FROM fork_operations").fetchall()
+        )
+        candidates = [BIG, targets["unknown"], targets["failed"], "not-a-session"]
+        seen: list[tuple[str, tuple[Any, ...]]] = []
+
+        def hook(c: apsw.Connection) -> None:
+            def trace(_cursor: apsw.Cursor, sql: str, bindings: Any) -> bool:
+                seen.append((sql, tuple(bindings or ())))
+                return True
+
+            c.exec_trace = trace
+
+        apsw.connection_hooks.append(hook)  # every statement (this one begins WITH)
+        try:
+            with Store(months_path) as store:
+                owners = store.sessions.runtime_owners_among(candidates)
+        finally:
+            apsw.connection_hooks.remove(hook)
+        ((sql, bindings),) = [s for s in seen if "json_each" in s[0]]
+        assert sorted(owners) == sorted([(WS, BIG), (WS, targets["unknown"])])
+        plan = _plan(conn, sql, bindings)
+        scanned = {step.split()[1] for step in plan if step.startswith("SCAN ")}
+        # The workspaces (a handful) and the candidates themselves only.
+        assert scanned <= {"w", "k", "json_each", "candidate"}, plan
+    finally:
+        conn.close()

@@ -161,6 +161,11 @@ class Law(StrEnum):
     turn id — the rollout cut back before it, say — so the store holds a Turn the provider's
     history lost (docs/design/drivers.md, "A bound history must still hold its last
     completed Turn")."""
+    TUTTI_TURN_IN_ROLLOUT = "tutti_turn_in_rollout"
+    """A settled `completed` Turn of a live Tutti Agent Session has no end in its thread's
+    rollout in its own home (a fork child's is a whole copy): no `task_complete` or
+    `turn_aborted` event names its provider turn id — the rollout cut back before it, say
+    (docs/design/drivers.md, "A bound history must still hold its last completed Turn")."""
     CLAUDE_TURN_IN_TRANSCRIPT = "claude_turn_in_transcript"
     """A settled `completed` Turn of a live Claude Code Session is not in the Session's
     transcript (`projects/*/<provider session>.jsonl` in its own provider home): no Turn there
@@ -1719,6 +1724,47 @@ def _codex_turn_misses(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
     for (ws, sid, thread), turn_ids in by_session.items():
         home_dir = provider_home(ctx.home, ws, sid, "codex")
         for problem in codex_turn_end_problem(home_dir, thread, turn_ids):
+            misses.append((ws, sid, f"session {sid}: {problem}"))
+    return misses
+
+
+def tutti_turn_end_problem(home_dir: Path, thread: str, turn_ids: Sequence[str]) -> list[str]:
+    """Of `turn_ids` (provider turn ids of a Tutti Agent thread's completed Turns), why each
+    one whose end is not in the thread's one rollout in `home_dir` is missing: one problem
+    when there is not exactly one such rollout."""
+    matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
+    if len(matches) != 1:
+        return [f"{len(matches)} rollouts for thread {thread} in {home_dir}"] if turn_ids else []
+    ended = {
+        r["payload"].get("turn_id")
+        for r in _json_lines(matches[0])
+        if r.get("type") == "event_msg"
+        and isinstance(r.get("payload"), dict)
+        and r["payload"].get("type") in ("task_complete", "turn_aborted")
+    }
+    return [f"no end of Turn {t} in thread {thread}'s rollout" for t in turn_ids if t not in ended]
+
+
+def _tutti_turn_misses(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str, str]]:
+    """`tutti_turn_in_rollout`: the completed Turns of each live Tutti Agent Session looked
+    for in its home. (workspace, Session, detail) of each miss: the caller rechecks the
+    Session's deletion as `codex_turn_in_rollout` does."""
+    by_session: dict[tuple[str, str, str], list[str]] = defaultdict(list)
+    for t in _rows(
+        conn,
+        "SELECT t.workspace_id, t.session_id, t.root_provider_turn_id, s.provider_session_id"
+        " FROM turns t JOIN sessions s USING (workspace_id, session_id)"
+        " WHERE s.provider = 'tutti-agent' AND s.deleted = 0"
+        " AND s.provider_session_id IS NOT NULL"
+        " AND t.phase = 'settled' AND t.outcome = 'completed'"
+        " AND t.root_provider_turn_id IS NOT NULL ORDER BY t.sequence",
+    ):
+        key = (t["workspace_id"], t["session_id"], str(t["provider_session_id"]))
+        by_session[key].append(str(t["root_provider_turn_id"]))
+    misses: list[tuple[str, str, str]] = []
+    for (ws, sid, thread), turn_ids in by_session.items():
+        home_dir = provider_home(ctx.home, ws, sid, "tutti-agent")
+        for problem in tutti_turn_end_problem(home_dir, thread, turn_ids):
             misses.append((ws, sid, f"session {sid}: {problem}"))
     return misses
 
@@ -3333,6 +3379,7 @@ def check_invariants(
             _check_completed_turns(ctx, conn)
             claude_turns, transcript_misses = _claude_transcript_misses(ctx, conn)
             codex_misses = _codex_turn_misses(ctx, conn)
+            tutti_misses = _tutti_turn_misses(ctx, conn)
             _check_host_only_turns(ctx, conn)
             _check_turn_claims(ctx, conn)
             _check_provider_turns_once(ctx, conn)
@@ -3422,6 +3469,11 @@ def check_invariants(
             for ws, sid, detail in codex_misses:
                 if (ws, sid) not in deleted_now:
                     ctx.fail(Law.CODEX_TURN_IN_ROLLOUT, detail)
+        if tutti_misses:
+            deleted_now = _deleted_now(home)
+            for ws, sid, detail in tutti_misses:
+                if (ws, sid) not in deleted_now:
+                    ctx.fail(Law.TUTTI_TURN_IN_ROLLOUT, detail)
         _check_quarantine(ctx, home, ops, resolutions)
         spares = _check_spare_homes(ctx, home)
         _check_child_owners(ctx, children, ops)

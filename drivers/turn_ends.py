@@ -1,12 +1,13 @@
-"""Whether a Codex thread's rollout still holds the end of the last Turn the host bound and
-settled `completed` (`boundTurnId`), checked before a Turn or a fork sends anything.
+"""Whether an app-server thread's rollout (Codex's, the Tutti Agent's: the same lines) still
+holds the end of the last Turn the host bound and settled `completed` (`boundTurnId`), checked
+before a Turn or a fork sends anything.
 
 A rollout cut back by hand to before that Turn is a valid JSONL prefix (the bind's and the
 fork's readers take it), and a live app-server holds the conversation in memory and appends
 past the cut: the next Turn would run on a history the store says holds a Turn it lost. A
 Turn's end is its `event_msg` line whose payload is `task_complete` or `turn_aborted` naming
-it (`turn_id`), in the thread's own rollout or, for a fork child, one of its lineage's in the
-home.
+it (`turn_id`), in the thread's own rollout or, for a Codex fork child, one of its lineage's in
+the home (a Tutti Agent child's rollout is a whole copy: its own file holds every end).
 
 Cheap on every warm Turn: the line found is remembered per home (file, inode, offsets and its
 bytes), and checked again with one `pread` of that line; a Turn not found there is looked for

@@ -1,4 +1,4 @@
-"""`drivers.codex.turn_ends.TurnEnds` on real files: a Turn's end found from a file's end
+"""`drivers.turn_ends.TurnEnds` on real files: a Turn's end found from a file's end
 across reads that split lines (and lines longer than a read), the line remembered and checked
 again in place, a file cut back or rewritten searched again, a line that only names the Turn
 (its start) or is torn not taken for its end, and the no-search check's answer from a tail."""
@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from drivers.codex import turn_ends
-from drivers.codex.turn_ends import TurnEnds
+from drivers import turn_ends
+from drivers.turn_ends import TurnEnds
 
 
 def line(kind: str, turn_id: str, pad: int = 0) -> bytes:
