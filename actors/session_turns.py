@@ -131,26 +131,19 @@ class TurnRunner:
         except BaseException:
             self._discard_before(early)
             raise
+        msg.reply(turn)
         if not created:
-            msg.reply(turn)
             self._discard_before(early)  # a replay: the claimed Turn is not this capture's
             return
         state = TurnState(turn.turn_id, image=turn, image_losses=self._writes.losses)
         self._turns[turn.turn_id] = state
         self._arm_watchdog(state, self._core.ctx.timeouts.turn_inactivity_s)
-        # The claim is durable: a warm Turn's `turn.start` leaves for its worker first and the
-        # submit is answered right after it, so the worker and the provider start while the
-        # answer is handed to the transport; any other start is answered before it begins.
-        answer = _Once(partial(msg.reply, turn))
         try:
-            self._begin(state, msg.text, read, early, answer)
-        except Exception as exc:  # noqa: BLE001 - the claim is durable: the Turn must still end
-            answer()  # 202 before the Turn settles `failed` (docs/protocol.md)
+            self._begin(state, msg.text, read, early)
+        except Exception as exc:  # noqa: BLE001 - the claim is answered: the Turn must still end
             # Nothing else would end it: the watchdog waits for a Turn not yet at its provider.
             failed = host_error_of(exc, f"session {self._core.key}: starting a turn", logger=log)
             self.settle(state, "failed", error=f"turn start failed: {failed.message}")
-        finally:
-            answer()
 
     def _begin(
         self,
@@ -158,12 +151,10 @@ class TurnRunner:
         text: str,
         read: tuple[Session, bool] | None,
         early: tuple[str, str, Future[Capture]] | None,
-        answer: Callable[[], None],
     ) -> None:
         """A claimed Turn's start: its `before` capture, then `turn.start` on the warm runtime,
         or the runtime's preparation first (`read`, `early`: what `on_submit` read and began
-        before the claim); `answer` answers the submit before a preparation (a warm start's
-        caller answers it once `turn.start` is sent)."""
+        before the claim)."""
         session, unbound = read if read is not None else (self._core.session(), None)
         # The runtime's preparation runs while the capture finishes; the start waits for it,
         # within its bound. A capture not begun beside the claim begins now.
@@ -181,11 +172,10 @@ class TurnRunner:
         # unchanged: no `session.start` round trip before this Turn.
         warm = self._runtime.warm_turn_runtime(session, unbound=unbound)
         if warm is None:
-            answer()
             self._prepare(state, text, session, started)
             return
         self._core.ctx.failpoints.hit("host.turn.before_warm_start")
-        self._start(state, text, session, started, warm, True)  # answered by the caller
+        self._start(state, text, session, started, warm, True)
 
     def _start(
         self,
@@ -990,17 +980,3 @@ def _timed_out(cwd: str, which: str, bound: float) -> Capture:
         "timed_out",
         f"the {which} checkpoint of {cwd} took longer than {bound:g} s ([workspace] timeout_s)",
     )
-
-
-class _Once:
-    """A call made at most once: a submit's answer, wherever the start reaches first."""
-
-    __slots__ = ("_fn",)
-
-    def __init__(self, fn: Callable[[], object]) -> None:
-        self._fn: Callable[[], object] | None = fn
-
-    def __call__(self) -> None:
-        fn, self._fn = self._fn, None
-        if fn is not None:
-            fn()
