@@ -364,7 +364,13 @@ class SessionRuntime:
     ) -> None:
         """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
         live, a historical and a resumed Session; the result is persisted as runtime context
-        so capability projection never has to spawn a process."""
+        so capability projection never has to spawn a process.
+
+        The request is built from the row as cached now, not from the caller's `session`,
+        read before its slot wait or its claim: another preparation's answer recorded
+        meanwhile (a new Session's provider session id) is what this start must name, or a
+        worker replaced in between draws a second id for the Session."""
+        session = self.cached_session()
         home = self._core.ctx.runtime_home(self._core.ws, self._core.sid, session.provider)
         home.mkdir(parents=True, exist_ok=True)
         request = SessionStart(
