@@ -18,7 +18,6 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from concurrent.futures import Future
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -67,11 +66,6 @@ events, continuations and write retries (a Turn's writes move only the row's
 `fork.resolve`, a lost runtime — may, so it empties the cache before and after it runs
 (`SessionActor.on_receive`, which asks a message's kind once for both); the actor's own
 runtime write (`update_runtime`) replaces it with the row it wrote."""
-
-
-BEHIND_A_DELETE = (Mutate, Submit, ForkCreate, ForkResolve)
-"""The requests that change a Session (or start work on it) and so wait behind a delete that
-was accepted before them and still waits (`SessionControls.deletes_waiting`)."""
 
 
 class SessionActor(PooledActor):
@@ -194,12 +188,6 @@ class SessionActor(PooledActor):
         )
 
     def _dispatch(self, message: Any) -> None:
-        if self.controls.deletes_waiting and isinstance(message, BEHIND_A_DELETE):
-            # A delete accepted before it waits for a runtime start to end: this request goes
-            # after it, in its order (a deleted Session's answer once the delete is applied),
-            # never past it — a Turn claimed meanwhile would make the delete refuse.
-            self.runtime.after_preparing.append(partial(self._after_delete, message))
-            return
         match message:
             case FollowUp(fn=fn):
                 fn()
@@ -228,17 +216,6 @@ class SessionActor(PooledActor):
                 self.turns.on_runtime_lost(message)
             case _:
                 log.warning("session actor %s: unknown message %r", self.key, message)
-
-    def _after_delete(self, message: Any) -> None:
-        """A request `_dispatch` held behind a waiting delete, run on a continuation's turn
-        right after it (the Session row forgotten around it, as around any request)."""
-        self.runtime.forget_row()
-        try:
-            self._dispatch(message)
-        except Exception as exc:  # noqa: BLE001 - the request is answered, typed
-            message.reply(host_error_of(exc, f"session {self.key} on {type(message).__name__}"))
-        finally:
-            self.runtime.forget_row()
 
     def _update_busy(self) -> None:
         busy = (

@@ -46,9 +46,6 @@ class SessionControls:
         actor stays busy meanwhile. The Turn they act on may settle first (its end can
         overtake the worker's reply), and an idle stop then left the reply no actor: the
         request answered 503 `session_stopped` and an answer the provider took unrecorded."""
-        self.deletes_waiting = 0
-        """Deletes waiting for a runtime start to end (`on_mutate`): the requests after them
-        wait behind them (`SessionActor._dispatch`)."""
 
     # -- plain mutations -------------------------------------------------------------------
 
@@ -63,16 +60,6 @@ class SessionControls:
                 f"a fork of agent session {self._core.key} is preparing its runtime; "
                 "retry the delete once it has ended"
             )
-        if msg.stop_runtime and runtime.preparing > runtime.slot_waits:
-            # A delete while a Turn's runtime start is in progress (a Turn interrupted while
-            # it waited; an active one's claim refuses the delete) waits for that start to end
-            # (within `session_start_s`). Run now, it would remove the runtime directory the
-            # start works in, which the start makes again (and starts a runtime in) for a
-            # Session that is gone. One still queued for its slot starts nothing once the
-            # delete has committed (`SessionRuntime.gone`): the delete runs now.
-            self.deletes_waiting += 1
-            runtime.after_preparing.append(partial(self._after_preparing, msg))
-            return
         session = self._core.session() if msg.stop_runtime else None
         provider = session.provider if session is not None else None
         result = msg.fn()
@@ -81,43 +68,40 @@ class SessionControls:
             # objects at the next collection.
             self._core.ctx.checkpoint_janitor.drop_session(session.cwd, self._core.sid)
         if provider is not None:
-            # Deleted (committed): its provider runtime and home have no further use. The home
-            # goes once the runtime has stopped, off this thread; a kill in between is
-            # finished by the next start (actors/runtime_dirs.py).
+            # Deleted (committed): its provider runtime and home have no further use. A
+            # preparation still queued for its slot starts nothing (`SessionRuntime.gone`).
             runtime.gone = True
             self._core.ctx.failpoints.hit("host.session.delete.after_commit")
-            stopped = self._core.ctx.workers.stop_session(
-                provider, SessionStop(self._core.key), 10.0
-            )
-            runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
-            failpoints = self._core.ctx.failpoints
-
-            def discard() -> None:
-                failpoints.hit("host.session.delete.discard")
-                runtime_dirs.discard(runtimes, ws, sid)
-
-            stopped.add_done_callback(
-                lambda _f: threading.Thread(
-                    target=discard,
-                    name="agenthost-discard",
-                    daemon=True,
-                ).start()
-            )
-            self._core.ctx.runtime_slots.forget(provider, self._core.key)
+            if runtime.preparing > runtime.slot_waits:
+                # A Turn's `session.start` is in progress (the Turn interrupted while it
+                # waited; an active one's claim refuses the delete): the delete is applied
+                # now, and the runtime that start makes (in the home it works in) is stopped
+                # and its home removed once it has answered, its answer discarded.
+                runtime.after_preparing.append(partial(self._discard_runtime, provider))
+            else:
+                self._discard_runtime(provider)
         msg.reply(result)
 
-    def _after_preparing(self, msg: Mutate) -> None:
-        """A delete deferred by `on_mutate`, run on a continuation's turn: the Session row the
-        actor keeps and its bindings' answer are forgotten around it, as for any `Mutate`."""
-        self.deletes_waiting -= 1
-        self._runtime.forget_row()
-        self._runtime.forget_bindings()
-        try:
-            self.on_mutate(msg)
-        except Exception as exc:  # noqa: BLE001 - the request is answered, typed
-            msg.reply(host_error_of(exc, f"session {self._core.key} on Mutate", logger=log))
-        finally:
-            self._runtime.forget_row()
+    def _discard_runtime(self, provider: str) -> None:
+        """A deleted Session's runtime is stopped, then its home removed off this thread (a
+        kill in between is finished by the next start: actors/runtime_dirs.py), and its slot
+        freed."""
+        stopped = self._core.ctx.workers.stop_session(provider, SessionStop(self._core.key), 10.0)
+        runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
+        failpoints = self._core.ctx.failpoints
+
+        def discard() -> None:
+            failpoints.hit("host.session.delete.discard")
+            runtime_dirs.discard(runtimes, ws, sid)
+
+        stopped.add_done_callback(
+            lambda _f: threading.Thread(
+                target=discard,
+                name="agenthost-discard",
+                daemon=True,
+            ).start()
+        )
+        self._core.ctx.runtime_slots.forget(provider, self._core.key)
 
     def on_interrupt(self, msg: Interrupt) -> None:
         """Works on any Turn the store shows active: one this actor runs,

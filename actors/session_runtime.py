@@ -136,9 +136,9 @@ class SessionRuntime:
         # Runtime slot: held while preparing or busy, released when neither.
         self.preparing = 0
         self._slot_provider: str | None = None
-        # What waits for every runtime preparation in progress to end (a delete that came
-        # during a fork's, `SessionControls.on_mutate`): run, in order, on this actor's thread
-        # right after the last one's answer was handed on.
+        # What waits for every runtime preparation in progress to end (a delete's stop of the
+        # runtime a Turn's start makes, `SessionControls.on_mutate`): run, in order, on this
+        # actor's thread right after the last one's answer was handed on.
         self.after_preparing: list[Callable[[], None]] = []
         # Of the preparations in progress: the forks' (`fork.create`), and those still queued
         # for their slot (nothing started yet). A delete meets the former at once, as their
@@ -146,7 +146,8 @@ class SessionRuntime:
         self.forks_preparing = 0
         self.slot_waits = 0
         # The Session was deleted (committed): a preparation granted its slot after that starts
-        # nothing, answered as for a Session that is gone.
+        # nothing, and one in `session.start` then has its answer discarded, each answered as
+        # for a Session that is gone.
         self.gone = False
 
     def forget_row(self) -> None:
@@ -364,7 +365,13 @@ class SessionRuntime:
     ) -> None:
         """Attach (or reuse) the Session's runtime in its worker: the same preparation for a
         live, a historical and a resumed Session; the result is persisted as runtime context
-        so capability projection never has to spawn a process."""
+        so capability projection never has to spawn a process.
+
+        The request is built from the row as cached now, not from the caller's `session`,
+        read before its slot wait or its claim: another preparation's answer recorded
+        meanwhile (a new Session's provider session id) is what this start must name, or a
+        worker replaced in between draws a second id for the Session."""
+        session = self.cached_session()
         home = self._core.ctx.runtime_home(self._core.ws, self._core.sid, session.provider)
         home.mkdir(parents=True, exist_ok=True)
         request = SessionStart(
@@ -385,6 +392,11 @@ class SessionRuntime:
         def _done(f: Future[SessionStarted]) -> None:
             # The start itself has ended: its permit goes to the next cold Session now.
             self._core.ctx.runtime_slots.started(session.provider, self._core.key)
+            if self.gone:
+                # Deleted while it started: its answer is not recorded; the delete stops the
+                # runtime it made and removes its home once this has answered.
+                on_ready(SessionNotFound(f"agent session {self._core.key} was deleted"))
+                return
             try:
                 result = f.result()
             except Exception as exc:  # noqa: BLE001 - every failure becomes a typed error

@@ -258,8 +258,13 @@ class ClaudeDriver:
         agent_session_id = required(params, "agentSessionId")
         with self._sessions_lock:
             session = self._sessions.pop(agent_session_id, None)
-        if session is not None and session.active is not None:
-            self.turns.cancel(session.active)
+        if session is not None:
+            with session.lock:
+                session.stopped = True
+            if session.active is not None:
+                self.turns.cancel(session.active)
+        # Answered once its CLI started ahead has ended: one still starting wrote into the
+        # Session's home after the host, told it was stopped, removed it (a delete).
         self.turns.forget(agent_session_id)
         return {}
 

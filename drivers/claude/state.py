@@ -86,6 +86,8 @@ class SessionState:
     env: dict[str, str]
     lock: threading.Lock = field(default_factory=threading.Lock)
     active: TurnState | None = None
+    stopped: bool = False
+    """`session.stop` took it: no CLI is started ahead for it any more."""
 
     @property
     def transcript(self) -> Path:

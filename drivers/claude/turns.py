@@ -25,7 +25,7 @@ from drivers.claude.events import TIMED_OUT, ClaudeEvents
 from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
 from drivers.claude.tied import TiedCli
-from drivers.claude.warm import CLOSE_WAIT_S, Cli, WarmClis, transcript_stamp
+from drivers.claude.warm import CLOSE_WAIT_S, EXIT_WAIT_S, Cli, WarmClis, transcript_stamp
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
 from drivers.liveness import TreeWatch, kill_tree, stopped_error
@@ -319,7 +319,7 @@ class Turns:
         if not self.warm.enabled:
             return
         with session.lock:
-            if session.active is not None:
+            if session.active is not None or session.stopped:
                 return
         try:
             cli = self._spawn(session)
@@ -328,8 +328,14 @@ class Turns:
         self.warm.park(session.agent_session_id, cli)
 
     def forget(self, agent_session_id: str) -> None:
-        """The Session stopped: its parked CLI ends (from any thread)."""
-        self._loop.call_soon_threadsafe(self.warm.drop, agent_session_id)
+        """The Session stopped: its parked CLI ends, and this returns once it has (within the
+        close's bounds: `EXIT_WAIT_S`, then terminated, `CLOSE_WAIT_S`), so nothing of it
+        writes into the Session's home after the stop is answered (from any thread but the
+        loop's)."""
+        with contextlib.suppress(Exception):
+            asyncio.run_coroutine_threadsafe(
+                self.warm.drop_and_wait(agent_session_id), self._loop
+            ).result(timeout=EXIT_WAIT_S + CLOSE_WAIT_S + 5)
 
     def close(self) -> None:
         """Ends every parked CLI (from any thread but the loop's)."""

@@ -233,6 +233,15 @@ class WarmClis:
                 cli.expiry.cancel()
             self.discard(cli)
 
+    async def drop_and_wait(self, agent_session_id: str) -> None:
+        """`drop`, then wait for the dropped CLI to end."""
+        cli = self._parked.pop(agent_session_id, None)
+        if cli is None:
+            return
+        if cli.expiry is not None:
+            cli.expiry.cancel()
+        await cli.close()
+
     def _expire(self, agent_session_id: str, cli: Cli) -> None:
         if self._parked.get(agent_session_id) is cli:
             self.drop(agent_session_id)

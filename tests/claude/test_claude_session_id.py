@@ -6,8 +6,12 @@ transcript holds the Session's Turns."""
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import sqlite3
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,8 +20,8 @@ import pytest
 from drivers.claude_transcript import parse_entries
 from model_fakes.messages import MessagesServer
 from tests.claude.conftest import ClaudeSession, Harness
-from tests.reliability.reliability_harness import fork_latest_params, worker_fired
-from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.reliability.reliability_harness import fork_latest_params, host_fired, worker_fired
+from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, settle, wait_for
 from transport.client import ApiError
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
@@ -117,3 +121,82 @@ def test_a_fork_prepared_beside_a_new_sessions_first_turn_leaves_it_its_turns_id
         ).fetchone()
     transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
     assert [p.stem for p in transcripts] == [recorded]
+
+
+def _recorded_id(d: DaemonProcess, sid: str) -> str | None:
+    with contextlib.closing(sqlite3.connect(d.home / "store.sqlite3")) as db:
+        (recorded,) = db.execute(
+            "SELECT provider_session_id FROM sessions WHERE session_id = ?", (sid,)
+        ).fetchone()
+    return str(recorded) if recorded else None
+
+
+def _claude_worker_pid(d: DaemonProcess) -> int:
+    workers = d.client().call("host.status", {})["workers"]
+    return int(next(w["pid"] for w in workers if w["provider"] == "claude-code"))
+
+
+def _start_read_before_the_id_was_recorded(
+    d: DaemonProcess, cwd: Path
+) -> tuple[str, str | None, str | None]:
+    """A new Session's fork prepares its runtime (its answer held in the worker); a Turn's
+    submit reads the Session row (no id yet) and is held before its claim; the fork's answer
+    goes to the host (`ordered` below checks it was recorded first), then the Turn's
+    `session.start` is held in the worker, which is killed: the start goes to the next worker.
+    (sid, the id recorded when the Turn's start reached the first worker, the id at the end)."""
+    c = d.client(timeout=60)
+    sid = create_session(c, provider="claude-code", cwd=str(cwd))["agentSessionId"]
+    arm = lambda points: c.call("debug.failpoints", {"points": points})  # noqa: E731
+    arm({"worker.session.after_start": "once:hang"})
+
+    def fork() -> None:
+        with contextlib.suppress(ApiError):
+            d.client(timeout=60).call("fork.create", fork_latest_params(sid))
+
+    forking = threading.Thread(target=fork)
+    forking.start()
+    wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
+    arm({"host.turn.before_claim": "once:hang"})
+    submitted = d.client(timeout=60).submit(
+        "turn.submit",
+        {
+            "workspaceId": WS,
+            "agentSessionId": sid,
+            "requestId": str(uuid.uuid4()),
+            "input": [{"type": "text", "text": "first"}],
+        },
+    )
+    wait_for(lambda: host_fired(d, "host.turn.before_claim"), 30)
+    # The fork's start answers (the Turn's row is read already); the next start is held.
+    arm({"worker.session.after_start": "once:hang"})
+    time.sleep(2.0)  # the fork's answer reaches the host before the submit goes on
+    arm({"host.turn.before_claim": "off"})
+    wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
+    first = _recorded_id(d, sid)
+    os.kill(_claude_worker_pid(d), signal.SIGKILL)
+    arm({"worker.session.after_start": "off"})
+    turn = settle(c, sid, submitted.result(timeout=60).result()["turn"]["turnId"])
+    forking.join(timeout=60)
+    assert turn["outcome"] == "completed", turn
+    return sid, first, _recorded_id(d, sid)
+
+
+def test_a_start_read_before_the_sessions_id_was_recorded_names_it_to_a_new_worker(
+    claude_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """A Turn's preparation whose Session row was read before a fork's preparation recorded
+    the new Session's provider session id, sent after that answer (to a worker that was
+    then replaced), names the recorded id: the next worker resumes it instead of drawing a
+    second one."""
+    d = claude_daemon
+    for attempt in range(3):
+        cwd = tmp_path / f"cwd{attempt}"
+        cwd.mkdir()
+        sid, first, last = _start_read_before_the_id_was_recorded(d, cwd)
+        if first is not None:
+            break  # the fork's answer was recorded before the Turn's start was sent
+    else:
+        pytest.fail("the fork's answer never reached the host before the Turn's start")
+    assert last == first
+    transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
+    assert [p.stem for p in transcripts] == [first]

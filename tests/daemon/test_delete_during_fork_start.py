@@ -104,10 +104,6 @@ def test_a_delete_during_a_forks_runtime_wait_meets_the_fork_at_once(tmp_path: P
     assert_invariants(home)
 
 
-def _in_flight(d: DaemonProcess) -> int:
-    return int(d.client().call("host.status")["requestsInFlight"])
-
-
 def test_a_delete_after_an_interrupt_during_a_turns_slot_wait_is_applied_at_once(
     tmp_path: Path,
 ) -> None:
@@ -171,13 +167,12 @@ def test_a_delete_after_an_interrupt_during_a_turns_slot_wait_is_applied_at_once
     assert_invariants(home)
 
 
-def test_a_request_after_a_delete_waiting_for_a_runtime_start_goes_after_it(
-    tmp_path: Path,
-) -> None:
-    """A delete that waits for a Turn's `session.start` in progress (the Turn interrupted
-    meanwhile) is applied before the `turn.submit` that came after it: the submit gets what a
-    deleted Session gets (404), not a Turn that makes the delete refuse (409
-    `agent_session_busy`, the later request applied first).
+def test_a_delete_beside_a_turns_runtime_start_is_applied_at_once(tmp_path: Path) -> None:
+    """A delete while a Turn's `session.start` is in progress (the Turn interrupted meanwhile)
+    is applied at once, not after the start (it waited up to `session_start_s`): 200 while the
+    start is still held, and a `turn.submit` after it gets what a deleted Session gets (404).
+    Once the start ends, its answer is discarded: the runtime it started is stopped and the
+    Session's runtime directory goes and stays gone.
 
     The start is held by the real `tutti-agent` behind a front that waits while a file
     exists (`_held_tutti`)."""
@@ -188,61 +183,76 @@ def test_a_request_after_a_delete_waiting_for_a_runtime_start_goes_after_it(
         "[daemon]\nmax_runtimes_per_provider = 1\n" + _held_tutti(tmp_path, hold)
     )
     d = DaemonProcess(home).start()
+    source_home = home / "runtimes" / WS
     try:
         c = d.client(timeout=60)
         source = create_session(c, title="source")["agentSessionId"]
+        source_home = source_home / source
         run_turn(c, source, "hello")
         # Another Session's Turn takes the only slot: the source's runtime is evicted, and
         # its next Turn starts one (`session.start`), held by the front.
         run_turn(c, create_session(c)["agentSessionId"], "evicts the source's runtime")
         hold.touch()
         cold = submit(c, source, "its runtime start is held")["turnId"]
-        wait_for(lambda: _starting(d) == 1, 30)
+        wait_for(lambda: Path(f"{hold}.met").exists(), 30)
         c.call("turn.interrupt", {"workspaceId": WS, "agentSessionId": source, "turnId": cold})
         assert settle(c, source, cold)["outcome"] == "interrupted"
 
-        answers: dict[str, tuple[int, dict[str, Any]]] = {}
-
-        def call(name: str, method: str, params: dict[str, Any]) -> None:
-            answers[name] = d.client(timeout=90).call_raw(method, params, timeout=90)
-
-        delete = threading.Thread(
-            target=call,
-            args=("delete", "session.delete", {"workspaceId": WS, "agentSessionId": source}),
+        status, body = d.client(timeout=30).call_raw(
+            "session.delete", {"workspaceId": WS, "agentSessionId": source}, timeout=30
         )
-        delete.start()
-        wait_for(lambda: "delete" in answers or _in_flight(d) >= 2, 30)
-        later = {
-            "workspaceId": WS,
-            "agentSessionId": source,
-            "requestId": "after-the-delete",
-            "input": [{"type": "text", "text": "after the delete"}],
-        }
-        after = threading.Thread(target=call, args=("submit", "turn.submit", later))
-        after.start()
-        wait_for(lambda: "submit" in answers or _in_flight(d) >= 3, 30)
-        hold.unlink()  # the start goes on
-        delete.join(90)
-        after.join(90)
-        assert answers["delete"][0] == 200, answers
-        status, body = answers["submit"]
-        assert (status, body.get("reason")) == (404, "workspace_agent_session_not_found"), answers
+        assert status == 200, (status, body)
+        assert _starting(d) == 1  # answered while the start is still held
+        later = c.call_raw(
+            "turn.submit",
+            {
+                "workspaceId": WS,
+                "agentSessionId": source,
+                "requestId": "after-the-delete",
+                "input": [{"type": "text", "text": "after the delete"}],
+            },
+        )
+        assert (later[0], later[1].get("reason")) == (404, "workspace_agent_session_not_found")
+        hold.unlink()  # the start goes on, for a Session that is gone
         wait_for(lambda: _starting(d) == 0, 30)
-        wait_for(lambda: not (home / "runtimes" / WS / source).exists(), 30)
+        # Its runtime is stopped and its directory removed once it answered.
+        wait_for(lambda: not _processes_naming(source), 30)
+        wait_for(lambda: not source_home.exists(), 30)
+        assert _runtimes(d)["live"] == 0  # its slot is free
+        # Another Session's Turn gets the slot the deleted Session's start held.
+        assert run_turn(c, create_session(c)["agentSessionId"], "next")["outcome"] == "completed"
     finally:
         if hold.exists():
             hold.unlink()
         d.stop()
+    assert not source_home.exists()
     assert_invariants(home)
+
+
+def _processes_naming(text: str) -> list[int]:
+    """This user's processes whose command line or environment names `text`."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            named = any(text.encode() in (proc / f).read_bytes() for f in ("cmdline", "environ"))
+        except OSError:
+            continue
+        if named:
+            found.append(int(proc.name))
+    return found
 
 
 def _held_tutti(tmp_path: Path, hold: Path) -> str:
     """The `[providers.tutti-agent]` table of a `tutti-agent` (the real one beside this
-    Python) whose every start waits while `hold` exists."""
+    Python) whose every start waits while `hold` exists (and then makes `<hold>.met`: a
+    `session.start` is in the worker)."""
     real = Path(sys.executable).parent / "tutti-agent"
     front = tmp_path / "held-tutti-agent"
     front.write_text(
-        f"#!/bin/sh\nwhile [ -e '{hold}' ]; do sleep 0.05; done\nexec '{real}' \"$@\"\n"
+        f"#!/bin/sh\n[ -e '{hold}' ] && touch '{hold}.met'\n"
+        f"while [ -e '{hold}' ]; do sleep 0.05; done\nexec '{real}' \"$@\"\n"
     )
     front.chmod(0o755)
     return f'[providers."tutti-agent"]\ncommand = ["{front}"]\n'

@@ -517,6 +517,44 @@ def test_fence_held_by_a_gone_saga_is_reported_when_live(base: Base, tmp_path: P
     assert Law.FENCE_HAS_SAGA not in laws(home)
 
 
+def test_a_deleted_sessions_runtime_folder_left_is_reported_when_live(
+    base: Base, tmp_path: Path
+) -> None:
+    child = base.committed["targetAgentSessionId"]
+    aged = tampered(
+        base,
+        tmp_path / "aged",
+        "UPDATE sessions SET deleted = 1, updated_at_ms = updated_at_ms - 600000"
+        f" WHERE session_id = '{child}'",
+    )
+    (folder,) = (aged / "runtimes").glob(f"*/{child}")
+    assert folder.is_dir()
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE in live
+    # A stopped home's unfinished delete is its next start's sweep to finish: no violation.
+    assert Law.DELETED_HOME_GONE not in laws(aged)
+    # Its provider home left empty, alone (a writer not found yet): tolerated, named in the
+    # law's row; anything more in it is reported.
+    (home_dir,) = folder.iterdir()
+    shutil.rmtree(home_dir)
+    home_dir.mkdir()
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE not in live
+    (home_dir / "sessions").mkdir()
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE in live
+    # Gone: none.
+    shutil.rmtree(folder)
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE not in live
+    # Deleted a moment ago (its runtime may still be stopping): none yet.
+    fresh = tampered(
+        base, tmp_path / "fresh", f"UPDATE sessions SET deleted = 1 WHERE session_id = '{child}'"
+    )
+    live = {v.law for v in check_invariants(fresh, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE not in live
+
+
 def test_fresh_real_home_is_clean_under_the_live_laws(base: Base) -> None:
     assert check_invariants(base.home, live_grace_s=0.0).ok
 
