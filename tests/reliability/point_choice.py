@@ -3,8 +3,10 @@ round's cell can reach (its `PointTally`'s counts; ties broken by a generator of
 so the soak's other draws are unchanged), and, as a free round's load starts (neither a stall,
 a full-disk nor a stop round), as many of the points never armed yet as the free rounds left
 must take for every point to be armed once in the run (`lead`): random picks armed 4 of 25 in
-a 60-round run. Once each point was armed the free rounds arm none at their start (their kill
-at a random moment again).
+a 60-round run. A round whose plan SIGKILLs the daemon at a random moment arms none while the
+other rounds can take them (a point armed there would fire first: one long run led every free
+round and kept no such kill), and once each point was armed no free round arms any at its
+start.
 
 `worker.session.after_start` (`SESSION_START`: the worker's answer to a `session.start` held
 after the driver chose the provider session id) is armed by its cell, `start_beside_fork`: a
@@ -24,6 +26,8 @@ from tests.support.daemon import WS
 from transport.client import Client
 
 SESSION_START = "worker.session.after_start"
+LEAD_MAX = 2
+"""The unarmed points a spared round counts on each later round to take (`PointChoice.lead`)."""
 
 
 class PointChoice:
@@ -41,13 +45,19 @@ class PointChoice:
     def unarmed(self) -> list[str]:
         return [p for p in self.points if not self.tally.armed[p]]
 
-    def lead(self, free_left: int) -> list[str]:
+    def lead(self, free_left: int, *, spare: bool = False) -> list[str]:
         """The points a free round arms as its load starts, `free_left` free rounds left with
-        this one: none once every point was armed, else the ceiling of the unarmed points'
-        share of those rounds (the last free round takes all that are left)."""
+        this one: none once every point was armed. A round to `spare` (its plan SIGKILLs the
+        daemon at a random moment, or it armed a point on its seed fork already) arms none
+        while the unarmed points fit in the rounds after it (`LEAD_MAX` in each of the half
+        of them expected not to be spared); any other round arms its share of the unarmed
+        points over the rounds not spared, this one included (the last free round takes all
+        that are left, spared or not)."""
         left = len(self.unarmed())
+        if spare and left <= LEAD_MAX * ((free_left - 1) // 2):
+            return []
         picked: list[str] = []
-        for _ in range(-(-left // max(1, free_left))):
+        for _ in range(-(-left // max(1, (free_left + 1) // 2))):
             picked.append(self.pick(but=tuple(picked)))
         return picked
 

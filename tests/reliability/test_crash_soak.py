@@ -801,9 +801,12 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 slots.start()  # on a daemon of its own, beside the round's load and kill
             if slow:
                 w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
-            if early is None and free_round(rounds):
+            if free_round(rounds):
                 # Points never armed yet, armed as the load starts (`PointChoice.lead`).
-                lead = w.choice.lead(sum(free_round(n) for n in range(rounds, ROUNDS + 1)))
+                lead = w.choice.lead(
+                    sum(free_round(n) for n in range(rounds, ROUNDS + 1)),
+                    spare=plan == "kill_daemon" or early is not None,
+                )
                 chaos["lead_armed"] += len(lead)
                 try:
                     arm_points(w, w.daemon.client(timeout=5), lead)
