@@ -1,9 +1,13 @@
 """Every failpoint docs/protocol.md names is killed at by a crash test that checks the store's
-laws after it: a cell of the fork matrix (tests/reliability/test_crash_matrix.py), a case of
-tests/reliability/test_crash_points.py, or a point the crash soak arms `once:kill`. A new
-failpoint cannot land without its crash test. And every one is a site of the code: arming a
-name no site hits is no error (`drivers/failpoints.py` knows no names), so a site renamed
-would leave the soak arming a point that never fires."""
+laws after it, and every point a crash test kills at is documented. A crash test is found by one
+rule, not a list, so a new one is never missed: any module under tests/ that arms a point `kill`
+(a `kill` or `once:kill` literal, or one ending `=once:kill`: `AGENTHOST_FAILPOINTS`) and checks
+the laws (names `assert_invariants` or `check_invariants`). The points it kills at: every
+failpoint name it spells (in a table, a tuple key of one, a parameter, a local), but a name
+spelled only as the key of a dict that arms another action (`once:error`, `once:sleep:…`,
+`off`). A new failpoint cannot land without its crash test. And every one is a site of the code:
+arming a name no site hits is no error (`drivers/failpoints.py` knows no names), so a site
+renamed would leave the soak arming a point that never fires."""
 
 from __future__ import annotations
 
@@ -16,15 +20,11 @@ SITES = ("agenthost", "actors", "drivers", "storage", "transport", "workspace", 
 """The packages whose code hits failpoints (`Failpoints.hit`, by a literal name, a name bound
 to a constant, or an f-string such as `host.checkpoint.{which}`)."""
 PROTOCOL = ROOT / "docs" / "protocol.md"
-RELIABILITY = ROOT / "tests" / "reliability"
+TESTS = ROOT / "tests"
 POINT = re.compile(r"`((?:host|worker)\.[a-z_]+(?:\.[a-z_]+)+)`")
-# Where each crash test keeps the points it kills at: module, then the names bound to a
-# tuple of names or to a dict keyed by them.
-TABLES = {
-    "test_crash_matrix.py": ("HOST", "WORKER"),
-    "test_crash_points.py": ("CASES",),
-    "test_crash_soak.py": ("POINTS",),
-}
+NAME = re.compile(POINT.pattern.strip("`"))
+KILLS = ("kill", "once:kill")
+CHECKS = ("assert_invariants", "check_invariants")
 
 
 def documented(text: str) -> set[str]:
@@ -33,36 +33,67 @@ def documented(text: str) -> set[str]:
     return set(POINT.findall(section))
 
 
-def named_in(source: str, names: tuple[str, ...]) -> set[str]:
-    """The string constants of the tuples, or the keys of the dicts, bound at module level to
-    `names` in `source`."""
-    found: set[str] = set()
-    for node in ast.parse(source).body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
-        if isinstance(node, ast.Assign) and len(node.targets) == 1:
-            target = node.targets[0]
-        if not (isinstance(target, ast.Name) and target.id in names):
-            continue
-        value = node.value
-        items = value.keys if isinstance(value, ast.Dict) else getattr(value, "elts", [])
-        found |= {i.value for i in items if isinstance(i, ast.Constant)}
+def kills_in(source: str) -> set[str] | None:
+    """The points the module `source` kills at, None when it is no crash test (it arms no
+    point `kill` or checks no law)."""
+    tree = ast.parse(source)
+    strings = [
+        n for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str)
+    ]
+    arms_a_kill = any(n.value in KILLS or n.value.endswith("=once:kill") for n in strings)
+    checks = any(isinstance(n, ast.Name) and n.id in CHECKS for n in ast.walk(tree))
+    if not (arms_a_kill and checks):
+        return None
+    other_action: set[int] = set()  # the keys of dicts that arm a point anything but `kill`
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Dict):
+            for key, value in zip(node.keys, node.values, strict=True):
+                if isinstance(value, ast.Constant) and value.value not in KILLS:
+                    other_action.add(id(key))
+    return {n.value for n in strings if NAME.fullmatch(n.value) and id(n) not in other_action}
+
+
+def crash_tests() -> dict[str, set[str]]:
+    """Every crash-test module under tests/ (its path) → the points it kills at."""
+    found = {}
+    for path in sorted(TESTS.rglob("*.py")):
+        points = kills_in(path.read_text())
+        if points is not None:
+            found[str(path.relative_to(ROOT))] = points
     return found
 
 
 def killed_at() -> set[str]:
-    return set().union(
-        *(named_in((RELIABILITY / module).read_text(), names) for module, names in TABLES.items())
-    )
+    return set().union(*crash_tests().values())
 
 
-def test_the_scan_reads_points_from_the_failpoints_section_and_the_tables() -> None:
+def test_the_scan_reads_points_from_the_failpoints_section_and_every_crash_test() -> None:
     text = "## Methods\n`host.status`\n## Failpoints\nNames: `host.a.b`, `worker.c.d`.\n## Next\n"
     assert documented(text) == {"host.a.b", "worker.c.d"}
-    source = 'X: dict[str, int] = {"host.a.b": 1}\nY = ("worker.c.d",)\nZ = ("host.e.f",)\n'
-    assert named_in(source, ("X", "Y")) == {"host.a.b", "worker.c.d"}
-    # The real files: the fork matrix's own points are found in both.
+    crash = (
+        'CELLS = {("adopt", "host.a.b"): "unknown"}\n'
+        "def test(c) -> None:\n"
+        '    point = "worker.c.d"\n'
+        '    c.call("debug.failpoints", {"points": {"host.e.f": "once:error"}})\n'
+        '    c.call("debug.failpoints", {"points": {point: "once:kill"}})\n'
+        "    assert_invariants(c)\n"
+    )
+    assert kills_in(crash) == {"host.a.b", "worker.c.d"}  # not the one armed `once:error`
+    assert kills_in(crash.replace("assert_invariants", "print")) is None  # no law checked
+    assert kills_in(crash.replace('"once:kill"', '"once:error"')) is None  # nothing killed
+    assert kills_in('DaemonProcess(h, failpoints=f"{p}=once:kill"); check_invariants(h)') == set()
+    # The real crash tests, wherever they live: the fork matrix, the named cases, the soak,
+    # the resolve's matrix (its cells keyed by action and point), the worktree's column.
+    found = crash_tests()
+    for module, point in (
+        ("tests/reliability/test_crash_matrix.py", "host.fork.after_prepare"),
+        ("tests/reliability/test_crash_points.py", "worker.session.after_start"),
+        ("tests/reliability/test_crash_soak.py", "worker.session.after_start"),
+        ("tests/daemon/test_fork_resolve_crash.py", "host.resolve.after_quarantine"),
+        ("tests/reliability/test_crash_worktree.py", "host.workspace.after_materialize"),
+    ):
+        assert point in found.get(module, set()), (module, point, sorted(found))
     assert "host.fork.after_prepare" in documented(PROTOCOL.read_text())
-    assert "host.fork.after_prepare" in killed_at()
 
 
 def test_every_documented_failpoint_is_killed_at_by_a_crash_test() -> None:
@@ -74,7 +105,8 @@ def test_every_documented_failpoint_is_killed_at_by_a_crash_test() -> None:
 
 
 def test_every_point_a_crash_test_kills_at_is_documented() -> None:
-    unknown = sorted(killed_at() - documented(PROTOCOL.read_text()))
+    unknown = {m: sorted(p - documented(PROTOCOL.read_text())) for m, p in crash_tests().items()}
+    unknown = {m: p for m, p in unknown.items() if p}
     assert not unknown, f"crash tests kill at points docs/protocol.md does not name: {unknown}"
 
 

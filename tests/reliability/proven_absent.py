@@ -74,22 +74,26 @@ def _thread_turn_ids(home: Path, sid: str, thread_id: str) -> list[str] | None:
 
 
 def prove_by_next_turn(
-    home: Path, c: Client, candidates: dict[str, list[str]]
+    home: Path, c: Client, candidates: dict[str, list[str]], *, text: str = "after the chaos"
 ) -> tuple[Counter[str], list[str]]:
-    """Runs one Turn on each candidate Session of a freshly restarted daemon (its cold start
-    re-binds first), then sorts each candidate Turn: `re-bound`, `host-only` or `left` (the
-    thread holds a turn that could be it), `not_run` when the Session's Turn did not
-    complete. The violations: a Turn left unbound that its thread cannot hold, and a Turn
-    marked host-only beside a thread turn no bound Turn claims (which could be it)."""
+    """Runs one Turn (`text`) on each candidate Session of a freshly restarted daemon (its cold
+    start re-binds first), then sorts each candidate Turn: `re-bound`, `host-only` or `left`
+    (the thread holds a turn that could be it). The violations: a Turn left unbound that its
+    thread cannot hold, a Turn marked host-only beside a thread turn no bound Turn claims
+    (which could be it), and a Session whose Turn did not complete (the chaos is over and
+    nothing is armed: its candidates would go unproven)."""
     tally: Counter[str] = Counter()
     violations: list[str] = []
     for sid, turn_ids in sorted(candidates.items()):
         status, body = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         if status != 200:
             continue  # deleted meanwhile
-        after = run_turn(c, sid, "after the chaos")
+        after = run_turn(c, sid, text)
         if after["outcome"] != "completed":
-            tally["not_run"] += len(turn_ids)
+            violations.append(
+                f"session {sid}: its Turn after the chaos ended {after['outcome']}"
+                f" ({after.get('error')}), so its unbound Turns {turn_ids} are unproven"
+            )
             continue
         # What the re-bind read, before the Turn it ran for: the Turns and the thread without
         # that Turn's own.

@@ -120,6 +120,15 @@ paged to its end, a Session's `session.timeline` paged with `afterSequence`, its
 lock takes; after the chaos each read is held to the store as it was before and after it
 (`list_pages`, `timeline_pages`, `lineage_answer`).
 
+The fresh app-server's proof (`proof_race`): as the chaos starts, on a daemon of its own
+(`readability_proof = "app_server"` for Tutti Agent) beside the chaos's load, forks of two
+Sessions (`throughTurn` and `latestSettled`) race a client that submits their Turns, writes
+their titles and pins and deletes committed children; each committed fork must be proven
+`app_server` and its child (if kept) run a Turn; a 500 fails the run; its home's laws are
+checked after the chaos, and the run asserts some fork was so proven.
+The summary's laws (`laws_checked`): every `Law` this module, its cells or the checks they
+name reach, each with its violations, and any `Law` none reaches named.
+
 Short profile (`make test`): 4 clients, 8 Sessions, ~12 s of chaos, 2 `run/` deletions.
 `make soak`: 8 clients, 40 Sessions, ~120 s, 12 deletions. Every Session is warm (one turn run)
 before the chaos starts."""
@@ -152,6 +161,8 @@ from actors.pool import COMPACT_MIN
 from actors.recovery import ORPHANED_TURN_ERROR
 from tests.reliability.codex_cut import rollout_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.laws_checked import laws_checked
+from tests.reliability.proof_race import ProofRace
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
     ProviderChaos,
@@ -255,24 +266,9 @@ IPC_ENDPOINTS = 3
 
 ASK_SHARE = 0.12
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
-NEW_LAWS = (
-    Law.COMPLETED_TURN_RECORDED,
-    Law.ACTIVE_TURN_WORKED,
-    Law.FENCE_HAS_SAGA,
-    Law.REPOSITORY_KEPT,
-    Law.FORK_EVENTS_HEARD,
-    Law.SESSION_EVENTS_HEARD,
-    Law.DESCRIPTOR_RESERVE,
-    Law.STATUS_BOUNDS,
-    Law.RESTORE_UNDO_KEPT,
-    Law.WORKSPACE_ANSWER,
-    Law.PROVIDER_FAULT_SETTLES,
-    Law.LIST_PAGES,
-    Law.TIMELINE_PAGES,
-    Law.LINEAGE_ANSWER,
-)
-"""The laws that see lost writes, orphaned Turns and orphaned fences; the summary counts their
-violations one by one."""
+CHECKED_LAWS = laws_checked(Path(__file__))
+"""The laws this soak checks, read from its code and its cells' (`laws_checked`): the summary
+counts their violations one by one and names any `Law` it does not reach."""
 
 pytestmark = pytest.mark.timeout(trials(240, 1200))
 
@@ -1292,6 +1288,8 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         slow.start(d.client(timeout=60))  # held under the chaos's locks, stops and floods
         slots = SlotDelete(tmp_path / "sd", seed)  # `slot_delete`'s cells, beside it
         slots.start(kill=False)
+        proof = ProofRace(tmp_path / "pr", seed)  # `proof_race`: app_server proofs, beside it
+        proof.start()
         at[0] = f"the chaos ({CHAOS_S:.0f} s)"
         started = time.monotonic()
         deadline = started + CHAOS_S
@@ -1384,6 +1382,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         slow_ends = [slow.settle(c)]
         slots_wrong = slots.join()
         assert not slots_wrong, (seed, slots_wrong)
+        proof_wrong = proof.join()
+        assert not proof_wrong, (seed, proof_wrong)
+        assert proof.ran["proven app_server"] > 0, (seed, proof.summary())
         if not slow.met_the_limit():
             slow.start(c, past_the_limit=True)
             slow_ends.append(slow.settle(c))
@@ -1596,10 +1597,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         f"  pinned trees: {t.pins.pinned} (left removing, then removed live: {t.pins.removing};"
         f" failed forks' trees, then removed live: {t.pins.failed_removing})",
         "  invariant checks: 2 (live, live_grace_s=5; stopped) + the burst's events; violations="
-        f"{len(live.violations) + len(final_violations)}; new laws: "
-        + " ".join(f"{law.value}={by_law[law.value]}" for law in NEW_LAWS),
+        f"{len(live.violations) + len(final_violations)}",
+        f"  laws checked ({len(CHECKED_LAWS)} of {len(Law)}; not reached:"
+        f" {[law.value for law in Law if law not in CHECKED_LAWS] or 'none'}): "
+        + " ".join(f"{law.value}={by_law[law.value]}" for law in CHECKED_LAWS),
         "  " + final.summary(),
         "  " + t.asker.summary(),
+        "  " + proof.summary(),
         "  " + faults.summary() + f" (after the chaos: {after_chaos_faults})",
         f"  reads held to the store: {len(t.reader.reads)} "
         + " ".join(f"{k}={v}" for k, v in sorted(t.reader.calls.items())),

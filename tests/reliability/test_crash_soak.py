@@ -3,7 +3,9 @@
 work in a git repository made here; the tree's own failpoints are among the armed ones), ACKs,
 `fork.resolve` (inspect / adopt / abandon) of unknown operations, mutations and deletes of
 sources and children against a real daemon while a chaos loop SIGKILLs the daemon or its
-worker at random moments (or arms a random `once:kill` failpoint, the resolve's among them);
+worker at random moments (or arms a `once:kill` failpoint, the resolve's among them: the
+least-armed one the round reaches, and in the long profile every point at least once, some
+armed as a free round's load starts: `point_choice`);
 after every kill the invariant checker runs, with the person's repository as it was before the
 first Session touched it (`repository_kept`, law 10: only the forks' worktrees and
 `agenthost/` branches may be added). A delete keeps or removes a worktree fork's tree at random
@@ -166,6 +168,7 @@ import pytest
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.codex_cut import codex_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
+from tests.reliability.point_choice import SESSION_START, PointChoice, start_beside_fork
 from tests.reliability.proof_round import forks_proven_by_app_server, set_app_server_proof
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
@@ -263,6 +266,7 @@ POINTS = (
     "host.session.delete.after_commit",
     "host.session.delete.discard",
     "host.session.delete.after_tree_removed",
+    "worker.session.after_start",  # `SESSION_START`: armed by its cell (`point_choice`)
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",
@@ -272,7 +276,9 @@ WORKER_POINTS = (
 )
 """The worker's points on a Claude or Codex fork: the first round arms one before its Claude
 seed fork, the long profile's `CODEX_ROUND` before its Codex one."""
-FORK_POINTS = tuple(p for p in POINTS if p.startswith(("host.fork.", "worker.")))
+FORK_POINTS = tuple(
+    p for p in POINTS if p.startswith(("host.fork.", "worker.fork.", "worker.bind."))
+)
 """Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
 COVER_POINT = "host.fork.after_dispatching"
 """The point `kill_on_fork` arms: the fork's `dispatching` row is durable when it kills."""
@@ -371,6 +377,8 @@ class World:
         """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
         self.points = PointTally()
         """The points the rounds armed `once:kill` and the `once:` points that fired."""
+        self.choice = PointChoice(POINTS, self.points, seed)
+        """Which point a round arms: the least-armed it can reach (`point_choice`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
@@ -775,7 +783,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             first = rounds == 1 or (SOAK and rounds == CODEX_ROUND)
             if provider != TUTTI and (first or plan == "arm_failpoint"):
                 plan = "arm_failpoint"
-                early = rng.choice(WORKER_POINTS if first else FORK_POINTS)
+                early = w.choice.pick(WORKER_POINTS if first else FORK_POINTS)
                 chaos[f"armed_on_{provider}_fork"] += 1
             if rounds == 1:
                 pin.make(w)  # a failed fork's tree git cannot remove, through the kills
@@ -793,6 +801,18 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 slots.start()  # on a daemon of its own, beside the round's load and kill
             if slow:
                 w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
+            if free_round(rounds):
+                # Points never armed yet, armed as the load starts (`PointChoice.lead`).
+                lead = w.choice.lead(
+                    sum(free_round(n) for n in range(rounds, ROUNDS + 1)),
+                    spare=plan == "kill_daemon" or early is not None,
+                )
+                chaos["lead_armed"] += len(lead)
+                try:
+                    arm_points(w, w.daemon.client(timeout=5), lead)
+                except (ClientTimeout, ClientClosed):
+                    # Only a daemon that a point armed meanwhile killed may not answer.
+                    assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
             w.running.set()
             # `provider_chaos`: a fault among the round's load, met by its kill or not, and
             # running on across the round's checks (joined at the end).
@@ -859,12 +879,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                     os.kill(int(worker["pid"]), signal.SIGKILL)
                     chaos[f"kill_worker {victim}"] += 1
             elif action == "arm_failpoint" and early is None:
-                point = rng.choice(POINTS)
-                w.points.arm(point)
                 try:
-                    w.daemon.client(timeout=5).call(
-                        "debug.failpoints", {"points": {point: "once:kill"}}
-                    )
+                    arm_points(w, w.daemon.client(timeout=5), [w.choice.pick()])
                 except ClientTimeout:
                     # Only a daemon that an armed point killed meanwhile may not answer.
                     assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
@@ -1097,6 +1113,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         w.asker.summary(),
         w.faults.summary(),
         w.points.summary(),
+        w.choice.summary(),
         f"reads held to the store: {len(w.reader.reads)} "
         + " ".join(f"{k}={v}" for k, v in sorted(w.reader.calls.items())),
     ]
@@ -1132,6 +1149,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
     if SOAK:
         assert last_fork[CODEX] == "committed", ("the Codex fork after the chaos", seed, last_fork)
         assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
+    # ... and every point armed (the long profile's: `PointChoice.lead`).
+    if SOAK:
+        assert not w.choice.unarmed(), ("points never armed", seed, w.choice.summary())
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
     # ... and a slow provider fork made `unknown` by the worker's limit, abandoned at once.
@@ -1338,6 +1358,39 @@ def stopped_worker_replaced(w: World, provider: str, pid: int, at: float) -> Non
     turn = run_turn(c, sid, "after the stop")
     now = (worker_of(w.daemon, provider) or {}).get("pid")
     assert turn["outcome"] == "completed" and now and now != pid, (w.seed, provider, pid, turn)
+
+
+def free_round(n: int) -> bool:
+    """Round `n` is neither a stall, a full-disk nor a stop round (its plan a kill or a point)."""
+    return n % STALL_EVERY in (1, 2) and n % STOP_EVERY != 2
+
+
+def arm_points(w: World, c: Client, points: list[str]) -> None:
+    """Arms each of `points` `once:kill` (`SESSION_START` through its cell, on a new Claude
+    Session of the soak's)."""
+    for point in points:
+        w.points.arm(point)
+        if point != SESSION_START:
+            c.call("debug.failpoints", {"points": {point: "once:kill"}})
+            continue
+        sid = new_session(w, c, CLAUDE)
+
+        def register(method: str, params: dict[str, Any], future: Any) -> None:
+            def done(f: Any) -> None:
+                try:
+                    status, body = f.result()
+                except Exception:  # noqa: BLE001 - the daemon was killed under it: reply lost
+                    w.calls[f"{method} lost (session start cell)"] += 1
+                    return
+                w.calls[f"{method} {status} (session start cell)"] += 1
+                if method == "fork.create" and status < 400:
+                    note_operation(w, body["operation"], params)
+
+            future.add_done_callback(done)
+
+        start_beside_fork(c, sid, register)
+        with w.lock:
+            w.sessions[sid] = []
 
 
 def new_session(w: World, c: Client, provider: str) -> str:

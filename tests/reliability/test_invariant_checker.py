@@ -1813,6 +1813,18 @@ def test_a_status_queue_past_its_capacity_is_reported(tmp_path: Path) -> None:
     assert [v.law for v in found] == [Law.STATUS_BOUNDS] * 3, found
     assert "log queue" in found[0].detail and "live" in found[1].detail, found
     assert "starting" in found[2].detail, found
+    # A part missing is reported, never skipped (a renamed key would turn the check off): no
+    # `log`, a null one, no `runtimes`, a provider's slots without a bound.
+    clean = status["runtimes"]["tutti-agent"]
+    no_bound = {k: v for k, v in clean.items() if k != "startLimit"}
+    for part in (
+        {k: v for k, v in status.items() if k != "log"},
+        dict(status, log=None),
+        {k: v for k, v in status.items() if k != "runtimes"},
+        dict(status, runtimes={"tutti-agent": no_bound}),
+    ):
+        found = check_status_bounds(part)
+        assert [v.law for v in found] == [Law.STATUS_BOUNDS], (part, found)
 
 
 class Asked:

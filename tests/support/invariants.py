@@ -2939,24 +2939,28 @@ def check_descriptor_reserve(
 
 
 def check_status_bounds(status: Mapping[str, Any]) -> list[Violation]:
-    """`Law.STATUS_BOUNDS` over one `host.status` reply of a live daemon."""
+    """`Law.STATUS_BOUNDS` over one `host.status` reply of a live `agenthost serve` daemon. A
+    reply without the `log` queue's counts or the `runtimes` slots (a key renamed or dropped,
+    a count or its bound missing) is a finding: the bound it would have checked goes
+    unchecked."""
     out: list[Violation] = []
-    log = status.get("log")
-    if log is not None and int(log["queued"]) > int(log["capacity"]):
-        out.append(
-            Violation(
-                Law.STATUS_BOUNDS, f"log queue holds {log['queued']} of {log['capacity']} lines"
-            )
-        )
-    for provider, slots in (status.get("runtimes") or {}).items():
-        for count, bound in (("live", "limit"), ("starting", "startLimit")):
-            if int(slots[count]) > int(slots[bound]):
-                out.append(
-                    Violation(
-                        Law.STATUS_BOUNDS,
-                        f"{provider} runtimes: {count} {slots[count]} > {bound} {slots[bound]}",
-                    )
+    log, runtimes = status.get("log"), status.get("runtimes")
+    bounded = [("log queue", log, "queued", "capacity")]
+    if isinstance(runtimes, Mapping):
+        for provider, slots in runtimes.items():
+            bounded.append((f"{provider} runtimes", slots, "live", "limit"))
+            bounded.append((f"{provider} runtimes", slots, "starting", "startLimit"))
+    else:
+        out.append(Violation(Law.STATUS_BOUNDS, f"host.status has no runtimes: {runtimes}"))
+    for what, part, count, bound in bounded:
+        if not isinstance(part, Mapping) or count not in part or bound not in part:
+            out.append(Violation(Law.STATUS_BOUNDS, f"{what}: no {count} or {bound} ({part})"))
+        elif int(part[count]) > int(part[bound]):
+            out.append(
+                Violation(
+                    Law.STATUS_BOUNDS, f"{what}: {count} {part[count]} > {bound} {part[bound]}"
                 )
+            )
     return out
 
 
