@@ -1342,17 +1342,6 @@ class RolloutBinder:
                 while len(self._checked) > SPANS_MAX:
                     del self._checked[next(iter(self._checked))]
 
-    def checked_source_dir(self, home: Path | str, thread_id: str) -> str | None:
-        """The directory, relative to `home`, of `thread_id`'s rollout as `check_source` last
-        passed it (None if it did not, or no longer remembers it): where a bind from `home`
-        writes that rollout's copy in a target home."""
-        home = os.path.abspath(home)
-        with self._ahead_lock:
-            last = self._checked.get((home, thread_id))
-        if last is None:
-            return None
-        return os.path.dirname(_below(last[0], home))
-
     def available(self) -> bool:
         """What an attestation reports as `binderAvailable` (seed 000 §7: a host_copy fork
         without a working binder fails closed before dispatch). True only when this platform

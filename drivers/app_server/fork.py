@@ -10,7 +10,6 @@ the large objects a fork built are released after its answer has left (`release_
 from __future__ import annotations
 
 import contextlib
-import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -253,9 +252,7 @@ class ForkThroughTurn:
                 self.failpoints.hit("worker.fork.before_provider_call")
         except FailpointError as exc:
             return ForkResult.not_started(str(exc))
-        ahead_dir: Path | str | None = self.provider.child_rollout_dir(target_path)
-        if ahead_dir is None:
-            ahead_dir = self._source_copy_dir(source_home, source_id, target_home)
+        ahead_dir = self.provider.child_rollout_dir(target_path)
         dirs = None if ahead_dir is None else DirsAhead(ahead_dir)
 
         try:
@@ -424,21 +421,6 @@ class ForkThroughTurn:
             except BinderError as exc:
                 refused = exc
         return refused
-
-    def _source_copy_dir(self, source_home: str, source_id: str, target_home: str) -> str | None:
-        """For a provider whose child references the source (not `fork_copies_source`) and
-        whose child's directory is not known ahead (`child_rollout_dir`): the directory the
-        bind will copy the source's rollout into, the same place below the target home as in
-        the source's (`RolloutBinder.checked_source_dir`, as `_source_refused` just found it).
-        Not a guess: every bind into a new home writes that copy, so its directories are made
-        durable while the provider forks (Codex: the child's rollout lands beside it when
-        both are of the same day). None when not known."""
-        if self.provider.fork_copies_source:
-            return None
-        relative = self.binder.checked_source_dir(source_home, source_id)
-        if not relative:
-            return None
-        return os.path.join(target_home, relative)
 
     def _source_cut(self, source_home: str, source_id: str, turn_id: str) -> str | None:
         """For a provider that checks it (`turn_end_missing`), whether the source's history
