@@ -17,8 +17,10 @@ interleaved sample by sample so both sides see the same machine load.
    of the source's app-server (and of the children it reaped) per fork. Two sides,
    interleaved: `reread` (the source's turns read before every fork, as before issue 20's
    verified-read reuse: the Session's history generation bumped before each fork) and
-   `reuse` (what the driver does now for an unchanged source). The sessions' cwd is the repo
-   (a git work tree), as in the daemon.
+   `reuse` (what the driver does now for an unchanged source). The source works in a small
+   folder of its own, as the daemon's Sessions do (`BenchDaemon.workdir`), not in the
+   checkout: Codex's `thread/fork` collects a child's git info in its cwd (~12 `git`
+   processes, ~35 ms a fork in a git work tree against ~16 in a plain folder).
 
 Each side reports p50/p99 ms and CPU ms per sample (the children's CPU for spawns; this
 process's CPU for the in-worker proof). Nothing here asserts a target: issue 20's targets are
@@ -315,7 +317,7 @@ def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
 
 def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, Any]:
     """N forks per side of one live source, in this process; the sides alternate."""
-    from bench.providers import REPO, _codex_environment
+    from bench.providers import _codex_environment
     from domain.worker_messages import ForkRequest
     from tests.support.events import EventLog, completed
 
@@ -324,8 +326,10 @@ def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, 
         driver = _driver_for(provider, model_config)
         try:
             home = root / provider / "runtimes" / "source" / "home"
+            work = root / provider / "work"  # not a git work tree (see the module's docstring)
+            work.mkdir(parents=True, exist_ok=True)
             started = driver.start_session(
-                {"agentSessionId": "source", "home": str(home), "cwd": str(REPO), "settings": {}}
+                {"agentSessionId": "source", "home": str(home), "cwd": str(work), "settings": {}}
             )
             events = EventLog()
             prefix = []
@@ -346,7 +350,7 @@ def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, 
                             "agentSessionId": "source",
                             "providerSessionId": started["providerSessionId"],
                             "home": str(home),
-                            "cwd": str(REPO),
+                            "cwd": str(work),
                         },
                         "target": {
                             "agentSessionId": f"child-{i}",
