@@ -7,6 +7,7 @@ from __future__ import annotations
 import time
 import uuid
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support.daemon import WS, DaemonProcess, create_session
@@ -115,9 +116,19 @@ def test_the_mutation_loop_waits_for_its_turn_on_events_without_asking(
         assert kinds[:3] == ["turn.submit", "session.updateTitle", "session.timeline"]
         assert len(kinds) % 3 == 0 and all(r["status"] < 400 for r in records)
         assert "session.get" not in lean.methods
-        turns = daemon.client().call(
-            "session.timeline", {"workspaceId": WS, "agentSessionId": sid, "limit": 100}
-        )["turns"]
+        # Every page of the timeline: a quiet machine runs more cycles in the second than
+        # one page holds (157 against the page of 100 once).
+        turns: list[dict[str, Any]] = []
+        after = 0
+        while True:
+            page = daemon.client().call(
+                "session.timeline",
+                {"workspaceId": WS, "agentSessionId": sid, "afterSequence": after, "limit": 100},
+            )
+            turns += page["turns"]
+            if not page["turns"] or page.get("nextSequence") is None:
+                break
+            after = page["nextSequence"]
         assert len(turns) == len(kinds) // 3
         assert all(t["phase"] == "settled" for t in turns)
         # Without the Turn's id (a refused submit) the waiter asks the daemon, at once.
