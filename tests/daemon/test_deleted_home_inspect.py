@@ -72,15 +72,23 @@ def test_a_deleted_childs_folder_goes_only_once_an_inspections_app_server_in_it_
     c.call("debug.failpoints", {"points": {DISCARD: "once:sleep:1"}})
     discarding = d.home / "run" / "failpoints-host" / f"fired.{DISCARD}"
     answer: dict[str, Any] = {}
-    inspect = threading.Thread(target=lambda: answer.update(_inspect(d, op["operationId"])))
     stopped: list[int] = []
-    inspect.start()
+
+    def inspecting() -> threading.Thread:
+        answer.clear()
+        thread = threading.Thread(target=lambda: answer.update(_inspect(d, op["operationId"])))
+        thread.start()
+        return thread
+
+    inspect = inspecting()
     try:
         deadline = time.monotonic() + 60
         while not stopped and time.monotonic() < deadline:
             for pid in _app_servers_in(home):
                 os.kill(pid, signal.SIGSTOP)
                 stopped.append(pid)
+            if not stopped and not inspect.is_alive():
+                inspect = inspecting()  # its app-server came and went between two looks
         assert stopped, "no app-server started in the child's home"
         assert c.call("session.delete", {"workspaceId": WS, "agentSessionId": child})["deleted"]
         wait_for(discarding.exists, 30)  # the removal's thread has begun
