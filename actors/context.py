@@ -19,6 +19,7 @@ from pathlib import Path
 
 from actors.checkpoints import CheckpointJanitor, TurnCheckpoints
 from actors.dir_spread import skips_recent_deletes, spread_subdirs
+from actors.home_uses import HomeUses
 from actors.pool import ActorPool
 from actors.ports import Failpoints, ProviderCatalog, RuntimeSlotsPort, WorkerPort
 from actors.store_ports import ActorStore
@@ -135,6 +136,9 @@ class HostContext:
     # error) to the daemon's live retries (`agenthost.worktree_delete.RemovalRetries`); None:
     # it waits for the next start's recovery.
     retry_failed_tree: Callable[[str, str, str, str], None] | None = None
+    # The worker calls that may start an app-server in a Session's runtime folder (a
+    # `fork.resolve`'s reads), and a delete's removal of it: never at once (actors/home_uses).
+    home_uses: HomeUses = field(default_factory=HomeUses)
     # The workspaces whose runtime directory this daemon has spread (`_spread_workspace_dir`).
     _spread: set[str] = field(default_factory=set)
 

@@ -12,7 +12,7 @@ change to turn handling from reaching it by accident, and lets it be read on its
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -156,6 +156,17 @@ class ForkHost(Protocol):
     ) -> None: ...
 
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle: ...
+
+    def use_homes(self, session_ids: Sequence[str], go: Callable[[], None]) -> None:
+        """Run `go` (a worker call that may start an app-server in these Sessions' runtime
+        folders) now, or on this actor's thread once a delete's removal of one of them has
+        ended; its caller ends the use with `homes_done` when the worker has answered
+        (actors/home_uses)."""
+        ...
+
+    def homes_done(self, session_ids: Sequence[str]) -> None:
+        """The worker call `use_homes` ran has answered (from any thread)."""
+        ...
 
     def apply_late_bindings(self) -> None:
         """A fork of this source ended: write the checkpoints its fence deferred."""

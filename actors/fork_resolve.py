@@ -219,12 +219,12 @@ class ForkResolver:
         child_ids: Sequence[str] = (),
     ) -> None:
         """`fork.inspect` or `fork.quarantine` (`method`), its typed answer handed to `then`."""
-        request, timeout = self._request(child_ids), self.host.timeouts.fork_s
-        fut: Future[ResolveInspection] | Future[ResolveQuarantined] = (
-            self.host.workers.inspect_fork(self.provider, request, timeout)
-            if method == ResolveRequest.INSPECT
-            else self.host.workers.quarantine_fork(self.provider, request, timeout)
-        )
+
+        def call() -> Future[Any]:
+            request, timeout = self._request(child_ids), self.host.timeouts.fork_s
+            if method == ResolveRequest.INSPECT:
+                return self.host.workers.inspect_fork(self.provider, request, timeout)
+            return self.host.workers.quarantine_fork(self.provider, request, timeout)
 
         def done(f: Future[Any]) -> None:
             try:
@@ -239,7 +239,31 @@ class ForkResolver:
                 return
             self._guard(then, result)
 
-        self.host.later(fut, done)
+        self._on_homes(call, done, self._error)
+
+    def _on_homes(
+        self,
+        call: Callable[[], Future[Any]],
+        done: Callable[[Future[Any]], None],
+        fail: Callable[[HostError], None],
+    ) -> None:
+        """`call` (a worker call reading the source's and the target's provider homes, where
+        it may start an app-server) once neither Session's runtime folder is being removed by
+        a delete, and no removal of them while it runs (actors/home_uses); `done` on this
+        actor once it has answered, `fail` if it could not be sent."""
+        sids = (self.host.sid, self.op.target_session_id)
+
+        def go() -> None:
+            try:
+                fut = call()
+            except Exception as exc:  # noqa: BLE001 - the use ends, the caller is answered
+                self.host.homes_done(sids)
+                fail(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
+                return
+            fut.add_done_callback(lambda _f: self.host.homes_done(sids))
+            self.host.later(fut, done)
+
+        self.host.use_homes(sids, go)
 
     def _guard(self, fn: Callable[[Any], None], arg: Any) -> None:
         try:
@@ -264,9 +288,10 @@ class ForkResolver:
 
         if self.msg.action == "inspect":
             # Inspect is a read: its errors go straight to its caller.
-            fut = self.host.workers.inspect_fork(
-                self.provider, self._request(), self.host.timeouts.fork_s
-            )
+            def call() -> Future[Any]:
+                return self.host.workers.inspect_fork(
+                    self.provider, self._request(), self.host.timeouts.fork_s
+                )
 
             def done(f: Future[ResolveInspection]) -> None:
                 try:
@@ -278,7 +303,7 @@ class ForkResolver:
                         ProviderError(f"fork.inspect failed: {exc}", reason="fork_resolve_failed")
                     )
 
-            self.host.later(fut, done)
+            self._on_homes(call, done, self.msg.reply)
             return
         self._worker(ResolveRequest.INSPECT, shape)
 
@@ -324,9 +349,10 @@ class ForkResolver:
             self._worker(ResolveRequest.QUARANTINE, self._quarantined, attributed)
 
     def _adopt_call(self, child: str) -> None:
-        fut = self.host.workers.adopt_fork(
-            self.provider, ResolveAdopt(self._request(), child), self.host.timeouts.fork_s
-        )
+        def call() -> Future[Any]:
+            return self.host.workers.adopt_fork(
+                self.provider, ResolveAdopt(self._request(), child), self.host.timeouts.fork_s
+            )
 
         def done(f: Future[ForkResult]) -> None:
             result: ForkResult | None
@@ -342,7 +368,7 @@ class ForkResolver:
                 return
             self._guard(self._bound, result)
 
-        self.host.later(fut, done)
+        self._on_homes(call, done, self._rollback)
 
     def _bound(self, adopted: ForkResult | None) -> None:
         self._hit("host.resolve.after_bind")

@@ -15,8 +15,9 @@ actors"): the runtime (`session_runtime`), the durable writes (`turn_writes`), t
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -317,6 +318,20 @@ class SessionActor(PooledActor):
 
     def after(self, seconds: float, fn: Callable[[], None]) -> TimerHandle:
         return self.core.after(seconds, fn)
+
+    def use_homes(self, session_ids: Sequence[str], go: Callable[[], None]) -> None:
+        keys = [(self.core.ws, sid) for sid in dict.fromkeys(session_ids)]
+        ref = self.actor_ref
+
+        def later() -> None:
+            # From the removal's thread: back on this actor's, to ask again.
+            with contextlib.suppress(pykka.ActorDeadError):
+                ref.tell(FollowUp(lambda: self.use_homes(session_ids, go)))
+
+        self.ctx.home_uses.use(keys, go, later)
+
+    def homes_done(self, session_ids: Sequence[str]) -> None:
+        self.ctx.home_uses.done([(self.core.ws, sid) for sid in dict.fromkeys(session_ids)])
 
     def apply_late_bindings(self) -> None:
         self.writes.apply_late_bindings()

@@ -90,9 +90,13 @@ class SessionControls:
         runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
         failpoints = self._core.ctx.failpoints
 
+        uses = self._core.ctx.home_uses
+
         def discard() -> None:
             failpoints.hit("host.session.delete.discard")
-            runtime_dirs.discard(runtimes, ws, sid)
+            # Not while a worker call may start an app-server in the folder (a
+            # `fork.resolve` reading a fork's child there): it would make it again.
+            uses.remove((ws, sid), partial(runtime_dirs.discard, runtimes, ws, sid))
 
         stopped.add_done_callback(
             lambda _f: threading.Thread(

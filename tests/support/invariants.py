@@ -2323,25 +2323,6 @@ DELETE_START_S = 120.0
 before the folder it works in goes."""
 
 
-def _empty_home_only(folder: Path) -> bool:
-    """The folder holds one empty directory, a provider home's name, and nothing else: what
-    the long contention soak (seed 5402) left of Tutti Agent fork children deleted ~0.1 s
-    after their commit, made again after the delete by a writer not found yet (no runtime ran
-    in it: an app-server's start makes `.home` and `.tmp` in it). Tolerated, and named in
-    docs/reliability.md's law row, until that writer is found; the next start's sweep
-    removes it."""
-    try:
-        entries = list(folder.iterdir())
-        return (
-            len(entries) == 1
-            and entries[0].name in HOME_DIRS.values()
-            and entries[0].is_dir()
-            and not any(entries[0].iterdir())
-        )
-    except OSError:
-        return False
-
-
 def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     """`deleted_home_gone`, on a live daemon: no runtime folder of a Session deleted longer
     ago than the grace and its delete's bound. A Session with a Turn settled `interrupted`
@@ -2360,7 +2341,7 @@ def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> Non
         if age_ms <= grace_ms + bound_s * 1000:
             continue
         folder = ctx.home / "runtimes" / _path_segment(s["workspace_id"]) / s["session_id"]
-        if os.path.lexists(folder) and not _empty_home_only(folder):
+        if os.path.lexists(folder):
             held = sorted(
                 str(p.relative_to(folder)) for p in itertools.islice(folder.rglob("*"), 8)
             )
