@@ -455,6 +455,8 @@ class SessionRuntime:
                 )
         except HostError as exc:
             log.warning("session %s: re-bind check failed: %s", self._core.key, exc.message)
+            # The store could not say: the next cold start asks about the unanswered Turns.
+            self._unanswered_asked = False
             missing = []
         if not missing:
             then()
@@ -475,8 +477,14 @@ class SessionRuntime:
                     # the next cold start asks about the unanswered Turns again.
                     self._unanswered_asked = False
             except Exception as exc:  # noqa: BLE001 - a failed re-bind leaves Turns unbound
+                # No history (the worker died, the call timed out, the read raised): the next
+                # cold start asks about the unanswered Turns again, as after one not final.
+                self._unanswered_asked = False
                 log.warning(
-                    "session %s: re-bind from provider history failed: %s", self._core.key, exc
+                    "session %s: re-bind from provider history failed (no history read; "
+                    "asked again at the next cold start): %s",
+                    self._core.key,
+                    exc,
                 )
             then()
 
@@ -521,10 +529,12 @@ class SessionRuntime:
                 str(binding) if binding and held.get(turn_id) is None else None,
             )
             log.warning(
-                "session %s: turn %s re-bound to provider turn %s from the provider's history",
+                "session %s: turn %s re-bound to provider turn %s from the provider's history "
+                "(history final: %s)",
                 self._core.key,
                 turn_id,
                 provider_turn_id,
+                final,
             )
         for turn_id in absent:
             if self._core.session_store.turns.mark_host_only(
@@ -539,9 +549,11 @@ class SessionRuntime:
         for turn_id in sorted(missing - matches.keys() - set(absent)):
             log.warning(
                 "session %s: turn %s has no provider binding and none can be proven; left "
-                "unbound (fail closed)",
+                "unbound (fail closed; history final: %s, %d provider turns)",
                 self._core.key,
                 turn_id,
+                final,
+                len(provider_turns),
             )
         return final and any(t.root_provider_turn_id for t in canonical)
 

@@ -553,6 +553,8 @@ class WorkerServer:
 
     def _read_history(self, params: Mapping[str, Any]) -> HeldHistory:
         """The driver's history of the Session, and its `final` judged before the read."""
+        # `error`/`kill` here: the host's re-bind at a cold start gets no history this time.
+        self.failpoints.hit("worker.history.before_read")
         history = getattr(self.driver(), "history", None)
         if history is None:
             raise InvalidRequest(

@@ -236,6 +236,35 @@ def worker_turn_before_start(t: Trial) -> str:
     return "failed"
 
 
+def worker_history_before_read(t: Trial) -> str:
+    """The worker dies in the history read of the cold start after a Turn its provider never
+    got (its worker killed before the start): the Turn whose start it was is settled, never
+    left running. A worker that had that Turn's start answers no history final, so the
+    runtime is let go with its worker (killed, the Session idle): the next cold start asks
+    about both unanswered Turns again and its final history proves both absent."""
+    c = t.client()
+    t.session(c)
+    assert run_turn(c, t.sid, "first")["outcome"] == "completed"
+    before = t.worker()
+    c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
+    lost = submit(c, t.sid, "its worker dies before the start")
+    wait_for(lambda: worker_fired(t.d, "worker.turn.before_start"), 60)
+    assert settle(c, t.sid, lost["turnId"])["outcome"] == "failed"
+    before = t.worker() if worker_of(t.d, t.provider) else before
+    t.arm(c)
+    turn = submit(c, t.sid, "its cold start's history read dies")
+    t.worker_killed(before)
+    done = settle(c, t.sid, turn["turnId"])
+    assert done["outcome"] == "failed", done  # its runtime was lost with its worker
+    assert_invariants(t.home)
+    worker = t.worker()
+    os.kill(worker["pid"], signal.SIGKILL)
+    wait_for(lambda: (worker_of(t.d, t.provider) or {"pid": 0})["pid"] != worker["pid"], 60)
+    assert run_turn(c, t.sid, "a cold start again")["outcome"] == "completed"
+    assert host_only_marks(t.home, t.sid) == [0, 1, 1, 0]
+    return "failed"
+
+
 def worker_session_after_start(t: Trial) -> str:
     c = t.client()
     t.session(c)
@@ -426,6 +455,7 @@ CASES: dict[str, Case] = {
     "worker.turn.before_start": Case(
         worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
     ),
+    "worker.history.before_read": Case(worker_history_before_read),
     "worker.session.after_start": Case(worker_session_after_start, ("tutti-agent", "claude-code")),
     "worker.interaction.after_answer": Case(worker_interaction_after_answer),
     "worker.turn.after_interrupt": Case(worker_turn_after_interrupt),

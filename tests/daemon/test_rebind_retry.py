@@ -1,0 +1,63 @@
+"""A re-bind whose history read failed is asked again at the next cold start, through the real
+daemon, its worker and a real tutti-agent app-server: a Turn whose worker died before its
+`turn.start` is settled `failed`, unbound and not host-only (its start's fate unknown). The
+next cold start asks the provider's history about it, but the read fails
+(`worker.history.before_read` armed `once:error`): the Turn stays unbound. Once the runtime is
+gone again (its worker killed while the Session is idle, the Session's actor kept), the next
+cold start asks again, its final history proves the Turn absent, it is marked host-only and
+the Session forks through it."""
+
+from __future__ import annotations
+
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.daemon.test_turn_never_sent import host_only_marks
+from tests.reliability.reliability_harness import worker_fired, worker_of
+from tests.support.daemon import DaemonProcess, create_session, run_turn, settle, submit, wait_for
+from tests.support.invariants import assert_invariants
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c)["agentSessionId"]
+        assert run_turn(c, sid, "first")["outcome"] == "completed"
+        before = worker_of(d, "tutti-agent")
+        assert before is not None
+        c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
+        lost = submit(c, sid, "its worker dies before the start")
+        wait_for(lambda: worker_fired(d, "worker.turn.before_start"), 60)
+        wait_for(lambda: (worker_of(d, "tutti-agent") or before)["pid"] != before["pid"], 60)
+        assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+        assert host_only_marks(home, sid) == [0, 0]
+        # The next cold start's history read fails: nothing is proven, the Turn stays unbound.
+        c.call("debug.failpoints", {"points": {"worker.history.before_read": "once:error"}})
+        assert run_turn(c, sid, "its history read fails")["outcome"] == "completed"
+        assert worker_fired(d, "worker.history.before_read")
+        assert host_only_marks(home, sid) == [0, 0, 0]
+        # The runtime goes with its worker (the Session idle, its actor kept): the next Turn
+        # starts cold again, and that start asks the provider's history again.
+        worker = worker_of(d, "tutti-agent")
+        assert worker is not None
+        os.kill(worker["pid"], signal.SIGKILL)
+        wait_for(lambda: (worker_of(d, "tutti-agent") or {"pid": 0})["pid"] != worker["pid"], 60)
+        done = run_turn(c, sid, "after the worker's death")
+        assert done["outcome"] == "completed", done
+        assert host_only_marks(home, sid) == [0, 1, 0, 0], d.tail_log()
+        _, op = fork(c, sid, done["turnId"])
+        op = until_terminal(c, op)
+        assert op["status"] == "committed", op
+        log = d.tail_log()
+        assert "re-bind from provider history failed" in log, log
+    finally:
+        d.stop()
+    assert_invariants(home)
