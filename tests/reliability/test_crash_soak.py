@@ -267,6 +267,7 @@ POINTS = (
     "host.session.delete.discard",
     "host.session.delete.after_tree_removed",
     "worker.session.after_start",  # `SESSION_START`: armed by its cell (`point_choice`)
+    "worker.history.before_read",  # a cold start's re-bind: the next one asks again
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",
