@@ -123,8 +123,22 @@ def prove_by_next_turn(
             elif nothing_can_be_it:
                 violations.append(
                     f"session {sid} turn {turn_id}: its thread holds no turn for it ({ids}),"
-                    " yet its next cold start left it unbound and not host-only"
+                    " yet its next cold start left it unbound and not host-only; the daemon's"
+                    f" re-bind lines: {_rebind_lines(home, sid)}"
                 )
             else:
                 tally["left"] += 1
     return tally, violations
+
+
+def _rebind_lines(home: Path, sid: str, most: int = 8) -> list[str]:
+    """The daemon log's last re-bind lines of Session `sid` (whether its history was final,
+    what it bound, marked or left): what a violation above needs to be told from a history
+    the daemon could not call final."""
+    try:
+        text = (home / "daemon.log").read_text(errors="replace")[-2_000_000:]
+    except OSError:
+        return []
+    words = ("re-bound", "re-bind", "host-only", "left unbound")
+    lines = [ln for ln in text.splitlines() if sid in ln and any(w in ln for w in words)]
+    return lines[-most:]
