@@ -1703,13 +1703,7 @@ def codex_turn_end_problem(home_dir: Path, thread: str, turn_ids: Sequence[str])
     history = _codex_history(home_dir, thread, set())
     if isinstance(history, str):
         return [history] if turn_ids else []
-    ended = {
-        r["payload"].get("turn_id")
-        for r in history
-        if r.get("type") == "event_msg"
-        and isinstance(r.get("payload"), dict)
-        and r["payload"].get("type") in ("task_complete", "turn_aborted")
-    }
+    ended = _ended_turns(history)
     return [f"no end of Turn {t} in thread {thread}'s history" for t in turn_ids if t not in ended]
 
 
@@ -1717,23 +1711,47 @@ def _codex_turn_misses(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
     """`codex_turn_in_rollout`: the completed Turns of each live Codex Session looked for in
     its home. (workspace, Session, detail) of each miss: the caller rechecks the Session's
     deletion as `claude_turn_in_transcript` does."""
+    return _turn_end_misses(ctx, conn, "codex", codex_turn_end_problem)
+
+
+def _turn_end_misses(
+    ctx: _Ctx,
+    conn: apsw.Connection,
+    provider: str,
+    problem: Callable[[Path, str, Sequence[str]], list[str]],
+) -> list[tuple[str, str, str]]:
+    """The completed, bound Turns of each live Session of `provider` (a Codex or a Tutti
+    Agent one: a thread whose Turns end in `task_complete`/`turn_aborted` lines), each
+    Session's looked for in its home by `problem`."""
     by_session: dict[tuple[str, str, str], list[str]] = defaultdict(list)
     for t in _rows(
         conn,
         "SELECT t.workspace_id, t.session_id, t.root_provider_turn_id, s.provider_session_id"
         " FROM turns t JOIN sessions s USING (workspace_id, session_id)"
-        " WHERE s.provider = 'codex' AND s.deleted = 0 AND s.provider_session_id IS NOT NULL"
+        " WHERE s.provider = ? AND s.deleted = 0 AND s.provider_session_id IS NOT NULL"
         " AND t.phase = 'settled' AND t.outcome = 'completed'"
         " AND t.root_provider_turn_id IS NOT NULL ORDER BY t.sequence",
+        (provider,),
     ):
         key = (t["workspace_id"], t["session_id"], str(t["provider_session_id"]))
         by_session[key].append(str(t["root_provider_turn_id"]))
     misses: list[tuple[str, str, str]] = []
     for (ws, sid, thread), turn_ids in by_session.items():
-        home_dir = provider_home(ctx.home, ws, sid, "codex")
-        for problem in codex_turn_end_problem(home_dir, thread, turn_ids):
-            misses.append((ws, sid, f"session {sid}: {problem}"))
+        home_dir = provider_home(ctx.home, ws, sid, provider)
+        for found in problem(home_dir, thread, turn_ids):
+            misses.append((ws, sid, f"session {sid}: {found}"))
     return misses
+
+
+def _ended_turns(records: Iterable[Mapping[str, Any]]) -> set[Any]:
+    """The turn ids a thread's records end (`task_complete` or `turn_aborted` events)."""
+    return {
+        r["payload"].get("turn_id")
+        for r in records
+        if r.get("type") == "event_msg"
+        and isinstance(r.get("payload"), dict)
+        and r["payload"].get("type") in ("task_complete", "turn_aborted")
+    }
 
 
 def tutti_turn_end_problem(home_dir: Path, thread: str, turn_ids: Sequence[str]) -> list[str]:
@@ -1743,13 +1761,7 @@ def tutti_turn_end_problem(home_dir: Path, thread: str, turn_ids: Sequence[str])
     matches = sorted(home_dir.glob(f"sessions/**/rollout-*-{thread}.jsonl"))
     if len(matches) != 1:
         return [f"{len(matches)} rollouts for thread {thread} in {home_dir}"] if turn_ids else []
-    ended = {
-        r["payload"].get("turn_id")
-        for r in _json_lines(matches[0])
-        if r.get("type") == "event_msg"
-        and isinstance(r.get("payload"), dict)
-        and r["payload"].get("type") in ("task_complete", "turn_aborted")
-    }
+    ended = _ended_turns(_json_lines(matches[0]))
     return [f"no end of Turn {t} in thread {thread}'s rollout" for t in turn_ids if t not in ended]
 
 
@@ -1757,24 +1769,7 @@ def _tutti_turn_misses(ctx: _Ctx, conn: apsw.Connection) -> list[tuple[str, str,
     """`tutti_turn_in_rollout`: the completed Turns of each live Tutti Agent Session looked
     for in its home. (workspace, Session, detail) of each miss: the caller rechecks the
     Session's deletion as `codex_turn_in_rollout` does."""
-    by_session: dict[tuple[str, str, str], list[str]] = defaultdict(list)
-    for t in _rows(
-        conn,
-        "SELECT t.workspace_id, t.session_id, t.root_provider_turn_id, s.provider_session_id"
-        " FROM turns t JOIN sessions s USING (workspace_id, session_id)"
-        " WHERE s.provider = 'tutti-agent' AND s.deleted = 0"
-        " AND s.provider_session_id IS NOT NULL"
-        " AND t.phase = 'settled' AND t.outcome = 'completed'"
-        " AND t.root_provider_turn_id IS NOT NULL ORDER BY t.sequence",
-    ):
-        key = (t["workspace_id"], t["session_id"], str(t["provider_session_id"]))
-        by_session[key].append(str(t["root_provider_turn_id"]))
-    misses: list[tuple[str, str, str]] = []
-    for (ws, sid, thread), turn_ids in by_session.items():
-        home_dir = provider_home(ctx.home, ws, sid, "tutti-agent")
-        for problem in tutti_turn_end_problem(home_dir, thread, turn_ids):
-            misses.append((ws, sid, f"session {sid}: {problem}"))
-    return misses
+    return _turn_end_misses(ctx, conn, "tutti-agent", tutti_turn_end_problem)
 
 
 def _claude_transcript_misses(
