@@ -2476,20 +2476,13 @@ def test_a_completed_codex_turn_cut_from_its_rollout_is_reported(tmp_path: Path)
         finally:
             d.stop()
     assert [t["outcome"] for t in turns] == ["completed", "completed"]
-
-    def found() -> list[str]:
-        violations = check_invariants(home).violations
-        return [v.detail for v in violations if v.law is Law.CODEX_TURN_IN_ROLLOUT]
-
-    assert found() == []
-    source_home = runtime_home(home, WS, sid, "codex-home")
-    (source,) = [p for p in rollouts(source_home) if p not in child_rollouts(source_home)]
-    lines = source.read_bytes().split(b"\n")
-    at = max(i for i, line in enumerate(lines) if b'"task_started"' in line)
-    last = json.loads(lines[at])["payload"]["turn_attribution"]["turn_id"]
-    source.write_bytes(b"\n".join(lines[:at]) + b"\n")
-    (cut,) = found()
-    assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut
+    _cut_last_turn_is_reported(
+        home,
+        sid,
+        Law.CODEX_TURN_IN_ROLLOUT,
+        runtime_home(home, WS, sid, "codex-home"),
+        lambda payload: payload["turn_attribution"]["turn_id"],
+    )
 
 
 def test_a_completed_tutti_turn_cut_from_its_rollout_is_reported(tmp_path: Path) -> None:
@@ -2510,17 +2503,34 @@ def test_a_completed_tutti_turn_cut_from_its_rollout_is_reported(tmp_path: Path)
     finally:
         d.stop()
     assert [t["outcome"] for t in turns] == ["completed", "completed"]
+    _cut_last_turn_is_reported(
+        home,
+        sid,
+        Law.TUTTI_TURN_IN_ROLLOUT,
+        runtime_home(home, WS, sid),
+        lambda payload: payload["turn_id"],
+    )
+
+
+def _cut_last_turn_is_reported(
+    home: Path,
+    sid: str,
+    law: Law,
+    source_home: Path,
+    turn_of: Callable[[dict[str, Any]], str],
+) -> None:
+    """Nothing of `law` found; then the source's own rollout in `source_home` (not a fork
+    child's) cut back to before its last `task_started` line (`turn_of` its payload: that
+    Turn's provider id), whole lines left: reported once, naming the Session and that Turn."""
 
     def found() -> list[str]:
-        violations = check_invariants(home).violations
-        return [v.detail for v in violations if v.law is Law.TUTTI_TURN_IN_ROLLOUT]
+        return [v.detail for v in check_invariants(home).violations if v.law is law]
 
     assert found() == []
-    source_home = runtime_home(home, WS, sid)
     (source,) = [p for p in rollouts(source_home) if p not in child_rollouts(source_home)]
     lines = source.read_bytes().split(b"\n")
     at = max(i for i, line in enumerate(lines) if b'"task_started"' in line)
-    last = json.loads(lines[at])["payload"]["turn_id"]
+    last = turn_of(json.loads(lines[at])["payload"])
     source.write_bytes(b"\n".join(lines[:at]) + b"\n")
     (cut,) = found()
     assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut
