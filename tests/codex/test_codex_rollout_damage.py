@@ -107,9 +107,12 @@ def cut_last_turn(rollout: Path) -> str:
     return turn_id
 
 
-def fork_refused(d: DaemonProcess, c: Client, sid: str, turn_id: str) -> str:
+def fork_refused(
+    d: DaemonProcess, c: Client, sid: str, turn_id: str, home_name: str = "codex-home"
+) -> str:
     """A fork of the Session through `turn_id`, refused `provider_history_missing` (before
-    any operation, or as a `failed` one with no target history): the refusal's words."""
+    any operation, or as a `failed` one with no target history in its provider home
+    `home_name`): the refusal's words."""
     try:
         _, op = fork(c, sid, turn_id)
     except ApiError as exc:
@@ -118,7 +121,7 @@ def fork_refused(d: DaemonProcess, c: Client, sid: str, turn_id: str) -> str:
     op = until_terminal(c, op)
     assert op["status"] == "failed", op
     assert "provider_history_missing" in (op["error"] or ""), op
-    target = runtime_home(d.home, WS, op["targetAgentSessionId"], "codex-home")
+    target = runtime_home(d.home, WS, op["targetAgentSessionId"], home_name)
     assert rollouts(target) == []
     return str(op["error"])
 

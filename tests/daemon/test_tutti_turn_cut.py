@@ -11,28 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.codex.test_codex_rollout_damage import cut_last_turn
-from tests.daemon.test_fork_saga import fork, until_terminal
+from tests.codex.test_codex_rollout_damage import cut_last_turn, fork_refused
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn
 from tests.support.homes import child_rollouts, rollouts, runtime_home
-from transport.client import ApiError, Client
 
 pytestmark = pytest.mark.timeout(180)
-
-
-def refused_fork(d: DaemonProcess, c: Client, sid: str, turn_id: str) -> str:
-    """A fork of the Session through `turn_id`, refused `provider_history_missing` (before
-    any operation, or as a `failed` one with no target history): the refusal's words."""
-    try:
-        _, op = fork(c, sid, turn_id)
-    except ApiError as exc:
-        assert "provider_history_missing" in str(exc), exc
-        return str(exc)
-    op = until_terminal(c, op)
-    assert op["status"] == "failed", op
-    assert "provider_history_missing" in (op["error"] or ""), op
-    assert rollouts(runtime_home(d.home, WS, op["targetAgentSessionId"])) == []
-    return str(op["error"])
 
 
 def test_a_turn_after_the_last_bound_turn_was_cut_from_the_rollout_fails_typed(
@@ -57,7 +40,7 @@ def test_a_turn_after_the_last_bound_turn_was_cut_from_the_rollout_fails_typed(
         assert third["hostOnly"] is True, third  # nothing recorded as run at the provider
         assert rollout.read_bytes() == cut  # nothing appended past the cut
 
-        assert last in refused_fork(d, c, sid, turns[1]["turnId"])
+        assert last in fork_refused(d, c, sid, turns[1]["turnId"], "tutti-agent-home")
         assert child_rollouts(home) == []
     finally:
         d.stop()
