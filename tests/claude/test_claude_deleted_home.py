@@ -6,7 +6,6 @@ had removed (the contention soak's `deleted_home_gone`, 40 s after the delete)."
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import pytest
 
 from model_fakes.messages import MessagesServer
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
+from tests.support.homes import processes_naming
 from tests.support.invariants import assert_invariants
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
@@ -35,21 +35,6 @@ def _held_cli(tmp_path: Path) -> Path:
     )
     front.chmod(0o755)
     return front
-
-
-def _naming(text: str) -> list[int]:
-    """This user's processes whose command line or environment names `text`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            named = any(text.encode() in (proc / f).read_bytes() for f in ("cmdline", "environ"))
-        except OSError:
-            continue
-        if named:
-            found.append(int(proc.name))
-    return found
 
 
 @pytest.fixture
@@ -84,7 +69,7 @@ def test_a_cli_started_ahead_cannot_make_a_deleted_sessions_folder_again(
     c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
     wait_for(lambda: not folder.exists(), 30)
     (tmp_path / "hold").unlink()  # a CLI still held starts the real one now
-    wait_for(lambda: not _naming(f"{sid}/claude-config"), 30)
+    wait_for(lambda: not processes_naming(f"{sid}/claude-config"), 30)
     assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
     d.stop()
     assert_invariants(d.home)

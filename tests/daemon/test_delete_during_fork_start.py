@@ -36,6 +36,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.git_repos import pending_request
+from tests.support.homes import processes_naming
 from tests.support.invariants import assert_invariants
 
 pytestmark = pytest.mark.timeout(180)
@@ -216,7 +217,7 @@ def test_a_delete_beside_a_turns_runtime_start_is_applied_at_once(tmp_path: Path
         hold.unlink()  # the start goes on, for a Session that is gone
         wait_for(lambda: _starting(d) == 0, 30)
         # Its runtime is stopped and its directory removed once it answered.
-        wait_for(lambda: not _processes_naming(source), 30)
+        wait_for(lambda: not processes_naming(source), 30)
         wait_for(lambda: not source_home.exists(), 30)
         assert _runtimes(d)["live"] == 0  # its slot is free
         # Another Session's Turn gets the slot the deleted Session's start held.
@@ -227,21 +228,6 @@ def test_a_delete_beside_a_turns_runtime_start_is_applied_at_once(tmp_path: Path
         d.stop()
     assert not source_home.exists()
     assert_invariants(home)
-
-
-def _processes_naming(text: str) -> list[int]:
-    """This user's processes whose command line or environment names `text`."""
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            named = any(text.encode() in (proc / f).read_bytes() for f in ("cmdline", "environ"))
-        except OSError:
-            continue
-        if named:
-            found.append(int(proc.name))
-    return found
 
 
 def _held_tutti(tmp_path: Path, hold: Path) -> str:

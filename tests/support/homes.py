@@ -4,6 +4,7 @@ tests count provider children in the provider's own files, not in what the daemo
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -49,3 +50,19 @@ def user_texts(path: Path) -> list[str]:
                 if text and not text.startswith("<"):
                     texts.append(text)
     return texts
+
+
+def processes_naming(text: str) -> list[int]:
+    """This user's processes (not this one) whose command line or environment names `text`:
+    a provider process working in a home, found by the path it was given."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            named = any(text.encode() in (proc / f).read_bytes() for f in ("cmdline", "environ"))
+        except OSError:
+            continue
+        if named:
+            found.append(int(proc.name))
+    return found
