@@ -61,24 +61,34 @@ def _fork(daemon: Daemon, c: Client, *, warm: bool) -> tuple[str, str, list[Chan
         if warm:
             first = c.call("fork.create", fork_params(WS, sid, turn_id))["operation"]
             c.call("fork.acknowledge", {"workspaceId": WS, "operationId": first["operationId"]})
+            # The first fork's answer leaves once its commit is durable, its changes reach a
+            # subscriber a moment later: wait for them, so none is taken for the second's.
+            wait_for(lambda: _committed_at(heard.changes, first["operationId"]) is not None, 10)
         heard.take()
         body = c.call("fork.create", fork_params(WS, sid, turn_id))
         assert body["operation"]["status"] == "committed", body
         child = str(body["operation"]["targetAgentSessionId"])
-
-        def committed() -> bool:
-            return any(
-                isinstance(o, ForkOperationChanged)
-                and o.row is not None
-                and o.row.status == "committed"
-                for o in heard.changes
-            )
-
-        wait_for(committed, 10)
+        op_id = str(body["operation"]["operationId"])
+        wait_for(lambda: _committed_at(heard.changes, op_id) is not None, 10)
         changes = heard.take()
     finally:
         heard.close()
     return sid, child, changes
+
+
+def _committed_at(changes: list[ChangeEvent], op_id: str) -> int | None:
+    """The index of operation `op_id`'s commit among `changes` (None: not heard yet)."""
+    return next(
+        (
+            i
+            for i, o in enumerate(changes)
+            if isinstance(o, ForkOperationChanged)
+            and o.operation_id == op_id
+            and o.row is not None
+            and o.row.status == "committed"
+        ),
+        None,
+    )
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["durable-prepare", "lazy-prepare"])
