@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import uuid
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -144,6 +145,9 @@ def test_an_events_json_reads_as_the_standard_library_reads_its_text() -> None:
     assert events(b"data: [DONE]\n\ndata: {}\n\n", done=True) == [{"type": "done"}]
 
 
+_AS_LETTERS = str.maketrans("0123456789", "abcdefabcd")
+
+
 def _entered(fn: Callable[[], Any]) -> list[tuple[str, str]]:
     """(file, qualified name) of each Python function `fn()` entered on this thread."""
     seen: list[tuple[str, str]] = []
@@ -160,7 +164,17 @@ def _entered(fn: Callable[[], Any]) -> list[tuple[str, str]]:
     return seen
 
 
-def test_a_streamed_replys_chunks_pass_no_text_layer_and_no_standard_json_decode() -> None:
+def test_a_streamed_replys_chunks_pass_no_text_layer_and_no_standard_json_decode(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The fake's ids are random hex: one in ~300 holds a run of 19 decimal digits, which the
+    # model rightly decodes with the standard library (`orjson_agrees`) — ids with no digit.
+    import model_fakes.responses as fake
+
+    letters = iter(range(1 << 30))
+    monkeypatch.setattr(
+        fake.uuid, "uuid4", lambda: uuid.UUID(hex=f"{next(letters):08x}".translate(_AS_LETTERS) * 4)
+    )
     text = "twelve words make a reply of some twelve deltas or so here"
     with ResponsesServer(lambda body: text) as server:
         model = ResponsesModel(Endpoint(server.base_url))
