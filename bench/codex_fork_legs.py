@@ -14,73 +14,36 @@ its figures are quoted in docs/performance.md's Codex fork sections.
 
 from __future__ import annotations
 
-import contextlib
 import statistics
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import bench.fork_path as fp
 
 
-def _more_steps(driver: Any, tracer: Any) -> contextlib.AbstractContextManager[None]:
-    """`fork_path._instrumented` plus the Codex fork's other steps and each app-server answer."""
+def _codex_steps(driver: Any) -> list[fp.Step]:
+    """The Codex fork's steps beyond `fork_path`'s, and each app-server answer."""
+    import drivers.binder as binder
+    from drivers.app_server.process import AppServerProcess
 
-    @contextlib.contextmanager
-    def wrapped() -> Iterator[None]:
-        import drivers.binder as binder
-        from drivers.app_server.process import AppServerProcess
-
-        undo: list[Callable[[], None]] = []
-
-        def patch(owner: Any, name: str, label: Callable[..., str]) -> None:
-            real = getattr(owner, name)
-
-            def timed(*args: Any, **kwargs: Any) -> Any:
-                c0, t0 = time.process_time(), time.perf_counter()
-                try:
-                    return real(*args, **kwargs)
-                finally:
-                    wall = (time.perf_counter() - t0) * 1000.0
-                    tracer.add(label(*args), wall, (time.process_time() - c0) * 1000.0)
-
-            setattr(owner, name, timed)
-            undo.append(lambda: setattr(owner, name, real))
-
-        forks = driver.forks
-        for name, label in (
-            ("_source_refused", "source refused"),
-            ("_source_cut", "source cut"),
-            ("_validate_ahead", "ahead"),
-            ("_release", "release"),
-        ):
-            patch(forks, name, lambda *_, label=label: label)
-        patch(forks.runtimes, "list_turns", lambda *_: "list_turns")
-        patch(binder.DirsAhead, "run", lambda *_: "dirs ahead")
-        patch(AppServerProcess, "answer", lambda _self, method, *_: f"answer {method}")
-        with real(driver, tracer):
-            try:
-                yield
-            finally:
-                for fn in reversed(undo):
-                    fn()
-
-    return wrapped()
-
-
-real = fp._instrumented
+    forks = driver.forks
+    named = ("_source_refused", "_source_cut", "_validate_ahead", "_release")
+    labels = ("source refused", "source cut", "ahead", "release")
+    steps: list[fp.Step] = [
+        (forks, name, lambda *_, label=label: label)
+        for name, label in zip(named, labels, strict=True)
+    ]
+    steps.append((forks.runtimes, "list_turns", lambda *_: "list_turns"))
+    steps.append((binder.DirsAhead, "run", lambda *_: "dirs ahead"))
+    steps.append((AppServerProcess, "answer", lambda _self, method, *_: f"answer {method}"))
+    return steps
 
 
 def steps(n: int) -> None:
-    fp._instrumented = _more_steps  # type: ignore[assignment]
-    try:
-        with tempfile.TemporaryDirectory(prefix="codex-legs-") as tmp:
-            m = fp._trace_provider("codex", n, 5, Path(tmp))
-    finally:
-        fp._instrumented = real
+    with tempfile.TemporaryDirectory(prefix="codex-legs-") as tmp:
+        m = fp._trace_provider("codex", n, 5, Path(tmp), _codex_steps)
     for side in m["cpus"]:
         t = m["traces"][side]
         print(

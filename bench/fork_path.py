@@ -245,9 +245,28 @@ def _proc_cpu_ms(pid: int) -> tuple[float, float]:
     return (int(fields[11]) + int(fields[12])) * tick, (int(fields[13]) + int(fields[14])) * tick
 
 
+Step = tuple[Any, str, Callable[..., str]]
+"""A callable to time as a step: (owner, attribute name, its label from the call's arguments)."""
+
+
+def timed_step(real: Any, tracer: _Tracer, label: Callable[..., str]) -> Any:
+    """`real`, adding each call's wall and CPU ms to `tracer` under `label(*args)`."""
+
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        c0, t0 = time.process_time(), time.perf_counter()
+        try:
+            return real(*args, **kwargs)
+        finally:
+            wall = (time.perf_counter() - t0) * 1000.0
+            tracer.add(label(*args), wall, (time.process_time() - c0) * 1000.0)
+
+    return timed
+
+
 @contextlib.contextmanager
-def _instrumented(driver: Any, tracer: _Tracer) -> Iterator[None]:
-    """The driver's fork steps, its app-server client and `os.fsync`, wrapped while inside."""
+def _instrumented(driver: Any, tracer: _Tracer, more: Sequence[Step] = ()) -> Iterator[None]:
+    """The driver's fork steps (and `more`), its app-server client and `os.fsync`, wrapped
+    while inside."""
     import stat
 
     from drivers.app_server.process import AppServerProcess
@@ -274,18 +293,7 @@ def _instrumented(driver: Any, tracer: _Tracer) -> Iterator[None]:
         return counted
 
     def step(label: str) -> Callable[[Any], Any]:
-        def make(real: Any) -> Any:
-            def timed(*args: Any, **kwargs: Any) -> Any:
-                c0, t0 = time.process_time(), time.perf_counter()
-                try:
-                    return real(*args, **kwargs)
-                finally:
-                    wall = (time.perf_counter() - t0) * 1000.0
-                    tracer.add(label, wall, (time.process_time() - c0) * 1000.0)
-
-            return timed
-
-        return make
+        return lambda real: timed_step(real, tracer, lambda *_: label)
 
     patch(AppServerProcess, "request_async", rpc)
     patch(os, "fsync", fsync)
@@ -296,6 +304,8 @@ def _instrumented(driver: Any, tracer: _Tracer) -> Iterator[None]:
     # for it after the proof; that wait is in the fork's total, not in a step).
     patch(forks.binder, "begin", step("bind"))
     patch(forks, "_prove_readable", step("proof"))
+    for owner, name, label in more:
+        patch(owner, name, lambda real, label=label: timed_step(real, tracer, label))
     try:
         yield
     finally:
@@ -315,8 +325,15 @@ def _driver_for(provider: str, model_config: dict[str, str]) -> Any:
     return codex_driver(dict(model_config), Failpoints())
 
 
-def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, Any]:
-    """N forks per side of one live source, in this process; the sides alternate."""
+def _trace_provider(
+    provider: str,
+    n: int,
+    turns: int,
+    root: Path,
+    more_steps: Callable[[Any], Sequence[Step]] = lambda _driver: (),
+) -> dict[str, Any]:
+    """N forks per side of one live source, in this process; the sides alternate. The
+    driver's `more_steps(driver)` are timed too."""
     from bench.providers import _codex_environment
     from domain.worker_messages import ForkRequest
     from tests.support.events import EventLog, completed
@@ -371,7 +388,7 @@ def _trace_provider(provider: str, n: int, turns: int, root: Path) -> dict[str, 
             spawned = {k: 0 for k in traces}
             tracer = _Tracer()
             count = 0
-            with _instrumented(driver, tracer):
+            with _instrumented(driver, tracer, more_steps(driver)):
                 for i in range(n + 1):  # the first round is an untimed warm-up
                     for side, trace in traces.items():
                         count += 1
