@@ -100,27 +100,31 @@ def test_a_fork_prepared_beside_a_new_sessions_first_turn_leaves_it_its_turns_id
     d = claude_daemon
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
-    points = {"worker.session.after_start": "once:sleep:3000"}
-    c.call("debug.failpoints", {"points": points})
+    forking = _fork_held_at_its_start(d, sid, "once:sleep:3000")
+    turn = run_turn(c, sid, "first")
+    forking.join(timeout=60)
+    assert turn["outcome"] == "completed", turn
+    recorded = _recorded_id(d, sid)
+    transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
+    assert [p.stem for p in transcripts] == [recorded]
+
+
+def _fork_held_at_its_start(d: DaemonProcess, sid: str, action: str) -> threading.Thread:
+    """A fork (`latestSettled`) of the new Session `sid`, sent on its own thread once
+    `worker.session.after_start` is armed with `action`; returned when its runtime's
+    preparation reached that point. The fork is refused (no Turn settled when its runtime is
+    prepared, or the Turn's claim) or forked through the Turn: either way after its runtime's
+    preparation answered."""
+    d.client().call("debug.failpoints", {"points": {"worker.session.after_start": action}})
 
     def fork() -> None:
-        # Refused (no Turn settled when its runtime is prepared, or the Turn's claim), or
-        # forked through the Turn: either way after its runtime's preparation answered.
         with contextlib.suppress(ApiError):
             d.client(timeout=60).call("fork.create", fork_latest_params(sid))
 
     forking = threading.Thread(target=fork)
     forking.start()
     wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
-    turn = run_turn(c, sid, "first")
-    forking.join(timeout=60)
-    assert turn["outcome"] == "completed", turn
-    with contextlib.closing(sqlite3.connect(d.home / "store.sqlite3")) as db:
-        (recorded,) = db.execute(
-            "SELECT provider_session_id FROM sessions WHERE session_id = ?", (sid,)
-        ).fetchone()
-    transcripts = d.home.glob(f"runtimes/{WS}/{sid}/claude-config/projects/*/*.jsonl")
-    assert [p.stem for p in transcripts] == [recorded]
+    return forking
 
 
 def _recorded_id(d: DaemonProcess, sid: str) -> str | None:
@@ -147,15 +151,7 @@ def _start_read_before_the_id_was_recorded(
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(cwd))["agentSessionId"]
     arm = lambda points: c.call("debug.failpoints", {"points": points})  # noqa: E731
-    arm({"worker.session.after_start": "once:hang"})
-
-    def fork() -> None:
-        with contextlib.suppress(ApiError):
-            d.client(timeout=60).call("fork.create", fork_latest_params(sid))
-
-    forking = threading.Thread(target=fork)
-    forking.start()
-    wait_for(lambda: worker_fired(d, "worker.session.after_start"), 30)
+    forking = _fork_held_at_its_start(d, sid, "once:hang")
     arm({"host.turn.before_claim": "once:hang"})
     submitted = d.client(timeout=60).submit(
         "turn.submit",
