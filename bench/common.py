@@ -309,7 +309,7 @@ def machine() -> dict[str, Any]:
 
 BUILD_FLAGS = ("--enable-optimizations", "--with-lto", "--enable-shared")
 """The interpreter's configure flags that move every figure here: the same fork cost the daemon
-tree ~7-10 % less CPU on a PGO + LTO interpreter linked statically than on one built without
+tree ~10 % less CPU on a PGO + LTO interpreter linked statically than on one built without
 them as a shared `libpython` (docs/performance.md, "The interpreter's build")."""
 
 

@@ -1,5 +1,5 @@
 """The benchmarks' machine record names the interpreter the daemon tree runs on: the same fork
-costs the tree ~7-10 % less CPU on one build of Python 3.11 than on another
+costs the tree ~10 % less CPU on one build of Python 3.11 than on another
 (docs/performance.md, "The interpreter's build"), so a figure without it compares with
 nothing."""
 
