@@ -31,6 +31,12 @@ the worker's exact lookup lists every child a source's home holds at every fork 
 source forked thousands of times before — as `bench.throughput`'s first four sources are by
 its levels 1 and 4 — costs its forks more than a fresh one.
 
+`--pairs M --against TREE` runs the probe (with the other options given) in this tree and in
+TREE, M interleaved pairs (`bench.ab_pairs`), and prints each process kind's medians, in how
+many pairs this tree was higher and the median difference:
+
+    build/venv/bin/python -m bench.fork_cpu --clients 16 --forks 60 --pairs 8 --against /tmp/base
+
 `--spread-home` makes the daemon's home in a block group of its own (`spread_parent`): each
 new inode a fork makes otherwise scans what other processes freed under the temp directory.
 """
@@ -331,6 +337,38 @@ def _syscalls(m: dict[str, float], n: float) -> str:
     return f" | daemon syscalls={total:.1f} " + " ".join(f"{k}={v / n:.2f}" for v, k in calls)
 
 
+def _figures(out: str) -> dict[str, float]:
+    """The ms a fork by process kind (and `tree`) of a run's last level line."""
+    last = [x for x in out.splitlines() if x.startswith("probe=")][-1]
+    return {
+        k: float(v[:-2])
+        for k, v in (w.split("=", 1) for w in last.split() if "=" in w)
+        if v.endswith("ms") and k != "probe" and ":" not in k and not k.startswith("reaped")
+    }
+
+
+def pairs_main(argv: Sequence[str], args: argparse.Namespace) -> int:
+    """`--pairs M --against TREE`: this probe run in each tree, M interleaved pairs
+    (`bench.ab_pairs`). A copy of this file, outside both trees, runs in each: a tree is
+    measured with its own `bench.harness` and code, whether its own copy has `--pairs` or
+    not."""
+    from bench.ab_pairs import THIS, interleave, print_pairs, run_in_tree, summary
+
+    this = Path(bench.__file__).resolve().parent.parent
+    own = ["--clients", args.clients, "--forks", args.forks]
+    own += ["--aged", str(args.aged)] if args.aged else []
+    own += ["--spread-home"] if args.spread_home else []
+    with tempfile.TemporaryDirectory(prefix="fork-cpu-ab-") as tmp:
+        copy = Path(tmp) / "fork_cpu_probe.py"
+        copy.write_text(Path(__file__).read_text())
+        trees = {"against": args.against.resolve(), THIS: this}
+        got = interleave(trees, args.pairs, lambda t: _figures(run_in_tree(t, [str(copy), *own])))
+    kinds = sorted(got[0].figures[THIS])
+    title = f"fork CPU ms a fork, {args.clients} clients, {args.forks} forks each"
+    print_pairs("bench.fork_cpu", argv, [summary(title, got, kinds)])
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     ap.add_argument("--clients", default="1,16", help="client counts, one window each")
@@ -355,7 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         help="forks each client makes before its window (its source's home then holds that"
         " many children more: the children bench.throughput's earlier levels leave)",
     )
+    ap.add_argument("--pairs", type=int, default=0, help="interleaved A/B pairs with --against")
+    ap.add_argument("--against", type=Path, default=None, help="the other tree (the base)")
     args = ap.parse_args(argv)
+    if args.pairs or args.against is not None:
+        if args.against is None or args.pairs < 1:
+            ap.error("--pairs M and --against TREE go together")
+        return pairs_main(sys.argv[1:] if argv is None else argv, args)
     levels = [int(x) for x in args.clients.split(",")]
     forks = [int(x) for x in args.forks.split(",")]
     if len(forks) != len(levels):

@@ -18,6 +18,7 @@ import pytest
 from actors.dir_spread import FS_IOC_SETFLAGS, FS_TOPDIR_FL, dir_flags, spread_subdirs
 from bench.fork_cpu import (
     TreeReading,
+    _figures,
     difference,
     main,
     read_tree,
@@ -128,3 +129,19 @@ def test_an_aged_source_is_forked_that_many_times_before_the_window(
     assert main(["--clients", "1", "--forks", "2", "--aged", "7"]) == 0
     (line,) = capsys.readouterr().out.splitlines()
     assert " forks=2/2 before=7 " in line
+
+
+def test_a_pairs_sample_is_the_last_level_lines_ms_a_fork_by_process_kind() -> None:
+    out = (
+        "probe=14ms load=5.33 clients=1 forks=200/200 before=0 | app-server=1.0ms daemon=2.0ms"
+        " worker=1.5ms tree=4.5ms | cs:daemon=35.4 | ended=0 reaped=0.00ms\n"
+        "probe=15ms load=5.10 clients=16 forks=640/640 before=48 | app-server=1.107ms"
+        " daemon=2.531ms worker=1.623ms tree=5.261ms | cs:app-server=7.0 | ended=0"
+        " reaped=0.00ms\n"
+    )
+    assert _figures(out) == {
+        "app-server": 1.107,
+        "daemon": 2.531,
+        "worker": 1.623,
+        "tree": 5.261,
+    }

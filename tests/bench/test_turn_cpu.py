@@ -4,11 +4,13 @@ this process that sleeps and is woken adds to both while it lives."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 
 from bench.harness import ProcSample
 from bench.turn_cpu import fine_by_kind, task_sums
+from tests.support.daemon import wait_for
 
 
 def test_a_live_threads_wake_ups_and_run_time_are_counted() -> None:
@@ -42,6 +44,14 @@ def test_the_reading_is_by_kind_with_wake_ups_beside_it() -> None:
     assert got["daemon"] > 0.0
 
 
+def _thread_names() -> list[str]:
+    names = []
+    for tid in os.listdir(f"/proc/{os.getpid()}/task"):
+        with contextlib.suppress(OSError), open(f"/proc/{os.getpid()}/task/{tid}/comm") as fh:
+            names.append(fh.read().strip())
+    return names
+
+
 def test_by_comm_splits_a_kinds_run_time_by_the_kernels_thread_names() -> None:
     """`--by-comm`: the same run time, keyed `<kind>:<comm>` (libzmq's I/O threads apart)."""
     import zmq
@@ -52,6 +62,8 @@ def test_by_comm_splits_a_kinds_run_time_by_the_kernels_thread_names() -> None:
     try:
         sock = ctx.socket(zmq.PAIR)
         sock.bind("inproc://by-comm")  # the context's threads exist once a socket does
+        # Each names itself once it runs: on a loaded machine a moment after the bind.
+        wait_for(lambda: any(n.startswith("ZMQbg/") for n in _thread_names()), timeout=30.0)
         turn_cpu.BY_COMM.clear()
         ns, _ = task_sums(os.getpid(), "daemon")
         names = set(turn_cpu.BY_COMM)
