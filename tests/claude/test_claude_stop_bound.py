@@ -154,3 +154,50 @@ def test_a_stop_answers_once_its_turns_cli_that_ignores_its_sigterm_is_killed(
                 os.kill(victim, signal.SIGCONT)
     assert not left, f"the Turn's CLI {left} outlived its Session's stop"
     assert h.recorder.wait_completed(turn_id)["outcome"] == "interrupted"
+
+
+def test_a_delete_whose_stop_the_worker_never_answers_kills_the_cli_before_the_folder_goes(
+    claude_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """The worker takes the stop but never answers it (`worker.session.before_stop` hangs):
+    past the host's bound the folder goes all the same, and what ran in it goes first."""
+    d = claude_daemon
+    c = d.client(timeout=60)
+    sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
+    assert run_turn(c, sid, "one")["outcome"] == "completed"
+    named = f"{sid}/claude-config"
+    cli = wait_for(lambda: [p for p in processes_naming(named) if _running_cli(p)], 30)
+    folder = d.home / "runtimes" / WS / sid
+    c.call("debug.failpoints", {"points": {"worker.session.before_stop": "hang"}})
+    try:
+        c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+        wait_for(lambda: not folder.exists(), 60, interval=0.01)
+        left = [p for p in cli if _alive(p)]
+    finally:
+        c.call("debug.failpoints", {"points": {"worker.session.before_stop": "off"}})
+    assert not left, f"the CLI {left} of the deleted Session outlived its folder"
+    wait_for(lambda: not [p for p in processes_naming(named) if _alive(p)], 30)
+    assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
+    d.stop()
+    assert_invariants(d.home)
+
+
+def test_a_worker_killed_as_it_takes_a_deletes_stop_leaves_no_cli_and_no_folder(
+    claude_daemon: DaemonProcess, tmp_path: Path
+) -> None:
+    """`worker.session.before_stop` armed `kill`: the stop is sent again to the next worker,
+    the CLI died with its worker, and the folder goes."""
+    d = claude_daemon
+    c = d.client(timeout=60)
+    sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
+    assert run_turn(c, sid, "one")["outcome"] == "completed"
+    named = f"{sid}/claude-config"
+    wait_for(lambda: [p for p in processes_naming(named) if _running_cli(p)], 30)
+    folder = d.home / "runtimes" / WS / sid
+    c.call("debug.failpoints", {"points": {"worker.session.before_stop": "once:kill"}})
+    c.call("session.delete", {"workspaceId": WS, "agentSessionId": sid})
+    wait_for(lambda: not folder.exists(), 60)
+    wait_for(lambda: not [p for p in processes_naming(named) if _alive(p)], 30)
+    assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
+    d.stop()
+    assert_invariants(d.home)
