@@ -97,9 +97,10 @@ END_LOOK_S = 0.02
 def end_processes(runtimes_dir: Path, workspace_id: str, session_id: str) -> list[int]:
     """SIGKILL every process still working in a deleted Session's directory (its environment
     names a path there: a provider's process and what it started), and wait up to
-    `END_WAIT_S` until none is left; the pids killed. For a delete whose runtime stop the
-    worker did not answer within its bound: the directory is removed next, and a process left
-    in it would write it again or run on in a folder nothing owns."""
+    `END_WAIT_S` until none is left; the pids killed. Before a delete removes the directory:
+    a process left in it (the runtime of a stop the worker did not answer within its bound, a
+    tool's process a provider left) would write it again or run on in a folder nothing
+    owns."""
     folder = str(session_dir(runtimes_dir, workspace_id, session_id))
     killed: list[int] = []
     deadline = time.monotonic() + END_WAIT_S

@@ -91,9 +91,9 @@ class SessionControls:
     def _discard_runtime(self, provider: str) -> None:
         """A deleted Session's runtime is stopped, then its home removed off this thread (a
         kill in between is finished by the next start: actors/runtime_dirs.py), and its slot
-        freed. A stop the worker did not answer within `DELETE_STOP_S` (a worker whose
-        lifecycle lane is full, or that is wedged) may have left the runtime's processes in
-        the home: they are killed before it is removed."""
+        freed. What still runs in the home is killed before it is removed: a stop the worker
+        did not answer within `DELETE_STOP_S` (a worker whose lifecycle lane is full, or that
+        is wedged) may have left the runtime itself there."""
         stopped = self._core.ctx.workers.stop_session(
             provider, SessionStop(self._core.key), DELETE_STOP_S
         )
@@ -104,16 +104,18 @@ class SessionControls:
         uses = self._core.ctx.home_uses
 
         def remove() -> None:
-            if stopped.exception() is not None:
-                killed = runtime_dirs.end_processes(runtimes, ws, sid)
-                if killed:
-                    log.warning(
-                        "session %s: its runtime stop was not answered (%s); killed what still "
-                        "ran in its runtime folder: %s",
-                        key,
-                        stopped.exception(),
-                        killed,
-                    )
+            # Whatever the stop's answer: what a provider started and left (a tool's process
+            # its CLI did not take with it) would work on in a folder nothing owns.
+            killed = runtime_dirs.end_processes(runtimes, ws, sid)
+            if killed:
+                failed = stopped.exception()
+                log.warning(
+                    "session %s: killed what still ran in its runtime folder after its stop (%s): "
+                    "%s",
+                    key,
+                    "answered" if failed is None else f"not answered: {failed}",
+                    killed,
+                )
             runtime_dirs.discard(runtimes, ws, sid)
 
         def discard() -> None:

@@ -7,6 +7,7 @@ samples of a silent worker (drivers.supervisor); how a line says a process is go
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -86,13 +87,15 @@ def processes_in(folder: str) -> list[int]:
         try:
             with open(f"/proc/{name}/environ", "rb") as fh:
                 environ = fh.read()
-            if not alive_in_stat(read_proc_stat(int(name))):
-                continue
         except OSError:
             continue  # gone, or another user's
+        if mark not in environ:
+            continue
         for item in environ.split(b"\0"):
             value = item.partition(b"=")[2]
             if value == mark or value.startswith(mark + b"/"):
-                found.append(int(name))
+                with contextlib.suppress(OSError):
+                    if alive_in_stat(read_proc_stat(int(name))):
+                        found.append(int(name))
                 break
     return found

@@ -88,8 +88,10 @@ def test_a_delete_ends_a_parked_cli_that_ignores_its_close_before_the_folder_goe
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGCONT)
     print(f"cli {cli}: delete answered {answered_s:.2f} s, folder gone {gone_s:.2f} s")
-    # The folder went once the stop was answered, which it is only once the CLI has ended.
+    # The folder went once the stop was answered, which it is only once the CLI has ended:
+    # the removal found nothing of it left to kill.
     assert not left, f"the CLI {left} of the deleted Session outlived its folder"
+    assert "killed what still ran" not in d.tail_log(100_000), d.tail_log()
     wait_for(lambda: not [p for p in processes_naming(named) if _alive(p)], 30)
     assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
     d.stop()
@@ -176,6 +178,9 @@ def test_a_delete_whose_stop_the_worker_never_answers_kills_the_cli_before_the_f
     finally:
         c.call("debug.failpoints", {"points": {"worker.session.before_stop": "off"}})
     assert not left, f"the CLI {left} of the deleted Session outlived its folder"
+    assert "killed what still ran in its runtime folder after its stop (not answered" in (
+        d.tail_log(100_000)
+    ), d.tail_log()
     wait_for(lambda: not [p for p in processes_naming(named) if _alive(p)], 30)
     assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
     d.stop()
