@@ -31,7 +31,6 @@ from drivers.claude.warm import (
     TERM_WAIT_S,
     Cli,
     WarmClis,
-    kill_cli,
     reaped_within,
     transcript_stamp,
 )
@@ -363,7 +362,7 @@ class Turns:
         await asyncio.gather(*ends, return_exceptions=True)
 
     async def _end_turn(self, turn: TurnState) -> None:
-        """The Turn's CLI, terminated, is killed (its tree and its group) if it has not ended
+        """The Turn's CLI, terminated, is killed (with its tree) if it has not ended
         within `TERM_WAIT_S`: one stopped or wedged never reads the SIGTERM, and the SDK's own
         close would wait 15 s for it."""
         self.terminate(turn)
@@ -372,7 +371,7 @@ class Turns:
             return  # not spawned (its task cancelled), or reaped and let go by the SDK
         if not await reaped_within(process, TERM_WAIT_S):
             if process.returncode is None:
-                kill_cli(process.pid)
+                kill_tree(process.pid)
             await reaped_within(process, KILL_WAIT_S)
 
     def close(self) -> None:

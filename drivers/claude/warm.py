@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -29,9 +28,9 @@ EXIT_WAIT_S = 2.0
 TERM_WAIT_S = 1.0
 """How long it may take to exit once terminated (SIGTERM), before it is killed."""
 KILL_WAIT_S = 1.0
-"""How long its reaping may take once it, everything below it and everything in its process
-group were SIGKILLed: a SIGKILL ends a stopped or wedged process too (only a process in an
-uninterruptible wait delays its end), so the close never waits on the CLI's cooperation."""
+"""How long its reaping may take once it and everything below it were SIGKILLed: a SIGKILL ends
+a stopped or wedged process too (only a process in an uninterruptible wait delays its end), so
+the close never waits on the CLI's cooperation."""
 STREAM_CLOSE_S = 0.5
 """How long the close of its `query()` stream may take once the process has ended (the SDK's
 own close, which would otherwise wait 5 s, terminate, 5 s, kill, 5 s more)."""
@@ -188,11 +187,11 @@ class Cli:
                 process.terminate()
 
     def kill(self) -> None:
-        """SIGKILL the CLI, everything below it and everything in the process group it leads;
-        nothing once its process was reaped (its pid may name another process then)."""
+        """SIGKILL the CLI and everything below it (a tool's process keeps the Session's folder
+        as its HOME); nothing once its process was reaped (its pid may name another one)."""
         process = self.process()
         if process is not None and process.returncode is None:
-            kill_cli(process.pid)
+            kill_tree(process.pid)
 
     async def ended_within(self, timeout: float) -> bool:
         """Whether the CLI ends within `timeout`: its process reaped, or, never spawned, its
@@ -213,8 +212,8 @@ class Cli:
 
     async def close(self) -> None:
         """Ends the CLI unused, within `CLOSE_BOUND_S` whatever it does: no prompt, so its stdin
-        closes and it exits; terminated if it has not within `EXIT_WAIT_S`, killed (its tree
-        and its group) if it has not `TERM_WAIT_S` later; its stream closed."""
+        closes and it exits; terminated if it has not within `EXIT_WAIT_S`, killed (with its
+        tree) if it has not `TERM_WAIT_S` later; its stream closed."""
         if not self.prompt.done():
             self.prompt.set_result(None)
         if not await self.ended_within(EXIT_WAIT_S):
@@ -241,21 +240,6 @@ async def reaped_within(process: Any, timeout: float) -> bool:
 
 SPAWN_LOOK_S = 0.05
 """How often a close looks again for the process of a CLI whose spawn is still under way."""
-
-
-def kill_cli(pid: int) -> None:
-    """SIGKILL the CLI `pid` (not reaped: the pid is still its own), everything below it, and
-    everything left in the process group it leads, if it leads one: a tool's process the CLI
-    started keeps the Session's folder as its HOME, and one reparented away from the CLI's
-    tree is still in its group."""
-    try:
-        leads = os.getpgid(pid) == pid
-    except OSError:
-        leads = False
-    kill_tree(pid)
-    if leads:  # the group's id stays its own while a member is left (never reused meanwhile)
-        with contextlib.suppress(OSError):
-            os.killpg(pid, signal.SIGKILL)
 
 
 class WarmClis:
