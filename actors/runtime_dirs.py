@@ -17,11 +17,14 @@ import contextlib
 import logging
 import os
 import shutil
+import signal
+import time
 import uuid
 from pathlib import Path
 
 from actors.context import _path_segment as path_segment
 from actors.store_ports import DeletedSessionsStore
+from domain.procfs import processes_in
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +87,33 @@ def discard(runtimes_dir: Path, workspace_id: str, session_id: str) -> bool:
         return False
     _purge(target)
     return True
+
+
+END_WAIT_S = 2.0
+"""How long `end_processes` waits for the processes it killed to be gone."""
+END_LOOK_S = 0.02
+
+
+def end_processes(runtimes_dir: Path, workspace_id: str, session_id: str) -> list[int]:
+    """SIGKILL every process still working in a deleted Session's directory (its environment
+    names a path there: a provider's process and what it started), and wait up to
+    `END_WAIT_S` until none is left; the pids killed. Before a delete removes the directory:
+    a process left in it (the runtime of a stop the worker did not answer within its bound, a
+    tool's process a provider left) would write it again or run on in a folder nothing
+    owns."""
+    folder = str(session_dir(runtimes_dir, workspace_id, session_id))
+    killed: list[int] = []
+    deadline = time.monotonic() + END_WAIT_S
+    while True:
+        left = processes_in(folder)
+        if not left or time.monotonic() >= deadline:
+            return killed
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(END_LOOK_S)
 
 
 def remove_empty_session_dir(path: Path) -> bool:

@@ -28,6 +28,12 @@ from storage.sqlite import host_error_of, typed_store_error
 # One logger for every concern of the Session actor (operators filter on it).
 log = logging.getLogger("actors.session_actor")
 
+DELETE_STOP_S = 10.0
+"""How long a delete waits for the worker to answer its Session's runtime stop before it
+removes the Session's runtime folder anyway, killing what still runs there first. The drivers'
+own stops end within less (Claude: `drivers.claude.turns`, 7 s at most; an app-server's
+close: its stdin, 3 s, SIGTERM, 3 s, SIGKILL)."""
+
 
 class SessionControls:
     """Mutations, interrupts and interaction answers of one Session; no state of its own but
@@ -85,18 +91,38 @@ class SessionControls:
     def _discard_runtime(self, provider: str) -> None:
         """A deleted Session's runtime is stopped, then its home removed off this thread (a
         kill in between is finished by the next start: actors/runtime_dirs.py), and its slot
-        freed."""
-        stopped = self._core.ctx.workers.stop_session(provider, SessionStop(self._core.key), 10.0)
+        freed. What still runs in the home is killed before it is removed: a stop the worker
+        did not answer within `DELETE_STOP_S` (a worker whose lifecycle lane is full, or that
+        is wedged) may have left the runtime itself there."""
+        stopped = self._core.ctx.workers.stop_session(
+            provider, SessionStop(self._core.key), DELETE_STOP_S
+        )
         runtimes, ws, sid = self._core.ctx.runtimes_dir, self._core.ws, self._core.sid
         failpoints = self._core.ctx.failpoints
+        key = self._core.key
 
         uses = self._core.ctx.home_uses
+
+        def remove() -> None:
+            # Whatever the stop's answer: what a provider started and left (a tool's process
+            # its CLI did not take with it) would work on in a folder nothing owns.
+            killed = runtime_dirs.end_processes(runtimes, ws, sid)
+            if killed:
+                failed = stopped.exception()
+                log.warning(
+                    "session %s: killed what still ran in its runtime folder after its stop (%s): "
+                    "%s",
+                    key,
+                    "answered" if failed is None else f"not answered: {failed}",
+                    killed,
+                )
+            runtime_dirs.discard(runtimes, ws, sid)
 
         def discard() -> None:
             failpoints.hit("host.session.delete.discard")
             # Not while a worker call may start an app-server in the folder (a
             # `fork.resolve` reading a fork's child there): it would make it again.
-            uses.remove((ws, sid), partial(runtime_dirs.discard, runtimes, ws, sid))
+            uses.remove((ws, sid), remove)
 
         stopped.add_done_callback(
             lambda _f: threading.Thread(

@@ -1,11 +1,13 @@
 """`/proc/PID/stat`, read the one way both sides of the host need it: the host's check that a
 warm runtime's process is alive (actors.session_runtime), the Claude driver's check that a
 parked CLI is still there to take (drivers.claude.warm), and the worker supervisor's CPU
-samples of a silent worker (drivers.supervisor); and how a line says a process is gone
-(`alive_in_stat`). Standard library only."""
+samples of a silent worker (drivers.supervisor); how a line says a process is gone
+(`alive_in_stat`); and which processes work in a folder by their environment
+(`processes_in`: a deleted Session's, actors.runtime_dirs). Standard library only."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 
@@ -65,3 +67,35 @@ def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
         return fields[3 - 3], int(fields[9 - 3]), int(fields[31 - 3])
     except (IndexError, ValueError):
         return None
+
+
+def processes_in(folder: str) -> list[int]:
+    """This user's live processes (not this one) whose environment holds a value at or under
+    `folder` (absolute): what a provider runs for a Session has its homes there (`HOME`,
+    `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. Empty where
+    there is no `/proc`."""
+    mark = os.fsencode(folder.rstrip("/"))
+    found: list[int] = []
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return found
+    me = os.getpid()
+    for name in names:
+        if not name.isdigit() or int(name) == me:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue  # gone, or another user's
+        if mark not in environ:
+            continue
+        for item in environ.split(b"\0"):
+            value = item.partition(b"=")[2]
+            if value == mark or value.startswith(mark + b"/"):
+                with contextlib.suppress(OSError):
+                    if alive_in_stat(read_proc_stat(int(name))):
+                        found.append(int(name))
+                break
+    return found

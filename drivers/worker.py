@@ -211,7 +211,7 @@ class WorkerServer:
         self._methods: dict[str, Callable[[Mapping[str, Any]], dict[str, Any]]] = {
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": self._start_session,
-            "session.stop": lambda p: self.driver().stop_session(p),
+            "session.stop": self._stop_session,
             "turn.start": self._start_turn,
             "turn.interrupt": self._interrupt_turn,
             "session.history": self._history,
@@ -252,6 +252,13 @@ class WorkerServer:
         result = self._stamped(params, self.driver().start_session)
         self.failpoints.hit("worker.session.after_start")
         return result
+
+    def _stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        """`session.stop`: the driver's stop. Failpoint `worker.session.before_stop`: a stop in
+        the worker, before the driver stops anything (`hang`: one the host's bound on it does
+        not see answered)."""
+        self.failpoints.hit("worker.session.before_stop")
+        return self.driver().stop_session(params)
 
     def _stamped(
         self,

@@ -258,14 +258,18 @@ class ClaudeDriver:
         agent_session_id = required(params, "agentSessionId")
         with self._sessions_lock:
             session = self._sessions.pop(agent_session_id, None)
+        active = None
         if session is not None:
             with session.lock:
                 session.stopped = True
-            if session.active is not None:
-                self.turns.cancel(session.active)
-        # Answered once its CLI started ahead has ended: one still starting wrote into the
-        # Session's home after the host, told it was stopped, removed it (a delete).
-        self.turns.forget(agent_session_id)
+                active = session.active
+            if active is not None:
+                self.turns.cancel(active)
+        # Answered once its CLI started ahead and its Turn's CLI have ended, killed if they
+        # would not (within `turns.CLOSE_BOUND_S`): one still starting, or one that ignored
+        # its close, wrote into the Session's home after the host, told it was stopped,
+        # removed it (a delete).
+        self.turns.forget(agent_session_id, active)
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:

@@ -25,12 +25,24 @@ from drivers.claude.events import TIMED_OUT, ClaudeEvents
 from drivers.claude.interactions import Interactions
 from drivers.claude.state import SessionState, TurnState, required
 from drivers.claude.tied import TiedCli
-from drivers.claude.warm import CLOSE_WAIT_S, EXIT_WAIT_S, Cli, WarmClis, transcript_stamp
+from drivers.claude.warm import (
+    CLOSE_BOUND_S,
+    KILL_WAIT_S,
+    TERM_WAIT_S,
+    Cli,
+    WarmClis,
+    reaped_within,
+    transcript_stamp,
+)
 from drivers.credentials import model_failure_text
 from drivers.errors import DriverError
 from drivers.liveness import TreeWatch, kill_tree, stopped_error
 
 TURN_START_TIMEOUT_S = 120.0
+LOOP_SLACK_S = 2.0
+"""What a stop gives the driver's loop beyond `CLOSE_BOUND_S` to run the CLIs' close (a loop
+busy with other Sessions' Turns); the stop is answered within the sum (7 s), inside the host's
+bound on it (10 s)."""
 MAX_MESSAGE_BYTES = 64 << 20
 """The largest message line the SDK reads from the CLI (64 MiB; its default, 1 MiB, failed any
 Turn with a longer reply or tool result). The bound the app-server reader keeps
@@ -173,6 +185,11 @@ class Turns:
             # unseen. Nothing is started, nothing written.
             raise ProviderNotCalled(history_missing_text(session))
         with session.lock:
+            if session.stopped:
+                # Taken before its `session.stop`, whose answer says no CLI of it runs.
+                raise NotFound(
+                    f"session {session.agent_session_id} is not started in the Claude worker"
+                )
             # Two concurrent turns on one Claude session both succeed and branch the
             # transcript (PROVIDERS.md): one at a time, enforced here.
             if session.active is not None:
@@ -327,21 +344,41 @@ class Turns:
             return
         self.warm.park(session.agent_session_id, cli)
 
-    def forget(self, agent_session_id: str) -> None:
-        """The Session stopped: its parked CLI ends, and this returns once it has (within the
-        close's bounds: `EXIT_WAIT_S`, then terminated, `CLOSE_WAIT_S`), so nothing of it
-        writes into the Session's home after the stop is answered (from any thread but the
-        loop's)."""
+    def forget(self, agent_session_id: str, turn: TurnState | None = None) -> None:
+        """The Session stopped: its parked CLI ends, and the CLI of its Turn `turn` (told to
+        stop by `cancel`), and this returns once they have, within `CLOSE_BOUND_S` whatever
+        they do (terminated, then killed: `Cli.close`, `_end_turn`), so nothing of them writes
+        into the Session's home after the stop is answered (from any thread but the loop's).
+        `LOOP_SLACK_S` more is given to a loop that is slow to run the close."""
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(
-                self.warm.drop_and_wait(agent_session_id), self._loop
-            ).result(timeout=EXIT_WAIT_S + CLOSE_WAIT_S + 5)
+                self._end_session(agent_session_id, turn), self._loop
+            ).result(timeout=CLOSE_BOUND_S + LOOP_SLACK_S)
+
+    async def _end_session(self, agent_session_id: str, turn: TurnState | None) -> None:
+        ends = [self.warm.drop_and_wait(agent_session_id)]
+        if turn is not None:
+            ends.append(self._end_turn(turn))
+        await asyncio.gather(*ends, return_exceptions=True)
+
+    async def _end_turn(self, turn: TurnState) -> None:
+        """The Turn's CLI, terminated, is killed (with its tree) if it has not ended
+        within `TERM_WAIT_S`: one stopped or wedged never reads the SIGTERM, and the SDK's own
+        close would wait 15 s for it."""
+        self.terminate(turn)
+        process = getattr(turn.transport, "_process", None)
+        if process is None:
+            return  # not spawned (its task cancelled), or reaped and let go by the SDK
+        if not await reaped_within(process, TERM_WAIT_S):
+            if process.returncode is None:
+                kill_tree(process.pid)
+            await reaped_within(process, KILL_WAIT_S)
 
     def close(self) -> None:
         """Ends every parked CLI (from any thread but the loop's)."""
         with contextlib.suppress(Exception):
             asyncio.run_coroutine_threadsafe(self.warm.close_all(), self._loop).result(
-                timeout=CLOSE_WAIT_S + 5
+                timeout=CLOSE_BOUND_S + LOOP_SLACK_S
             )
 
     async def _run_turn(self, session: SessionState, turn: TurnState, text: str) -> None:

@@ -21,11 +21,23 @@ from typing import Any, cast
 
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.claude.state import TurnState
+from drivers.liveness import kill_tree
 
 EXIT_WAIT_S = 2.0
 """How long a discarded CLI may take to exit once its stdin is closed, before it is terminated."""
-CLOSE_WAIT_S = 10.0
-"""How long it may take to exit once terminated."""
+TERM_WAIT_S = 1.0
+"""How long it may take to exit once terminated (SIGTERM), before it is killed."""
+KILL_WAIT_S = 1.0
+"""How long its reaping may take once it and everything below it were SIGKILLed: a SIGKILL ends
+a stopped or wedged process too (only a process in an uninterruptible wait delays its end), so
+the close never waits on the CLI's cooperation."""
+STREAM_CLOSE_S = 0.5
+"""How long the close of its `query()` stream may take once the process has ended (the SDK's
+own close, which would otherwise wait 5 s, terminate, 5 s, kill, 5 s more)."""
+CLOSE_BOUND_S = EXIT_WAIT_S + TERM_WAIT_S + KILL_WAIT_S + 2 * STREAM_CLOSE_S
+"""The longest `Cli.close` takes (5 s), well inside the host's bound on a Session's stop (10 s,
+`SessionControls._discard_runtime`): a CLI that ignores its close and its SIGTERM (stopped,
+wedged) is killed at `EXIT_WAIT_S + TERM_WAIT_S`."""
 
 
 TAIL_BYTES = 4096
@@ -161,29 +173,73 @@ class Cli:
         """Still waiting for its prompt: neither ended nor failed to start."""
         return not self.first.done() and not self.prompt.done() and not self.process_exited()
 
-    def terminate(self) -> None:
+    def process(self) -> Any:
+        """The CLI's process once spawned (None before), kept after the SDK let go of it."""
         process = getattr(self.transport, "_process", None)
+        if process is None and self.spawned:
+            process = self.spawned[0]
+        return process
+
+    def terminate(self) -> None:
+        process = self.process()
         if process is not None and process.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 process.terminate()
 
+    def kill(self) -> None:
+        """SIGKILL the CLI and everything below it (a tool's process keeps the Session's folder
+        as its HOME); nothing once its process was reaped (its pid may name another one)."""
+        process = self.process()
+        if process is not None and process.returncode is None:
+            kill_tree(process.pid)
+
+    async def ended_within(self, timeout: float) -> bool:
+        """Whether the CLI ends within `timeout`: its process reaped, or, never spawned, its
+        stream's first read done (the spawn failed or the stream ended before it)."""
+        loop = asyncio.get_running_loop()
+        until = loop.time() + timeout
+        while True:
+            process = self.process()
+            left = until - loop.time()
+            if process is not None:
+                return await reaped_within(process, left)
+            if self.first.done():
+                return True
+            if left <= 0:
+                return False
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(asyncio.shield(self.first), min(left, SPAWN_LOOK_S))
+
     async def close(self) -> None:
-        """Ends the CLI unused: no prompt, so its stdin closes and it exits; terminated if it
-        has not within `EXIT_WAIT_S`; its stream closed."""
+        """Ends the CLI unused, within `CLOSE_BOUND_S` whatever it does: no prompt, so its stdin
+        closes and it exits; terminated if it has not within `EXIT_WAIT_S`, killed (with its
+        tree) if it has not `TERM_WAIT_S` later; its stream closed."""
         if not self.prompt.done():
             self.prompt.set_result(None)
-        for wait_s in (EXIT_WAIT_S, CLOSE_WAIT_S):
-            with contextlib.suppress(BaseException):
-                await asyncio.wait_for(asyncio.shield(self.first), wait_s)
-            if self.first.done():
-                break
+        if not await self.ended_within(EXIT_WAIT_S):
             self.terminate()
+            if not await self.ended_within(TERM_WAIT_S):
+                self.kill()
+                await self.ended_within(KILL_WAIT_S)
         if not self.first.done():
             self.first.cancel()
-            with contextlib.suppress(BaseException):
-                await self.first
+        await asyncio.wait({self.first}, timeout=STREAM_CLOSE_S)
+        if self.first.done() and not self.first.cancelled():
+            self.first.exception()  # taken: a killed CLI's read error is no one's to report
         with contextlib.suppress(BaseException):
-            await self.messages.aclose()
+            await asyncio.wait_for(self.messages.aclose(), STREAM_CLOSE_S)
+
+
+async def reaped_within(process: Any, timeout: float) -> bool:
+    """Whether the CLI's `process` (anyio's) is reaped within `timeout`."""
+    if process.returncode is None and timeout > 0:
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(process.wait(), timeout)
+    return process.returncode is not None
+
+
+SPAWN_LOOK_S = 0.05
+"""How often a close looks again for the process of a CLI whose spawn is still under way."""
 
 
 class WarmClis:

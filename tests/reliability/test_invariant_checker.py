@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import os
 import shutil
 import subprocess
 import time
@@ -542,6 +543,23 @@ def test_a_deleted_sessions_runtime_folder_left_is_reported_when_live(
     assert Law.DELETED_HOME_GONE in live
     # Gone: none.
     shutil.rmtree(folder)
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE not in live
+    # Gone, but a process still works in it (its HOME there, as a provider's CLI has): reported
+    # live, not on the stopped home; once it has ended, none.
+    env = {**os.environ, "HOME": str(folder / "claude-config" / ".home")}
+    worker = subprocess.Popen(["sleep", "60"], env=env)
+    try:
+        found = [
+            v.detail
+            for v in check_invariants(aged, live_grace_s=30).violations
+            if v.law is Law.DELETED_HOME_GONE
+        ]
+        assert any(f"process {worker.pid} still works" in m for m in found), found
+        assert Law.DELETED_HOME_GONE not in laws(aged)
+    finally:
+        worker.kill()
+        worker.wait()
     live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
     assert Law.DELETED_HOME_GONE not in live
     # Deleted a moment ago (its runtime may still be stopping): none yet.

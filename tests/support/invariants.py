@@ -332,8 +332,11 @@ class Law(StrEnum):
     interrupts")."""
     DELETED_HOME_GONE = "deleted_home_gone"
     """On a live daemon (`live_grace_s`): a Session deleted longer ago than its delete's bound
-    still has its runtime folder `runtimes/<workspace>/<session>/` (`_check_deleted_homes`).
-    The delete removes it once the Session's runtime has stopped (`DELETE_STOP_S`), or, beside
+    still has its runtime folder `runtimes/<workspace>/<session>/`, or a process working in it
+    (its environment names a path there: a provider's CLI or app-server, what it started)
+    (`_check_deleted_homes`).
+    The delete removes it once the Session's runtime has stopped, or its stop's bound has
+    passed and what still ran in it was killed (`DELETE_STOP_S`, `DELETE_END_S`), or, beside
     a runtime start of a Turn interrupted before its provider got it, once that start has
     answered (`DELETE_START_S`); a daemon killed in between finishes it in its start-up
     sweep. A folder left, or made again by a preparation that started for a Session that is
@@ -2316,14 +2319,19 @@ runtime folder anyway (`SessionControls._discard_runtime`)."""
 DELETE_START_S = 120.0
 """How long a runtime start a delete did not wait for may take (`session_start_s`'s default)
 before the folder it works in goes."""
+DELETE_END_S = 2.0
+"""How long a delete whose stop went unanswered may take to kill what still runs in the folder
+before it removes it (`actors.runtime_dirs.END_WAIT_S`)."""
 
 
 def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
     """`deleted_home_gone`, on a live daemon: no runtime folder of a Session deleted longer
-    ago than the grace and its delete's bound. A Session with a Turn settled `interrupted`
-    and unbound (its start may have been in progress at the delete) is given the start's
-    bound; a delete is final, so what the copy shows deleted is deleted on disk's side too."""
+    ago than the grace and its delete's bound, and no process working in it (its environment
+    names a path there). A Session with a Turn settled `interrupted` and unbound (its start
+    may have been in progress at the delete) is given the start's bound; a delete is final,
+    so what the copy shows deleted is deleted on disk's side too."""
     now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
+    working: dict[int, list[str]] | None = None
     for s in _rows(
         conn,
         "SELECT s.workspace_id, s.session_id, s.updated_at_ms, EXISTS (SELECT 1 FROM turns t"
@@ -2331,7 +2339,7 @@ def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> Non
         " AND t.outcome = 'interrupted' AND t.root_provider_turn_id IS NULL) AS start_cut"
         " FROM sessions s WHERE s.deleted = 1",
     ):
-        bound_s = DELETE_START_S if s["start_cut"] else DELETE_STOP_S
+        bound_s = DELETE_START_S if s["start_cut"] else DELETE_STOP_S + DELETE_END_S
         age_ms = now - int(s["updated_at_ms"])
         if age_ms <= grace_ms + bound_s * 1000:
             continue
@@ -2345,6 +2353,40 @@ def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> Non
                 f"session {s['session_id']} deleted {age_ms / 1000:.1f} s ago: its runtime "
                 f"folder {folder} is still there, holding {held}",
             )
+        if working is None:
+            working = _runtime_env_paths(ctx.home / "runtimes")
+        inside = f"{folder}/"
+        for pid, paths in sorted(working.items()):
+            named = [p for p in paths if p == str(folder) or p.startswith(inside)]
+            if named:
+                ctx.fail(
+                    Law.DELETED_HOME_GONE,
+                    f"session {s['session_id']} deleted {age_ms / 1000:.1f} s ago: process "
+                    f"{pid} still works in its runtime folder (its environment names {named[0]})",
+                )
+
+
+def _runtime_env_paths(runtimes: Path) -> dict[int, list[str]]:
+    """This user's live processes (not this one) whose environment names a path under
+    `runtimes`: those paths, by pid (Linux `/proc`; one look at every process)."""
+    mark = os.fsencode(str(runtimes)) + b"/"
+    out: dict[int, list[str]] = {}
+    for pid, (_parent, state) in _proc_tree().items():
+        if state in (b"Z", b"X") or pid == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as fh:
+                environ = fh.read()
+        except OSError:
+            continue
+        paths = [
+            os.fsdecode(value)
+            for value in (item.partition(b"=")[2] for item in environ.split(b"\0"))
+            if value.startswith(mark)
+        ]
+        if paths:
+            out[pid] = paths
+    return out
 
 
 def _branches_of(repo: str, short: str) -> list[str]:
