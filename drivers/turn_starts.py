@@ -7,8 +7,9 @@ start the host sent before a history request is counted when that request is jud
 when it is answered and its provider turn is over — the driver sent the Turn's `turn.completed`
 (completed, failed or interrupted), before or after the answer — or when its start was refused:
 answered with an error before the driver was handed it (a failpoint, `RuntimeChanged`), or with
-the driver's `ProviderNotCalled`. Anything else stays open for good: an error answer from a
-driver that had the start (a timeout, a provider failure) may leave the provider running it.
+one a driver raises only before the provider gets anything (`REFUSALS`). Anything else stays
+open for good: an error answer from a driver that had the start (a timeout, a provider failure)
+may leave the provider running it.
 """
 
 from __future__ import annotations
@@ -18,7 +19,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from domain.errors import ProviderNotCalled
+from domain.errors import ProviderNotCalled, SessionBusy
+
+REFUSALS = (ProviderNotCalled, SessionBusy)
+"""A driver's answers to a start it refused before its provider got anything: the provider was
+never called (Claude Code's CLI could not start or ended before the prompt, a bound history
+gone), or the Session already has a Turn (each driver checks that before it writes the start)."""
 
 
 @dataclass(slots=True)
@@ -69,9 +75,7 @@ class TurnStarts:
             if start is None:
                 return
             start.answered = True
-            refused = error is not None and (
-                not start.handed or isinstance(error, ProviderNotCalled)
-            )
+            refused = error is not None and (not start.handed or isinstance(error, REFUSALS))
             if refused or start.ended_at_provider:
                 self._close(req_id, start)
 

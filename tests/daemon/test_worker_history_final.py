@@ -8,14 +8,16 @@ ended) — and without a home (never final)."""
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from actors.context import runtime_key
+from actors.ports import WorkerFailed
 from agenthost.daemon import Daemon
-from domain.worker_messages import HistoryRequest, SessionHistory, SessionStart
+from domain.worker_messages import HistoryRequest, SessionHistory, SessionStart, TurnStart
 from tests.support.daemon import (
     WS,
     create_session,
@@ -47,6 +49,11 @@ def _home(daemon: Daemon, sid: str) -> str:
 def _history(daemon: Daemon, sid: str, home: str | None) -> SessionHistory:
     request = HistoryRequest(runtime_key(WS, sid), home=home)
     return daemon.ctx.workers.history("tutti-agent", request, 30.0).result(timeout=30)
+
+
+def _turn_starts_here(daemon: Daemon) -> int:
+    ping = daemon.ctx.workers.supervisor.request("tutti-agent", "worker.ping", {}, 10)
+    return int(ping.result(20)["turnStartsHere"])
 
 
 def test_a_history_is_final_once_the_starts_the_worker_got_have_ended(
@@ -99,12 +106,22 @@ def test_a_start_still_running_keeps_the_history_not_final(
     c.call("debug.failpoints", {"points": {point: "off"}})
     assert settle(c, sid, queued)["outcome"] == "completed"
     assert _history(daemon, sid, home).final
-    # A start answered (the Turn bound) whose provider turn still runs, waiting on an answer.
+    # A start answered (the Turn bound) whose provider turn still runs, waiting on an answer:
+    # a warm start, started on the worker's link thread (`begin_turn`).
+    here = _turn_starts_here(daemon)
     asking = submit(c, sid, "/ask go on?")["turnId"]
     request_id = pending_request(c, sid, asking)
     assert turn_of(c, sid, asking)["rootProviderTurnId"]
+    assert _turn_starts_here(daemon) == here + 1
     running_turn = _history(daemon, sid, home)
     assert len(running_turn.turns) == 3 and not running_turn.final, running_turn
+    # A start the driver refuses before its provider gets anything (the Session is busy) has
+    # ended with its answer: it keeps nothing open once the running Turn ends.
+    busy = TurnStart(runtime_key(WS, sid), str(uuid.uuid4()), "refused: a Turn runs", home=home)
+    with pytest.raises(WorkerFailed) as refused:
+        daemon.ctx.workers.start_turn("tutti-agent", busy, 30.0).result(timeout=30)
+    assert refused.value.error["reason"] == "agent_session_busy", refused.value.error
+    assert not _history(daemon, sid, home).final
     respond(c, sid, asking, request_id, {"text": "yes"})
     assert settle(c, sid, asking)["outcome"] == "completed"
     assert _history(daemon, sid, home).final
