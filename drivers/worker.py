@@ -213,7 +213,6 @@ class WorkerServer:
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": self._start_session,
             "session.stop": lambda p: self.driver().stop_session(p),
-            "turn.start": self._start_turn,  # `_handle` passes it its request id
             "turn.interrupt": self._interrupt_turn,
             "session.history": self._history,
             "interaction.respond": self._respond_interaction,
@@ -341,7 +340,7 @@ class WorkerServer:
         self._settled(request.scope)
         return self.driver().adopt_fork(request).to_wire()
 
-    def _start_turn(self, params: Mapping[str, Any], req_id: int | None = None) -> dict[str, Any]:
+    def _start_turn(self, req_id: int, params: Mapping[str, Any]) -> dict[str, Any]:
         """A Turn the host sends to the warm runtime it last prepared, without `session.start`,
         names that runtime's generation: it is handed to the driver only
         while that runtime is still the live one; otherwise it is refused (`RuntimeChanged`)
@@ -360,8 +359,7 @@ class WorkerServer:
                     f"runtime changed since the host prepared it ({expected} -> {current})"
                 )
         driver = self.driver()
-        if req_id is not None:
-            self._turn_starts.handed(req_id)
+        self._turn_starts.handed(req_id)
         return driver.start_turn(params, self.emit)
 
     def driver(self) -> ProviderDriver:
@@ -493,10 +491,16 @@ class WorkerServer:
         try:
             if not isinstance(method, str) or not isinstance(params, dict):
                 raise InvalidRequest("malformed worker request", reason="malformed_request")
-            handler = self._methods.get(method)
-            if handler is None:
-                raise InvalidRequest(f"unknown worker method {method!r}", reason="unknown_method")
-            result = self._start_turn(params, req_id) if method == "turn.start" else handler(params)
+            if method == "turn.start":
+                # Not in `_methods`: its start is told apart by its request id (`TurnStarts`).
+                result = self._start_turn(req_id, params)
+            else:
+                handler = self._methods.get(method)
+                if handler is None:
+                    raise InvalidRequest(
+                        f"unknown worker method {method!r}", reason="unknown_method"
+                    )
+                result = handler(params)
         except Exception as exc:  # noqa: BLE001 - answered, typed
             self._answer(req_id, method, None, exc)
         else:
