@@ -27,7 +27,7 @@ from typing import Any, TextIO
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.redaction import Redactor
-from domain.turn_events import TurnEvent
+from domain.turn_events import TurnCompleted, TurnEvent
 from domain.wake_one import WakeOneQueue
 from domain.worker_messages import (
     ForkRequest,
@@ -41,6 +41,7 @@ from drivers.errors import UnknownProvider
 from drivers.failpoints import Failpoints
 from drivers.history_cursors import HeldHistory, HistoryCursors
 from drivers.history_final import history_final
+from drivers.turn_starts import TurnStarts
 from drivers.worker_gc import preload_then_freeze
 from transport.worker_link import WorkerEnd
 
@@ -197,10 +198,10 @@ class WorkerServer:
         sizes = {**LANE_THREADS, "slow": max_threads}
         self.turn_starts_here = 0
         """Warm `turn.start`s started on the link thread (`_start_turn_here`; `worker.ping`)."""
-        self._started_sessions: set[str] = set()
-        """Every Session this worker has received a `turn.start` of, recorded on the link thread
-        in the link's order, before it is dispatched (`_history`'s finality: a start the host
-        sent before a history request reached this worker before it)."""
+        self._turn_starts = TurnStarts()
+        """The `turn.start`s this worker received that have not ended, recorded on the link
+        thread in the link's order, before each is dispatched (`_history`'s finality: a start
+        the host sent before a history request reached this worker before it)."""
         self._history_cursors = HistoryCursors()
         self._lanes = {lane: RequestLane(lane, n, self._handle) for lane, n in sizes.items()}
         self._forking: dict[str, threading.Event] = {}
@@ -212,7 +213,6 @@ class WorkerServer:
             "runtime.attest": lambda p: self._stamped(p, self.driver().attest),
             "session.start": self._start_session,
             "session.stop": self._stop_session,
-            "turn.start": self._start_turn,
             "turn.interrupt": self._interrupt_turn,
             "session.history": self._history,
             "interaction.respond": self._respond_interaction,
@@ -347,13 +347,14 @@ class WorkerServer:
         self._settled(request.scope)
         return self.driver().adopt_fork(request).to_wire()
 
-    def _start_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
+    def _start_turn(self, req_id: int, params: Mapping[str, Any]) -> dict[str, Any]:
         """A Turn the host sends to the warm runtime it last prepared, without `session.start`,
         names that runtime's generation: it is handed to the driver only
         while that runtime is still the live one; otherwise it is refused (`RuntimeChanged`)
         before the provider sees anything, and the host prepares the runtime and sends it
         again. (A runtime that dies after this check is respawned by the driver, as it would
-        be after a `session.start`.)"""
+        be after a `session.start`.) A failure before the driver is handed it is a refused
+        start (`TurnStarts`: it has ended)."""
         self.failpoints.hit("worker.turn.before_start")
         expected = params.get("runtimeGeneration")
         if expected is not None:
@@ -364,7 +365,9 @@ class WorkerServer:
                 raise RuntimeChanged(
                     f"runtime changed since the host prepared it ({expected} -> {current})"
                 )
-        return self.driver().start_turn(params, self.emit)
+        driver = self.driver()
+        self._turn_starts.handed(req_id)
+        return driver.start_turn(params, self.emit)
 
     def driver(self) -> ProviderDriver:
         with self._driver_lock:
@@ -398,6 +401,9 @@ class WorkerServer:
         """Send one turn event: a driver hands a typed `TurnEvent`, serialised here, at the edge
         of the worker (`to_wire`, the map of internals.md key for key); the host reads it back
         with `turn_event_from_wire` once, at its end of the link."""
+        if type(event) is TurnCompleted:
+            # The Turn's provider turn is over: its start has ended once answered.
+            self._turn_starts.ended(agent_session_id, event.turn_id)
         if self.link is None:
             return
         wire = event.to_wire()
@@ -420,7 +426,7 @@ class WorkerServer:
             if msg.get("method") == "turn.start":
                 params = msg.get("params")
                 if isinstance(params, dict):
-                    self._started_sessions.add(str(params.get("agentSessionId") or ""))
+                    self._turn_starts.received(msg.get("id"), params)
                 if self._start_turn_here(msg):
                     return
             self._lanes[self.lane_of(msg)].put(msg)
@@ -452,11 +458,14 @@ class WorkerServer:
         ):
             return False  # refused on the lane, typed (`RuntimeChanged`)
         answer = functools.partial(self._answer, req_id, "turn.start")
+        self._turn_starts.handed(req_id)  # before `begin`: its answer may come before it returns
         try:
             if not begin(params, self.emit, answer):
+                self._turn_starts.handed(req_id, False)  # it sent nothing
                 return False
         except Exception:  # noqa: BLE001 - it raises only before it wrote: the lane runs it
             traceback.print_exc(file=sys.stderr)
+            self._turn_starts.handed(req_id, False)
             return False
         self.turn_starts_here += 1
         return True
@@ -489,10 +498,16 @@ class WorkerServer:
         try:
             if not isinstance(method, str) or not isinstance(params, dict):
                 raise InvalidRequest("malformed worker request", reason="malformed_request")
-            handler = self._methods.get(method)
-            if handler is None:
-                raise InvalidRequest(f"unknown worker method {method!r}", reason="unknown_method")
-            result = handler(params)
+            if method == "turn.start":
+                # Not in `_methods`: its start is told apart by its request id (`TurnStarts`).
+                result = self._start_turn(req_id, params)
+            else:
+                handler = self._methods.get(method)
+                if handler is None:
+                    raise InvalidRequest(
+                        f"unknown worker method {method!r}", reason="unknown_method"
+                    )
+                result = handler(params)
         except Exception as exc:  # noqa: BLE001 - answered, typed
             self._answer(req_id, method, None, exc)
         else:
@@ -510,6 +525,8 @@ class WorkerServer:
     ) -> None:
         """Send a request's one answer: its result, or its failure typed."""
         assert self.link is not None
+        if method == "turn.start":
+            self._turn_starts.answered(req_id, error)
         shown = self.redactor.value if self.redactor.active else _same
         if error is None:
             self.link.send_result(req_id, shown(result or {}))
@@ -524,13 +541,14 @@ class WorkerServer:
     def _history(self, params: Mapping[str, Any]) -> dict[str, Any]:
         """The provider's own turn history, for drivers that can read it (app-servers).
 
-        `final`: the history holds every Turn the provider will ever have of a start this
-        worker never received — judged before the read: this worker has received no
-        `turn.start` of the Session (the link is ordered, so every start the host sent before
-        this request is counted), and no process outside this worker that may hold one is
-        alive (`history_final`: an earlier worker of the provider, a provider process of the
-        Session's `home`; it waits a moment for those already exiting — a Claude Code CLI a
-        killed worker parked). Without `home`, or unsure, it is not final.
+        `final`: the history holds every Turn the provider will ever have of a start —
+        judged before the read: every `turn.start` of the Session this worker received has
+        ended (`TurnStarts`: answered and its provider turn over, or refused; the link is
+        ordered, so every start the host sent before this request is counted), and no process
+        outside this worker that may hold one it never received is alive (`history_final`: an
+        earlier worker of the provider, a provider process of the Session's `home`; it waits a
+        moment for those already exiting — a Claude Code CLI a killed worker parked). Without
+        `home`, or unsure, it is not final.
 
         Paged (`history_page`): the Turns from `afterIndex` (default 0) that fit a page, and
         `nextIndex` when more follow — a long history answered whole would pass the link's
@@ -570,10 +588,10 @@ class WorkerServer:
         sid, home = str(params.get("agentSessionId") or ""), str(params.get("home") or "")
         final = (
             bool(home)
-            and sid not in self._started_sessions
+            and not self._turn_starts.open(sid)
             and history_final(self.provider, home)
             # Asked again: the judge may have waited for processes already exiting.
-            and sid not in self._started_sessions
+            and not self._turn_starts.open(sid)
         )
         answer = history(params)
         raw = answer.get("turns")

@@ -5,7 +5,9 @@ next cold start asks the provider's history about it, but the read fails
 (`worker.history.before_read` armed `once:error`): the Turn stays unbound. Once the runtime is
 gone again (its worker killed while the Session is idle, the Session's actor kept), the next
 cold start asks again, its final history proves the Turn absent, it is marked host-only and
-the Session forks through it."""
+the Session forks through it. The next cold start may be in the same worker, which meanwhile ran
+a Turn of the Session to its end: that worker's history is final again once every start of the
+Session it got has ended (one runtime slot: another Session's Turn stops the idle runtime)."""
 
 from __future__ import annotations
 
@@ -58,6 +60,51 @@ def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: P
         assert op["status"] == "committed", op
         log = d.tail_log()
         assert "re-bind from provider history failed" in log, log
+    finally:
+        d.stop()
+    assert_invariants(home)
+
+
+def test_a_rebind_in_the_worker_that_ran_the_sessions_turns_is_final_once_they_ended(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    # One runtime slot: a Turn of another Session stops this Session's idle runtime, so its
+    # next Turn starts it cold again in the same worker.
+    (home / "agenthost.toml").write_text("[daemon]\nmax_runtimes_per_provider = 1\n")
+    d = DaemonProcess(home).start()
+    try:
+        c = d.client(timeout=60)
+        sid = create_session(c)["agentSessionId"]
+        assert run_turn(c, sid, "first")["outcome"] == "completed"
+        before = worker_of(d, "tutti-agent")
+        assert before is not None
+        c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
+        lost = submit(c, sid, "its worker dies before the start")
+        wait_for(lambda: worker_fired(d, "worker.turn.before_start"), 60)
+        wait_for(lambda: (worker_of(d, "tutti-agent") or before)["pid"] != before["pid"], 60)
+        assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+        # The first re-bind gets no final history (its read fails); the Turn after it runs to
+        # its end in the new worker.
+        c.call("debug.failpoints", {"points": {"worker.history.before_read": "once:error"}})
+        assert run_turn(c, sid, "its history read fails")["outcome"] == "completed"
+        assert worker_fired(d, "worker.history.before_read")
+        worker = worker_of(d, "tutti-agent")
+        assert worker is not None and worker["pid"] not in (None, before["pid"]), worker
+        assert host_only_marks(home, sid) == [0, 0, 0]
+        other = create_session(c)["agentSessionId"]
+        assert run_turn(c, other, "takes the only runtime slot")["outcome"] == "completed"
+        # A cold start again, in the same worker: its history is final, the Turn marked.
+        done = run_turn(c, sid, "a cold start in the same worker")
+        assert done["outcome"] == "completed", done
+        assert (worker_of(d, "tutti-agent") or {})["pid"] == worker["pid"]
+        assert host_only_marks(home, sid) == [0, 1, 0, 0], d.tail_log()
+        _, op = fork(c, sid, done["turnId"])
+        op = until_terminal(c, op)
+        assert op["status"] == "committed", op
+        log = d.tail_log()
+        assert "is not in the provider's final history" in log, log
     finally:
         d.stop()
     assert_invariants(home)
