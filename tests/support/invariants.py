@@ -336,10 +336,10 @@ class Law(StrEnum):
     The delete removes it once the Session's runtime has stopped (`DELETE_STOP_S`), or, beside
     a runtime start of a Turn interrupted before its provider got it, once that start has
     answered (`DELETE_START_S`), or, while the daemon lists its removal as waiting for a worker
-    call in flight at the delete (`homeRemovals`, `waiting_homes`), once that call has ended
-    (`DELETE_CALLS_S`); a daemon killed in between finishes it in its start-up sweep. A
-    folder left, or made again by a preparation that started for a Session that is gone,
-    breaks it (docs/design/fork-saga.md, "Delete")."""
+    call in flight once its runtime stopped (`homeRemovals`, `waiting_homes`), once that call
+    has ended (`DELETE_CALLS_S`); a daemon killed in between finishes it in its start-up
+    sweep. A folder left, or made again by a preparation that started for a Session that is
+    gone, breaks it (docs/design/fork-saga.md, "Delete")."""
     PROVIDER_FAULT_SETTLES = "provider_fault_settles"
     """Over what a soak saw of a provider that misbehaved on its stdout (`check_provider_faults`,
     `tests/reliability/provider_chaos.py`): its Turn still `active` past the fault's bound or
@@ -2319,7 +2319,8 @@ DELETE_START_S = 120.0
 """How long a runtime start a delete did not wait for may take (`session_start_s`'s default)
 before the folder it works in goes."""
 DELETE_CALLS_S = Timeouts().fork_s
-"""How long a removal may wait for the worker calls in flight at its delete that may start an
+"""How long a removal may wait for the worker calls in flight when it is asked for (the
+Session's runtime stopped, within `DELETE_STOP_S` of the delete) that may start an
 app-server in the folder (a `fork.resolve`'s reads, actors/home_uses.py): each is answered or
 given up within the host's bound for it, `fork_s` (240 s by default)."""
 
