@@ -168,7 +168,7 @@ def short_idle(tmp_path: Path) -> Iterator[DaemonProcess]:
         d.stop()
 
 
-def test_a_removal_waits_for_the_calls_in_flight_at_the_delete_not_for_later_ones(
+def test_a_removal_waits_for_the_calls_in_flight_not_for_later_ones(
     short_idle: DaemonProcess,
 ) -> None:
     """A deleted child's folder and a stream of inspections of the fork that made it: the
