@@ -161,11 +161,16 @@ class ForkHost(Protocol):
         """Run `go` (a worker call that may start an app-server in these Sessions' runtime
         folders) now, or on this actor's thread once a delete's removal of one of them has
         ended; its caller ends the use with `homes_done` when the worker has answered
-        (actors/home_uses)."""
+        (actors/home_uses), and `home_call_ended` once that answer is back on this actor's
+        thread (or `go` sent nothing): the actor stays busy until then."""
         ...
 
     def homes_done(self, session_ids: Sequence[str]) -> None:
         """The worker call `use_homes` ran has answered (from any thread)."""
+        ...
+
+    def home_call_ended(self) -> None:
+        """The call `use_homes` took is over on this actor's thread."""
         ...
 
     def apply_late_bindings(self) -> None:

@@ -250,7 +250,8 @@ class ForkResolver:
         """`call` (a worker call reading the source's and the target's provider homes, where
         it may start an app-server) once neither Session's runtime folder is being removed by
         a delete, and no removal of them while it runs (actors/home_uses); `done` on this
-        actor once it has answered, `fail` if it could not be sent."""
+        actor once it has answered, `fail` if it could not be sent. The actor stays busy
+        from here to then (`home_call_ended`), held for a removal or not."""
         sids = (self.host.sid, self.op.target_session_id)
 
         def go() -> None:
@@ -258,10 +259,16 @@ class ForkResolver:
                 fut = call()
             except Exception as exc:  # noqa: BLE001 - the use ends, the caller is answered
                 self.host.homes_done(sids)
+                self.host.home_call_ended()
                 fail(host_error_of(exc, f"fork.resolve of {self.op.operation_id}", logger=log))
                 return
             fut.add_done_callback(lambda _f: self.host.homes_done(sids))
-            self.host.later(fut, done)
+
+            def answered(f: Future[Any]) -> None:
+                self.host.home_call_ended()
+                done(f)
+
+            self.host.later(fut, answered)
 
         self.host.use_homes(sids, go)
 

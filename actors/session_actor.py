@@ -92,6 +92,10 @@ class SessionActor(PooledActor):
         # both see this actor only through the `actors.fork_host.ForkHost` port.
         self.sagas: dict[str, LiveSaga] = {}
         self.resolves: dict[str, Any] = {}
+        self.home_calls = 0
+        """`fork.resolve`'s worker calls sent and not yet answered on this thread, or held for
+        a delete's removal (`use_homes`): the actor stays busy meanwhile, or the idle reaper
+        stopped it and the call's answer found no actor (an inspection never answered)."""
         self.tree_records: set[str] = set()
         self._busy = False
         # A previous actor for this Session may still drain its mailbox: start after it, so
@@ -222,6 +226,7 @@ class SessionActor(PooledActor):
         busy = (
             bool(self.sagas)
             or bool(self.resolves)
+            or self.home_calls > 0
             or bool(self.tree_records)
             or self.controls.records_pending > 0
             or self.controls.calls_pending > 0
@@ -320,18 +325,24 @@ class SessionActor(PooledActor):
         return self.core.after(seconds, fn)
 
     def use_homes(self, session_ids: Sequence[str], go: Callable[[], None]) -> None:
-        keys = [(self.core.ws, sid) for sid in dict.fromkeys(session_ids)]
+        self.home_calls += 1
+        self._use_homes([(self.core.ws, sid) for sid in dict.fromkeys(session_ids)], go)
+
+    def _use_homes(self, keys: Sequence[tuple[str, str]], go: Callable[[], None]) -> None:
         ref = self.actor_ref
 
         def later() -> None:
-            # From the removal's thread: back on this actor's, to ask again.
+            # From the removal's thread: back on this actor's (kept busy), to ask again.
             with contextlib.suppress(pykka.ActorDeadError):
-                ref.tell(FollowUp(lambda: self.use_homes(session_ids, go)))
+                ref.tell(FollowUp(lambda: self._use_homes(keys, go)))
 
         self.ctx.home_uses.use(keys, go, later)
 
     def homes_done(self, session_ids: Sequence[str]) -> None:
         self.ctx.home_uses.done([(self.core.ws, sid) for sid in dict.fromkeys(session_ids)])
+
+    def home_call_ended(self) -> None:
+        self.home_calls -= 1
 
     def apply_late_bindings(self) -> None:
         self.writes.apply_late_bindings()

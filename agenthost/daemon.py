@@ -761,6 +761,18 @@ class Daemon:
             # The gits a killed daemon left that outlived their kill at this start, still
             # alive: their shadow repositories' lock files are kept until they are gone.
             "leftGits": self.left_gits.status(),
+            # Deleted Sessions' runtime folders whose removal is asked for and not ended: it
+            # waits for the worker calls that may start an app-server there (actors/home_uses).
+            "homeRemovals": [
+                {
+                    "workspaceId": r.key[0],
+                    "agentSessionId": r.key[1],
+                    "calls": r.calls,
+                    "held": r.held,
+                    "waitingMs": int(r.waiting_s * 1000),
+                }
+                for r in self.ctx.home_uses.removals()
+            ],
             # The trees git could not remove (`removing`) that the daemon tries again.
             "worktreeRemovals": (
                 self.tree_retries.status() if self.tree_retries is not None else None

@@ -98,6 +98,11 @@ class HostStatusResult(TypedDict):
     leftGits: NotRequired[JsonObject]
     """The gits a killed daemon left that outlived their kill at this start, still alive:
     `{alive, pids, repositories}`; their repositories' lock files are kept until they are gone."""
+    homeRemovals: NotRequired[list[JsonObject]]
+    """Deleted Sessions' runtime folders whose removal is asked for and not ended:
+    `{workspaceId, agentSessionId, calls, held, waitingMs}`; `calls`: the worker calls in flight
+    that may start an app-server there, which the removal waits for; `held`: the calls that
+    came since, sent once the folder is gone."""
     worktreeRemovals: NotRequired[JsonObject | None]
     """The deleted fork children's trees not removed yet (`removing`) that the daemon tries
     again: `{pending, paths, trees, rounds, removed}`; `trees[]`: `{path, reason}`, `reason`

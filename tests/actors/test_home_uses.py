@@ -4,6 +4,7 @@ start an app-server in it never overlap, on real threads."""
 from __future__ import annotations
 
 import threading
+import time
 
 from actors.home_uses import HomeUses
 
@@ -60,3 +61,26 @@ def test_a_call_during_a_removal_runs_once_the_folder_is_gone() -> None:
     # Asked again (as the actor does from `later`), it runs and is counted.
     uses.use([OTHER, KEY], lambda: order.append("now"), later)
     assert order[-1] == "now" and uses.in_use(KEY) == 1
+
+
+def test_a_call_after_the_removal_is_asked_for_waits_for_it_and_is_not_waited_for() -> None:
+    uses = HomeUses()
+    ran: list[str] = []
+    uses.use([KEY], lambda: ran.append("first"), lambda: ran.append("first later"))
+    removed = threading.Event()
+    remover = threading.Thread(target=uses.remove, args=(KEY, removed.set))
+    remover.start()
+    deadline = time.monotonic() + 30
+    while not uses.removals():  # asked for: it waits for the first call
+        assert time.monotonic() < deadline, "the removal was never asked for"
+        time.sleep(0.01)
+    later_ran = threading.Event()
+    uses.use([KEY], lambda: ran.append("second"), later_ran.set)
+    # Held, not counted: the removal waits for the first call only.
+    (removal,) = uses.removals()
+    assert (removal.calls, removal.held) == (1, 1) and removal.waiting_s >= 0
+    assert ran == ["first"] and not removed.is_set()
+    uses.done([KEY])
+    remover.join(30)
+    assert removed.is_set() and later_ran.is_set() and ran == ["first"]
+    assert uses.removals() == [] and uses.in_use(KEY) == 0

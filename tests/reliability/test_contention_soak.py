@@ -201,6 +201,7 @@ from tests.support.invariants import (
     check_status_bounds,
     check_turn_events,
     check_workspace_answers,
+    homes_waiting,
     repository_state,
     workspace_answer,
     worktree_retrying,
@@ -1478,12 +1479,15 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         claude_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in claude)
         codex_forks = Counter(op["status"] for op in ops if op["sourceAgentSessionId"] in codex)
         # The trees the live daemon still retries (none expected: every pin was lifted and its
-        # tree removed above) may stay past the grace; any other failed fork's tree may not.
+        # tree removed above) may stay past the grace; any other failed fork's tree may not;
+        # nor a deleted Session's folder, unless its removal waits for a call in flight.
+        status = c.call("host.status")
         live = check_invariants(
             home,
             live_grace_s=5,
             repositories=repositories,
-            retrying_trees=worktree_retrying(c.call("host.status")),
+            retrying_trees=worktree_retrying(status),
+            waiting_homes=homes_waiting(status),
         )
         answers_wrong = check_workspace_answers(home, t.answers)
         reads_wrong = t.reader.check()

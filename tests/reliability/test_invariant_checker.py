@@ -45,6 +45,8 @@ from tests.support.daemon import (
 from tests.support.git_repos import git, make_repo
 from tests.support.homes import child_rollouts, rollouts, runtime_home
 from tests.support.invariants import (
+    DELETE_CALLS_S,
+    DELETE_STOP_S,
     FAULT_RSS_BOUND_KIB,
     STORE_LAWS,
     Answered,
@@ -68,6 +70,7 @@ from tests.support.invariants import (
     check_status_bounds,
     check_turn_events,
     check_workspace_answers,
+    homes_waiting,
     repository_state,
     worktree_retrying,
 )
@@ -568,6 +571,55 @@ def test_a_deleted_sessions_runtime_folder_left_is_reported_when_live(
     )
     live = {v.law for v in check_invariants(fresh, live_grace_s=30).violations}
     assert Law.DELETED_HOME_GONE not in live
+
+
+def test_a_deleted_sessions_folder_whose_removal_waits_for_a_call_is_judged_by_its_bound(
+    base: Base, tmp_path: Path
+) -> None:
+    """A folder the live daemon lists as waiting for a worker call in flight at its delete
+    (`host.status` → `homeRemovals`) may stay past the stop's bound, within the call's
+    (`DELETE_CALLS_S`); past that, or not listed, it is reported."""
+    child = base.committed["targetAgentSessionId"]
+    age_ms = int((DELETE_STOP_S + DELETE_CALLS_S / 2) * 1000)
+    aged = tampered(
+        base,
+        tmp_path / "aged",
+        f"UPDATE sessions SET deleted = 1, updated_at_ms = updated_at_ms - {age_ms}"
+        f" WHERE session_id = '{child}'",
+    )
+    status = {
+        "homeRemovals": [
+            {"workspaceId": WS, "agentSessionId": child, "calls": 1, "held": 0, "waitingMs": 1}
+        ]
+    }
+    assert homes_waiting(status) == [(WS, child)]
+    # Not listed: past the stop's bound, reported.
+    live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
+    assert Law.DELETED_HOME_GONE in live
+    # Listed as waiting for a call: within that call's bound, not reported.
+    live = {
+        v.law
+        for v in check_invariants(
+            aged, live_grace_s=30, waiting_homes=homes_waiting(status)
+        ).violations
+    }
+    assert Law.DELETED_HOME_GONE not in live
+    # Listed with no call in flight (only calls held for it): the stop's bound again.
+    status["homeRemovals"][0]["calls"] = 0
+    assert homes_waiting(status) == []
+    # Listed, but deleted longer ago than the stop's and the call's bounds: reported.
+    older = tampered(
+        base,
+        tmp_path / "older",
+        "UPDATE sessions SET deleted = 1, updated_at_ms = updated_at_ms"
+        f" - {int((DELETE_STOP_S + DELETE_CALLS_S) * 1000) + 60_000}"
+        f" WHERE session_id = '{child}'",
+    )
+    live = {
+        v.law
+        for v in check_invariants(older, live_grace_s=30, waiting_homes=[(WS, child)]).violations
+    }
+    assert Law.DELETED_HOME_GONE in live
 
 
 def test_fresh_real_home_is_clean_under_the_live_laws(base: Base) -> None:

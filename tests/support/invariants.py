@@ -27,7 +27,7 @@ from typing import Any
 import apsw
 
 from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
-from actors.context import _path_segment
+from actors.context import Timeouts, _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
@@ -338,7 +338,9 @@ class Law(StrEnum):
     The delete removes it once the Session's runtime has stopped, or its stop's bound has
     passed and what still ran in it was killed (`DELETE_STOP_S`, `DELETE_END_S`), or, beside
     a runtime start of a Turn interrupted before its provider got it, once that start has
-    answered (`DELETE_START_S`); a daemon killed in between finishes it in its start-up
+    answered (`DELETE_START_S`), or, while the daemon lists its removal as waiting for a worker
+    call in flight once its runtime stopped (`homeRemovals`, `waiting_homes`), once that call
+    has ended (`DELETE_CALLS_S`); a daemon killed in between finishes it in its start-up
     sweep. A folder left, or made again by a preparation that started for a Session that is
     gone, breaks it (docs/design/fork-saga.md, "Delete")."""
     PROVIDER_FAULT_SETTLES = "provider_fault_settles"
@@ -2322,14 +2324,34 @@ before the folder it works in goes."""
 DELETE_END_S = 2.0
 """How long a delete whose stop went unanswered may take to kill what still runs in the folder
 before it removes it (`actors.runtime_dirs.END_WAIT_S`)."""
+DELETE_CALLS_S = Timeouts().fork_s
+"""How long a removal may wait for the worker calls in flight when it is asked for (the
+Session's runtime stopped, within `DELETE_STOP_S` of the delete) that may start an
+app-server in the folder (a `fork.resolve`'s reads, actors/home_uses.py): each is answered or
+given up within the host's bound for it, `fork_s` (240 s by default)."""
 
 
-def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> None:
+def homes_waiting(status: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """The deleted Sessions `(workspace id, session id)` whose runtime folder's removal a live
+    daemon's `host.status` → `homeRemovals` lists as waiting for a worker call in flight (what
+    `check_invariants(waiting_homes=…)` takes)."""
+    return [
+        (str(r["workspaceId"]), str(r["agentSessionId"]))
+        for r in status.get("homeRemovals") or []
+        if r.get("calls")
+    ]
+
+
+def _check_deleted_homes(
+    ctx: _Ctx, conn: apsw.Connection, grace_ms: int, waiting: Collection[tuple[str, str]] = ()
+) -> None:
     """`deleted_home_gone`, on a live daemon: no runtime folder of a Session deleted longer
     ago than the grace and its delete's bound, and no process working in it (its environment
     names a path there). A Session with a Turn settled `interrupted` and unbound (its start
-    may have been in progress at the delete) is given the start's bound; a delete is final,
-    so what the copy shows deleted is deleted on disk's side too."""
+    may have been in progress at the delete) is given the start's bound; one whose removal
+    the daemon lists as waiting for a call in flight (`waiting`), the stop's and that call's;
+    a delete is final, so what the copy shows deleted is deleted on disk's side too."""
+    waiting = set(waiting)
     now = int(conn.execute("SELECT CAST(unixepoch('subsec') * 1000 AS INTEGER)").fetchone()[0])
     working: dict[int, list[str]] | None = None
     for s in _rows(
@@ -2340,6 +2362,8 @@ def _check_deleted_homes(ctx: _Ctx, conn: apsw.Connection, grace_ms: int) -> Non
         " FROM sessions s WHERE s.deleted = 1",
     ):
         bound_s = DELETE_START_S if s["start_cut"] else DELETE_STOP_S + DELETE_END_S
+        if (s["workspace_id"], s["session_id"]) in waiting:
+            bound_s = max(bound_s, DELETE_STOP_S + DELETE_CALLS_S)
         age_ms = now - int(s["updated_at_ms"])
         if age_ms <= grace_ms + bound_s * 1000:
             continue
@@ -3429,12 +3453,17 @@ def check_invariants(
     live_grace_s: float | None = None,
     repositories: Mapping[Path, Mapping[str, str]] | None = None,
     retrying_trees: Collection[str] = (),
+    waiting_homes: Collection[tuple[str, str]] = (),
 ) -> InvariantReport:
     """Check every invariant over `home` (a daemon's AGENTHOST_HOME), live or stopped.
 
     `retrying_trees`: the trees the live daemon's `host.status` → `worktreeRemovals` lists as
     still being removed because git could not or a Session works in them
     (`worktree_retrying`): a failed fork's tree among them may stay past the grace.
+
+    `waiting_homes`: the deleted Sessions whose runtime folder's removal the live daemon's
+    `host.status` → `homeRemovals` lists as waiting for a worker call in flight
+    (`homes_waiting`): such a folder may stay past the delete's bound, within that call's.
 
     `live_grace_s`: the daemon is alive and quiescent (no turn or fork in flight that the
     caller started less than this ago): also check that no Turn stays active and no fence
@@ -3475,7 +3504,7 @@ def check_invariants(
             _check_restore_undos(ctx, conn)
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
-                _check_deleted_homes(ctx, conn, int(live_grace_s * 1000))
+                _check_deleted_homes(ctx, conn, int(live_grace_s * 1000), waiting_homes)
             ops = _rows(
                 conn,
                 "SELECT o.*, s.snapshot_json FROM fork_operations o"
@@ -3615,6 +3644,7 @@ def assert_invariants(
     live_grace_s: float | None = None,
     repositories: Mapping[Path, Mapping[str, str]] | None = None,
     retrying_trees: Collection[str] = (),
+    waiting_homes: Collection[tuple[str, str]] = (),
 ) -> InvariantReport:
     """`check_invariants`, failing the test with every violation listed."""
     report = check_invariants(
@@ -3623,6 +3653,7 @@ def assert_invariants(
         live_grace_s=live_grace_s,
         repositories=repositories,
         retrying_trees=retrying_trees,
+        waiting_homes=waiting_homes,
     )
     assert report.ok, "invariant violations:\n" + "\n".join(map(str, report.violations))
     return report
