@@ -476,6 +476,30 @@ def _wait_attached(logs: Sequence[Path], timeout: float = 5.0) -> None:
     time.sleep(1.0)
 
 
+def _codex_rounds(
+    directory: Path, syncs: CodexSyncs, samples: int = SAMPLES
+) -> tuple[Rounds, Rounds]:
+    """The child's two rounds (`round_latencies`) and the bind's as issued
+    (`issued_round_latencies`), one sample of each in turn: a busy minute slows both alike."""
+    taken: list[Rounds] = []
+    issued: list[Rounds] = []
+    files = (syncs.child_bytes, syncs.ancestor_bytes)
+    for i in range(samples):
+        sample = directory / f"sample{i}"
+        sample.mkdir()
+        taken.append(round_latencies(sample, samples=1, child_bytes=syncs.child_bytes))
+        issued.append(issued_round_latencies(sample, files, syncs.new_dirs, samples=1))
+    return _joined(taken), _joined(issued)
+
+
+def _joined(samples: Sequence[Rounds]) -> Rounds:
+    return Rounds(
+        Latency.of(r.bytes.p50 for r in samples),
+        Latency.of(r.names.p50 for r in samples),
+        Latency.of(r.both.p50 for r in samples),
+    )
+
+
 def measure_codex(bare_ms: float, forks: int = 10, turns: int = 5) -> Floor:
     """Codex's own floor: its forks' store COMMITs counted and its bound child sized through a
     real Codex daemon (`count_codex_syncs`), then a COMMIT and the binder's two rounds for a
@@ -484,10 +508,7 @@ def measure_codex(bare_ms: float, forks: int = 10, turns: int = 5) -> Floor:
     syncs = count_codex_syncs(forks=forks, turns=turns)
     with tempfile.TemporaryDirectory(prefix="bench-sync-floor-") as tmp:
         commit = commit_latency(Path(tmp))
-        rounds = round_latencies(Path(tmp), child_bytes=syncs.child_bytes)
-        issued = issued_round_latencies(
-            Path(tmp), (syncs.child_bytes, syncs.ancestor_bytes), syncs.new_dirs
-        )
+        rounds, issued = _codex_rounds(Path(tmp), syncs)
     return Floor(
         bare_ms,
         syncs.store_commits,
