@@ -3,12 +3,16 @@
     build/venv/bin/python -m bench.codex_fork_legs steps [N]   # the worker's fork, more steps
     build/venv/bin/python -m bench.codex_fork_legs host [N]    # bench.fork_overhead, codex only
     build/venv/bin/python -m bench.codex_fork_legs bare [N]    # the bare app-server's own CPU
+    build/venv/bin/python -m bench.codex_fork_legs proof [N]   # the proof's CPU, two ways
 
 `steps`: `bench.fork_path`'s in-process trace of the Codex driver's fork (a source of 5 Turns,
 N forks a side, in a plain folder) with its source checks, ahead-validation, Turn listing,
 release, directories made ahead and every app-server answer timed too. `host`: N host forks
 against N bare ones (`bench.fork_overhead.measure`): p50s, stages, CPU a fork per process.
-`bare`: the bare side's app-server CPU a fork, from /proc. A diagnosis driver (no target row):
+`bare`: the bare side's app-server CPU a fork, from /proc. `proof`: the in-worker readability
+proof of one bound child (a real Codex fork of a 5-Turn source, bound by the real binder), its
+CPU in N interleaved blocks of 50 proofs: decoding every line, and taking the bind's decoded
+lines (`known`, as the driver passes them). A diagnosis driver (no target row):
 its figures are quoted in docs/performance.md's Codex fork sections.
 """
 
@@ -17,6 +21,7 @@ from __future__ import annotations
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,10 +97,43 @@ def bare(n: int) -> None:
     )
 
 
+def proof(n: int) -> None:
+    from bench.providers import PROVIDERS, BareAppServer
+    from drivers.binder import RolloutBinder
+    from drivers.codex.lineage import prove_codex_child
+
+    entry = next(e for e in PROVIDERS if e.name == "codex")
+    with entry.environment() as config, tempfile.TemporaryDirectory(prefix="codex-legs-") as tmp:
+        side = entry.bare(Path(tmp) / "bare-home", 5, config)
+        try:
+            assert isinstance(side, BareAppServer)
+            source, prefix = side.thread_id, list(side.turn_ids)
+            params = {"threadId": source, "lastTurnId": prefix[-1], "excludeTurns": True}
+            child = str(side.proc.request("thread/fork", params)["thread"]["id"])
+        finally:
+            side.close()
+        target = Path(tmp) / "target" / "codex-home"
+        receipt = RolloutBinder().bind(Path(tmp) / "bare-home", target, child)
+        decoded: list[float] = []
+        taken: list[float] = []
+        for _ in range(n):
+            for known, out in ((None, decoded), (receipt.parsed, taken)):
+                c0 = time.process_time()
+                for _ in range(50):
+                    if prove_codex_child(target, child, source, prefix, known) is not None:
+                        raise RuntimeError("the bound child is not proven readable")
+                out.append((time.process_time() - c0) * 1000.0 / 50)
+    lower = sum(b < a for a, b in zip(decoded, taken, strict=True))
+    print(
+        f"proof CPU p50: every line decoded {statistics.median(decoded):.3f} ms, the bind's"
+        f" lines taken {statistics.median(taken):.3f} ms; lower in {lower} of {n} blocks"
+    )
+
+
 def main(argv: list[str]) -> None:
     mode = argv[0] if argv else "steps"
     n = int(argv[1]) if len(argv) > 1 else 15
-    {"steps": steps, "host": host, "bare": bare}[mode](n)
+    {"steps": steps, "host": host, "bare": bare, "proof": proof}[mode](n)
     print(f"command: build/venv/bin/python -m bench.codex_fork_legs {mode} {n}")
 
 

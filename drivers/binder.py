@@ -950,7 +950,10 @@ os.register_at_fork(after_in_child=_repid)
 
 
 def begin_atomic_write_all(
-    files: Sequence[tuple[Path | str, bytes]], *, present: Collection[str] = ()
+    files: Sequence[tuple[Path | str, bytes]],
+    *,
+    present: Collection[str] = (),
+    before_names: Callable[[], None] | None = None,
 ) -> NamesSyncing:
     """Write each file crash-durably: when this returns every file and every directory whose
     entries changed (each file's, each created directory's parent) is durable, a crash leaves
@@ -979,7 +982,10 @@ def begin_atomic_write_all(
     `present`: directories (absolute, normalized) the caller has just found existing — the
     bind's symlink check right before the write `lstat`ed each target's parent — whose
     existence is not probed again (`makedirs`' `stat`). One removed since makes the temp
-    file's `O_CREAT` open fail, and the caller fails closed, as for any failed write."""
+    file's `O_CREAT` open fail, and the caller fails closed, as for any failed write.
+
+    `before_names`: called once round 1 is over, before the first rename; if it raises, every
+    temp file is removed and its error raised (no name was made)."""
     staged: list[tuple[str, str, int]] = []  # (target, temp, fd)
     changed: list[str] = []
     try:
@@ -1008,6 +1014,14 @@ def begin_atomic_write_all(
         raise
     for _, _, fd in staged:
         os.close(fd)
+    if before_names is not None:
+        try:
+            before_names()
+        except BaseException:
+            for _, tmp, _ in staged:
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(tmp)
+            raise
     for index, (target, tmp, _) in enumerate(staged):
         try:
             os.replace(tmp, target)
@@ -1362,6 +1376,7 @@ class RolloutBinder:
         child_id: str,
         planned: Callable[[Mapping[str, ParsedRollout]], None] | None = None,
         checked: Mapping[str, bool] | None = None,
+        before_names: Callable[[], None] | None = None,
     ) -> tuple[BindReceipt, PendingNames]:
         """The bind with its last round of syncs (the names' directories) still running:
         the files are in place, readable and their bytes durable; `wait()` on the second
@@ -1371,7 +1386,10 @@ class RolloutBinder:
         first write (a failed bind may have called it). `checked`: components of the homes'
         paths this fork's own symlink check found to be no link before (`DirsAhead.checked`:
         the target home's chain, walked and made while the provider forked), not `lstat`ed
-        again; the path about to be written still is, right before the write."""
+        again; the path about to be written still is, right before the write. `before_names`:
+        called between the files' bytes made durable and their renames (only when a file is
+        written); if it raises, the temp files are removed, nothing is named, and its error is
+        raised (`begin_atomic_write_all`)."""
         # Strings, not `Path`s, from here on (each `Path` built was a parse of the whole path).
         source_home = os.path.abspath(source_home)
         target_home = os.path.abspath(target_home)
@@ -1418,7 +1436,9 @@ class RolloutBinder:
             # order) and their directories fsynced together, the latter in the background.
             syncing = (
                 begin_atomic_write_all(
-                    [(plan.target, plan.target_bytes) for plan in ordered], present=present
+                    [(plan.target, plan.target_bytes) for plan in ordered],
+                    present=present,
+                    before_names=before_names,
                 )
                 if ordered
                 else None

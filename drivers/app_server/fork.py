@@ -30,7 +30,7 @@ from drivers.app_server.process import (
     JsonRpcError,
 )
 from drivers.app_server.provider import AppServerProvider
-from drivers.app_server.runtimes import Runtimes
+from drivers.app_server.runtimes import Runtimes, first_turns_page
 from drivers.app_server.state import Runtime, Sessions, VerifiedTurns
 from drivers.binder import BinderError, DirsAhead, ParsedRollout, RolloutBinder
 from drivers.errors import FailpointError
@@ -317,23 +317,12 @@ class ForkThroughTurn:
             child = ForkChild(child_id, forked_from, ())
             return ForkResult.unknown(f"forkedFromId {forked_from!r} != source", child)
         column = thread.get("turnIds")
-        child_turns = (
-            list(map(str, column)) if type(column) is list else turn_ids(thread.get("turns"))
-        )
-        if not child_turns:
-            try:
-                child_turns = [
-                    str(t.get("id")) for t in self.runtimes.list_turns(runtime, child_id)
-                ]
-            except AppServerFailure as exc:
-                return ForkResult.unknown(
-                    f"child turns unreadable: {exc}", ForkChild(child_id, forked_from, ())
-                )
-        child = ForkChild(child_id, forked_from, tuple(child_turns))
-        if child_turns != prefix:
-            return ForkResult.unknown(
-                f"child turns {child_turns} are not exactly the frozen prefix {prefix}", child
-            )
+        answered = list(map(str, column)) if type(column) is list else turn_ids(thread.get("turns"))
+        turns = _ChildTurns(self.runtimes, runtime, child_id, forked_from, prefix, answered)
+        if answered:
+            unlike = turns.refusal()
+            if unlike is not None:
+                return unlike
 
         # The binder runs before accepted; any failure now is unknown (law 1, seed §7).
         derived = _DeriveForProof(self.provider)
@@ -350,11 +339,21 @@ class ForkThroughTurn:
                 # The homes' components `DirsAhead`'s walk found no link, or made, during the
                 # provider's fork: not `lstat`ed a second time by the same fork.
                 checked=None if dirs is None else dirs.checked(),
+                # The child's Turns listed while the bind writes its bytes: nothing is named
+                # in the target home before they are found to be the prefix.
+                before_names=turns.verify,
             )
+            turns.verify()  # a bind that wrote nothing did not call it
+        except _ChildRefused as refused_child:
+            return refused_child.result
         except (BinderError, FailpointError, OSError) as exc:
-            return ForkResult.unknown(f"provider-state binding failed: {exc}", child)
+            unlike = turns.refusal()
+            if unlike is not None:
+                return unlike
+            return ForkResult.unknown(f"provider-state binding failed: {exc}", turns.child)
         finally:
             derived.join()
+        child = turns.child
         litter.extend(parsed.records for parsed in receipt.parsed.values())
         proof = "none"
         if self.verify_bound_child:
@@ -565,6 +564,71 @@ class ForkThroughTurn:
         except AppServerFailure as exc:
             return str(exc)
         return prefix_problem(turns, prefix)
+
+
+class _ChildRefused(Exception):
+    """The child's listed Turns are not the frozen prefix, or could not be listed: `result` is
+    the fork's answer (raised out of the bind's `before_names`, so nothing is named)."""
+
+    def __init__(self, result: ForkResult) -> None:
+        super().__init__(result.error)
+        self.result = result
+
+
+class _ChildTurns:
+    """The child's Turns, checked against the frozen prefix (seed 000 §7: exactly the prefix,
+    in order, or the fork is `unknown`). Taken from the fork's answer where it holds them, else
+    listed with `thread/turns/list`, whose first page is sent at once: the bind writes and
+    syncs the child's bytes while the server lists (its names wait for `verify()`)."""
+
+    def __init__(
+        self,
+        runtimes: Runtimes,
+        runtime: Runtime,
+        child_id: str,
+        forked_from: str,
+        prefix: list[str],
+        answered: list[str],
+    ) -> None:
+        self._runtimes, self._runtime, self._prefix = runtimes, runtime, prefix
+        self.child = ForkChild(child_id, forked_from, tuple(answered))
+        self._first = None if answered else first_turns_page(runtime.proc, child_id)
+        self._judged = False
+        self._refused: ForkResult | None = None
+
+    def refusal(self) -> ForkResult | None:
+        """The fork's `unknown` answer when the child's Turns are not the prefix (waiting for
+        the listing once), else None; `child` then holds its Turns."""
+        if not self._judged:
+            self._refused = self._judge()
+            self._judged = True
+        return self._refused
+
+    def verify(self) -> None:
+        """`refusal()` raised as `_ChildRefused`."""
+        refused = self.refusal()
+        if refused is not None:
+            raise _ChildRefused(refused)
+
+    def _judge(self) -> ForkResult | None:
+        child = self.child
+        turns = list(child.provider_turn_ids)
+        if self._first is not None:
+            try:
+                listed = self._runtimes.list_turns(
+                    self._runtime, child.provider_session_id, self._first
+                )
+            except AppServerFailure as exc:
+                return ForkResult.unknown(f"child turns unreadable: {exc}", child)
+            turns = [str(t.get("id")) for t in listed]
+            self.child = child = ForkChild(
+                child.provider_session_id, child.forked_from_id, tuple(turns)
+            )
+        if turns != self._prefix:
+            return ForkResult.unknown(
+                f"child turns {turns} are not exactly the frozen prefix {self._prefix}", child
+            )
+        return None
 
 
 class _DeriveForProof:

@@ -18,6 +18,7 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,24 @@ def _text_chars(value: object) -> int:
     return 0
 
 
-def list_turns(proc: AppServerProcess, thread_id: str, timeout: float) -> list[Mapping[str, Any]]:
+def first_turns_page(proc: AppServerProcess, thread_id: str) -> Future[dict[str, Any]]:
+    """The first page of `list_turns`, sent now and not waited for: the caller does other work
+    while the server lists, then hands the answer's future to `list_turns(first=...)`."""
+    params = {"threadId": thread_id, "sortDirection": "asc", "limit": TURN_PAGE_FIRST}
+    return proc.request_async("thread/turns/list", params)
+
+
+def list_turns(
+    proc: AppServerProcess,
+    thread_id: str,
+    timeout: float,
+    first: Future[dict[str, Any]] | None = None,
+) -> list[Mapping[str, Any]]:
     """`thread/turns/list` ascending, page after page: the first of `TURN_PAGE_FIRST`
     turns, each next sized from the largest turn seen so far to hold about
     `TURN_PAGE_CHARS` characters (at most `TURN_PAGE_MOST` turns), so no answer's line
-    comes near the bound while a history of small turns takes a few requests."""
+    comes near the bound while a history of small turns takes a few requests. `first`: the
+    first page already sent (`first_turns_page`), its answer waited for here."""
     turns: list[Mapping[str, Any]] = []
     cursor: str | None = None
     limit, largest = TURN_PAGE_FIRST, 1
@@ -79,7 +93,11 @@ def list_turns(proc: AppServerProcess, thread_id: str, timeout: float) -> list[M
         params["limit"] = limit
         if cursor:
             params["cursor"] = cursor
-        page = proc.request("thread/turns/list", params, timeout=timeout)
+        if first is not None:
+            page = proc.answer("thread/turns/list", first, timeout=timeout)
+            first = None
+        else:
+            page = proc.request("thread/turns/list", params, timeout=timeout)
         data = [t for t in page.get("data") or [] if isinstance(t, Mapping)]
         turns.extend(data)
         after = page.get("nextCursor")
@@ -324,6 +342,9 @@ class Runtimes:
         server is killed, the read fails)."""
         return self.list_turns(runtime, thread_id)
 
-    def list_turns(self, runtime: Runtime, thread_id: str) -> list[Mapping[str, Any]]:
-        """The thread's turns with their items, in order, a page at a time (`list_turns`)."""
-        return list_turns(runtime.proc, thread_id, self.request_timeout)
+    def list_turns(
+        self, runtime: Runtime, thread_id: str, first: Future[dict[str, Any]] | None = None
+    ) -> list[Mapping[str, Any]]:
+        """The thread's turns with their items, in order, a page at a time (`list_turns`;
+        `first`: its first page already sent, `first_turns_page`)."""
+        return list_turns(runtime.proc, thread_id, self.request_timeout, first)

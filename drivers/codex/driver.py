@@ -230,8 +230,9 @@ class CodexProvider:
         litter: list[object] | None = None,
     ) -> str | None:
         """The bound child's lineage read from the target home alone, in this worker: every
-        referenced rollout present, the session_meta chain intact, turns = the prefix."""
-        return prove_codex_child(home, child_id, source_id, prefix)
+        referenced rollout present, the session_meta chain intact, turns = the prefix (the
+        lines of a file that holds exactly what the bind wrote not decoded twice)."""
+        return prove_codex_child(home, child_id, source_id, prefix, known)
 
     def _rebind(self, home: Path, thread_id: str, lineage: ForkLineage) -> None:
         """Seed 000 §10: resume re-runs the idempotent binder from the recorded source, so a

@@ -19,7 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from drivers.app_server.fork import ReaderNotApplicable, prefix_problem
-from drivers.binder import ROLLOUT_DIRS, BinderError, read_regular, rollout_matches
+from drivers.binder import (
+    ROLLOUT_DIRS,
+    BinderError,
+    ParsedRollout,
+    read_regular,
+    rollout_matches,
+)
 from tutti_agent.rollout import REFUSED, fast_loads
 
 CONTEXT_KEY = "codex"
@@ -154,9 +160,14 @@ class LineageBroken(Exception):
     """The lineage cannot be read from this home; the message says where and why."""
 
 
-def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
+def _records(
+    data: bytes, thread_id: str, where: str, decoded: Sequence[Any] | None = None
+) -> list[RolloutRecord]:
     """Every line of a rollout; a torn or malformed line anywhere is a broken lineage (the
-    binder wrote complete, validated files: anything else was changed after it)."""
+    binder wrote complete, validated files: anything else was changed after it). `decoded`:
+    each line's JSON value already decoded from exactly these bytes (the binder's parse of
+    the file it wrote, `ParsedRollout.records`), taken instead of decoding again; every check
+    below still runs on it."""
     if not data:
         raise LineageBroken(f"{where}: empty rollout")
     if not data.endswith(b"\n"):
@@ -165,20 +176,26 @@ def _records(data: bytes, thread_id: str, where: str) -> list[RolloutRecord]:
     offset = 0
     lines = data.split(b"\n")
     del lines[-1]  # after the last newline: nothing
-    # Each line decoded as the standard library reads it: by orjson where that returns the
-    # same (`tutti_agent.rollout.fast_loads`), else, in an all-ASCII file, through the
-    # decoder's text path, in any other through `json.loads` of the line's bytes.
-    standard = _standard_ascii if data.isascii() else json.loads
-    loads = fast_loads(data, standard)
-    for number, raw in enumerate(lines, 1):
-        offset += len(raw) + 1
-        try:
+    if decoded is not None and len(decoded) != len(lines):
+        decoded = None  # not this file's lines: decoded here
+    if decoded is None:
+        # Each line decoded as the standard library reads it: by orjson where that returns
+        # the same (`tutti_agent.rollout.fast_loads`), else, in an all-ASCII file, through the
+        # decoder's text path, in any other through `json.loads` of the line's bytes.
+        standard = _standard_ascii if data.isascii() else json.loads
+        loads = fast_loads(data, standard)
+        values: list[Any] = []
+        for number, raw in enumerate(lines, 1):
             try:
-                obj = loads(raw)
-            except REFUSED:
-                obj = standard(raw)
-        except ValueError as exc:
-            raise LineageBroken(f"{where}: line {number} is not JSON ({exc})") from None
+                try:
+                    values.append(loads(raw))
+                except REFUSED:
+                    values.append(standard(raw))
+            except ValueError as exc:
+                raise LineageBroken(f"{where}: line {number} is not JSON ({exc})") from None
+        decoded = values
+    for number, (raw, obj) in enumerate(zip(lines, decoded, strict=True), 1):
+        offset += len(raw) + 1
         if not isinstance(obj, dict):
             raise LineageBroken(f"{where}: line {number} is not an object")
         ordinal, kind, payload = obj.get("ordinal"), obj.get("type"), obj.get("payload")
@@ -220,7 +237,9 @@ def _fork_point(meta: Mapping[str, Any], first_ordinal: int, where: str) -> tupl
     return first_ordinal, base
 
 
-def _segment(home: Path, thread_id: str) -> RolloutSegment:
+def _segment(
+    home: Path, thread_id: str, known: Mapping[str, ParsedRollout] | None = None
+) -> RolloutSegment:
     try:
         matches = rollout_matches(home, thread_id)
     except OSError as exc:
@@ -232,26 +251,34 @@ def _segment(home: Path, thread_id: str) -> RolloutSegment:
         data = read_regular(path)
     except (BinderError, OSError) as exc:
         raise LineageBroken(f"{path}: {exc}") from exc
-    records = _records(data, thread_id, path.name)
+    # Read back whole, always; only the decoding of the very bytes the binder validated and
+    # wrote there is not done twice (a changed byte anywhere: decoded here).
+    parsed = None if known is None else known.get(str(path))
+    decoded = parsed.records if parsed is not None and parsed.data == data else None
+    records = _records(data, thread_id, path.name, decoded)
     first = records[0]
     if first.type != "session_meta" or first.payload.get("id") != thread_id:
         raise LineageBroken(f"{path.name}: does not start with the session_meta of {thread_id}")
     return RolloutSegment(thread_id, path, first.payload, tuple(records))
 
 
-def read_rollout_lineage(home: Path, thread_id: str) -> RolloutLineage:
+def read_rollout_lineage(
+    home: Path, thread_id: str, known: Mapping[str, ParsedRollout] | None = None
+) -> RolloutLineage:
     """Resolve `thread_id`'s logical history from `home` alone (raises `LineageBroken`).
 
     A rollout starting at ordinal 0 holds its whole history (a root, or a Copied child); one
     starting past 0 is Referenced: it reads its `forked_from_id` parent's logical history up to
     its first ordinal. Where `history_base` pins the physical position of that boundary, the
-    line must be in the named thread's own file and end at the recorded byte offset."""
+    line must be in the named thread's own file and end at the recorded byte offset. `known`:
+    the binder's parse of the files it just wrote, by path (`BindReceipt.parsed`): a file
+    read back holding exactly those bytes takes their decoded lines (`_records`)."""
     chain: list[RolloutSegment] = []
     current: str | None = thread_id
     while current is not None:
         if any(s.thread_id == current for s in chain) or len(chain) >= MAX_LINEAGE_DEPTH:
             raise LineageBroken(f"lineage loops at {current}")
-        seg = _segment(home, current)
+        seg = _segment(home, current, known)
         chain.append(seg)
         current = None
         first = seg.records[0].ordinal
@@ -311,11 +338,16 @@ def codex_turns(records: Sequence[RolloutRecord]) -> list[tuple[str | None, bool
 
 
 def prove_codex_child(
-    home: Path, child_id: str, source_id: str, prefix: Sequence[str]
+    home: Path,
+    child_id: str,
+    source_id: str,
+    prefix: Sequence[str],
+    known: Mapping[str, ParsedRollout] | None = None,
 ) -> str | None:
-    """Prove a Codex child readable from `home` alone with the rollout lineage reader."""
+    """Prove a Codex child readable from `home` alone with the rollout lineage reader (`known`:
+    the bind's parse of what it wrote, `read_rollout_lineage`)."""
     try:
-        lineage = read_rollout_lineage(home, child_id)
+        lineage = read_rollout_lineage(home, child_id, known)
     except LineageBroken as exc:
         return f"lineage broken: {exc}"
     named = lineage.meta.get("forked_from_id")

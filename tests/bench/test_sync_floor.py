@@ -71,3 +71,28 @@ def test_the_models_compared_are_each_timed_once_per_sample(tmp_path: Path) -> N
     figures = compare_models(tmp_path, samples=3)
     assert set(figures) == {"commit", "fiveDirs", "bytes", "names"}
     assert all(lat.n == 3 and lat.p50 > 0 for lat in figures.values())
+
+
+def test_the_issued_rounds_write_every_file_below_the_chain_they_create(tmp_path: Path) -> None:
+    from bench.sync_floor import issued_round_latencies
+
+    rounds = issued_round_latencies(tmp_path, (3000, 5000), new_dirs=3, samples=4)
+    assert rounds.bytes.n == rounds.names.n == 4
+    for i in range(4):
+        leaf = tmp_path / f"issued{i}" / "d0" / "d1"
+        assert sorted((f.name, f.stat().st_size) for f in leaf.iterdir()) == [
+            ("rollout-0.jsonl", 3000),
+            ("rollout-1.jsonl", 5000),
+        ]
+
+
+def test_a_floor_names_whose_it_is_and_the_rounds_it_did_not_count() -> None:
+    one = Latency.of([0.25] * 3)
+    rounds = Rounds(Latency.of([0.3] * 3), Latency.of([0.2] * 3), one)
+    issued = Rounds(Latency.of([0.4] * 3), Latency.of([0.2] * 3), Latency.of([0.3] * 3))
+    floor = Floor(1.0, 2.0, 2, Latency.of([0.5] * 3), one, rounds, "codex", 22871, issued)
+    assert floor.sync_ms == 1.5  # the issued rounds are not counted
+    assert floor.line().startswith("codex durability floor")
+    assert "a child of 22,871 bytes" in floor.line()
+    assert "0.40 + 0.20 ms, not counted" in floor.line()
+    assert floor.to_json()["childBytes"] == 22871

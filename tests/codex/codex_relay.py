@@ -11,6 +11,9 @@ client request (`{"method", "params"}`) to LOG as one JSON line. MODE:
 - `hang_on_fork` — the `thread/fork` answer is swallowed (the driver times out);
 - `bad_error_code` — the `thread/start` answer becomes an error whose `code` is a string;
 - `bool_id` — the `initialize` answer comes after one for the id `true` (no request's);
+- `hold_child_list:<dir>` — the answer to a child's `thread/turns/list` is held until a bind's
+  temp file appears under `<dir>` (at most `HOLD_S`), and LOG gets a `relay/held` line saying
+  whether one had (`staged`) and whether a rollout was named there yet (`named`);
 - anything else rewrites the `thread/fork` answer (see `tamper`), and for the turn modes
   (`drop_first_turn`, `extra_turn`, `reorder`) also the `thread/turns/list` answer of a thread
   that a `thread/fork` answer named as its child (the driver lists a child's turns there when
@@ -26,12 +29,30 @@ import os
 import subprocess
 import sys
 import threading
+import time
+from pathlib import Path
 from typing import Any
 
 UNKNOWN_TURN = "01a228cc-ffff-7000-8000-00000000dead"
 
 
 TURN_MODES = ("drop_first_turn", "extra_turn", "reorder")
+HOLD = "hold_child_list:"
+HOLD_S = 5.0
+
+
+def hold_for_staged(target: Path, log_path: str) -> None:
+    """Wait (at most `HOLD_S`) for a bind's temp file under `target`; log what was there."""
+    deadline = time.monotonic() + HOLD_S
+    staged = False
+    while not staged and time.monotonic() < deadline:
+        staged = any(p.name.endswith(".tmp") for p in target.rglob("*"))
+        if not staged:
+            time.sleep(0.005)
+    named = any(target.rglob("rollout-*.jsonl"))
+    with open(log_path, "a") as log:
+        held = {"staged": staged, "named": named}
+        log.write(json.dumps({"method": "relay/held", "params": held}) + "\n")
 
 
 def tamper_turns(mode: str, turns: list[Any]) -> list[Any]:
@@ -129,6 +150,8 @@ def main() -> int:
                 children.add(str((msg["result"].get("thread") or {}).get("id")))
                 msg["result"] = tamper(mode, msg["result"], source)
                 line = (json.dumps(msg) + "\n").encode()
+            elif method == "thread/turns/list" and mode.startswith(HOLD) and source in children:
+                hold_for_staged(Path(mode[len(HOLD) :]), log_path)
             elif method == "thread/turns/list" and mode in TURN_MODES and source in children:
                 # `source` is the listed thread here: a child the fork answer named.
                 msg["result"]["data"] = tamper_turns(mode, list(msg["result"].get("data") or []))

@@ -59,6 +59,23 @@ def test_fork_request_carries_only_thread_id_last_turn_id_and_exclude_turns(
     assert listed[at + 1 :].count(("thread/turns/list", result.child.provider_session_id)) == 1
 
 
+def test_the_childs_turns_are_listed_while_its_bytes_are_bound_and_checked_before_its_names(
+    make_driver: MakeDriver, log: EventLog, tmp_path: Path
+) -> None:
+    """The child's `thread/turns/list` is answered only once the bind's temp files are in the
+    target home (the relay holds it): the bind wrote the child's bytes while the server
+    listed, and named nothing before the listing was checked."""
+    calls_log = tmp_path / "calls.jsonl"
+    target = home_of(tmp_path, "child")
+    driver = make_driver(command=relayed(f"hold_child_list:{target}", calls_log))
+    src = open_session(driver, log, tmp_path)
+    result = driver.fork(fork_request(src, src.turns[:2], target))
+    assert result.disposition is DeliveryDisposition.ACCEPTED, result.error
+    assert result.child is not None and result.child.provider_turn_ids == tuple(src.turns[:2])
+    [held] = calls(calls_log, "relay/held")
+    assert held["params"] == {"staged": True, "named": False}
+
+
 def test_committed_child_runs_from_its_own_home_with_the_source_home_deleted(
     make_driver: MakeDriver, log: EventLog, tmp_path: Path, model: ResponsesServer
 ) -> None:
@@ -162,6 +179,7 @@ def test_unverified_fork_answer_is_unknown_and_nothing_is_bound(
     assert result.binding is None
     assert len(calls(calls_log, "thread/fork")) == 1
     assert list(iter_rollouts(target)) == []
+    assert [p for p in target.rglob("*") if not p.is_dir()] == []  # no temp file left either
     if mode in ("drop_first_turn", "extra_turn", "reorder"):
         # Refused for the listed turns (the relay tampered with them), not a lost relay.
         assert result.error is not None and "not exactly the frozen prefix" in result.error

@@ -22,7 +22,7 @@ from domain.worker_messages import ForkResult
 from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.fork import ReaderNotApplicable
 from drivers.app_server.process import AppServerProcess, private_env
-from drivers.binder import RolloutBinder, iter_rollouts
+from drivers.binder import RolloutBinder, iter_rollouts, parse_rollout
 from drivers.codex.lineage import codex_turns, prove_codex_child, read_rollout_lineage
 from drivers.failpoints import Failpoints
 from drivers.tutti_agent import create_driver as tutti_agent_driver
@@ -250,6 +250,30 @@ def test_lineage_reader_reads_a_referenced_child_from_its_home_alone(
     )
     with pytest.raises(ReaderNotApplicable):
         prove_tutti_child(target, child_id, source_id, prefix, "0.0.0-other")
+
+
+@pytest.mark.timeout(60)
+def test_the_lineage_reader_takes_the_binds_decoded_lines_only_for_the_bytes_it_wrote(
+    make_driver: Make, tmp_path: Path
+) -> None:
+    """Every bound file is read back whole; one that holds exactly the bytes the bind decoded
+    takes the bind's decoded lines (the same objects, not decoded again), one changed since
+    is decoded from its own bytes and judged on them."""
+    target, child_id, source_id, prefix = _referenced_child(tmp_path, make_driver)
+    ancestor, child = _rollout_of(target, source_id), _rollout_of(target, child_id)
+    known = {
+        str(path): parse_rollout(path.read_bytes(), thread)
+        for path, thread in ((ancestor, source_id), (child, child_id))
+    }
+    lineage = read_rollout_lineage(target, child_id, known)
+    taken = {id(r["payload"]) for parsed in known.values() for r in parsed.records}
+    assert lineage.records and all(id(r.payload) in taken for r in lineage.records)
+    assert prove_codex_child(target, child_id, source_id, prefix, known) is None
+    # The ancestor changed after the bind (a line dropped: an ordinal gap): its own bytes.
+    lines = ancestor.read_bytes().splitlines(keepends=True)
+    ancestor.write_bytes(b"".join(lines[:3] + lines[4:]))
+    problem = prove_codex_child(target, child_id, source_id, prefix, known)
+    assert problem is not None and "ordinal gap" in problem, problem
 
 
 def _shift_history_base(path: Path) -> None:
