@@ -904,6 +904,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 # under load): the stop lands once it runs again, the clients still running.
                 with contextlib.suppress(AssertionError):
                     stopped = wait_for(lambda p=provider: stop_worker(w, p), STOP_LATE_S, 0.05)
+            for point in pending:
+                landed(w, point)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
             # A daemon dead by itself was killed by an armed point, never by anything else (a
             # full disk's EFBIG, its SIGXFSZ, an error).
@@ -942,6 +944,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 if arm_reaching(w, point, chaos):
                     with contextlib.suppress(AssertionError):
                         wait_for(lambda p=point: reached(w, p) or not alive(w), REACH_S)
+                    landed(w, point)
                 if not alive(w):
                     action = "failpoint_fired"
             # `failpoint_fired (stall round)` too: the stalled git of the daemon that died
@@ -1470,14 +1473,31 @@ def reach(w: World, point: str, chaos: Counter[str]) -> int:
     with contextlib.suppress(AssertionError):
         wait_for(lambda: reached(w, point) or not alive(w), REACH_S)
     chaos[f"reach {'fired' if reached(w, point) else 'missed'}"] += 1
+    landed(w, point)
     if revive(w):
         w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
         check_now(w)
         return 1
-    if not reached(w, point):
-        w.points.look(w.home)
-        w.daemon.client(timeout=10).call("debug.failpoints", {"points": {point: "off"}})
     return 0
+
+
+def landed(w: World, point: str) -> None:
+    """After `point`'s wait: a host point that fired has its daemon dead (its marker is written
+    just before the SIGKILL lands: awaited here); one that did not fire is turned off, so no
+    later step of the round meets a daemon it killed meanwhile (seed 5501's round 27: the
+    marker seen, the daemon not yet dead, its next call unanswered)."""
+    if host_fired(w.daemon, point):
+        assert w.daemon.proc is not None
+        try:
+            w.daemon.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError((w.seed, point, "fired, its daemon lives on")) from None
+    elif not worker_fired(w.daemon, point) and alive(w):
+        w.points.look(w.home)  # before `off` clears the markers
+        try:
+            w.daemon.client(timeout=10).call("debug.failpoints", {"points": {point: "off"}})
+        except (ClientTimeout, ClientClosed):
+            assert not alive(w), w.daemon.tail_log()  # it fired at last: its daemon died
 
 
 def reached(w: World, point: str) -> bool:
