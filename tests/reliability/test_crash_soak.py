@@ -1483,9 +1483,9 @@ def reach(w: World, point: str, chaos: Counter[str]) -> int:
 
 def landed(w: World, point: str) -> None:
     """After `point`'s wait: a host point that fired has its daemon dead (its marker is written
-    just before the SIGKILL lands: awaited here); one that did not fire is turned off, so no
-    later step of the round meets a daemon it killed meanwhile (seed 5501's round 27: the
-    marker seen, the daemon not yet dead, its next call unanswered)."""
+    just before the SIGKILL lands: awaited here, or the round's next call goes to a dying
+    daemon); one that did not fire is turned off, so no later step of the round meets a daemon
+    it killed meanwhile."""
     if host_fired(w.daemon, point):
         assert w.daemon.proc is not None
         try:

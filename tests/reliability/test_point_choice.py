@@ -76,8 +76,8 @@ def test_a_spared_round_leads_only_when_the_rounds_after_it_cannot() -> None:
 
 
 def test_every_point_the_soak_arms_has_a_directed_flow() -> None:
-    """A point armed with no flow of its own waits for the random load to reach it, which it
-    mostly did not before a restart or a stall round turned it off (14 of a long run's 27):
-    a new point of `POINTS` fails here until `point_flows.FLOWS` says how to reach it."""
+    """A point armed with no flow of its own waits for the random load to reach it, which may
+    not come before a restart or a stall round turns it off: a new point of `POINTS` fails
+    here until `point_flows.FLOWS` says how to reach it."""
     assert sorted(set(POINTS) - set(FLOWS)) == []
     assert sorted(set(FLOWS) - set(POINTS)) == []
