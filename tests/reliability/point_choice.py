@@ -6,24 +6,17 @@ must take for every point to be armed once in the run (`lead`): random picks arm
 a 60-round run. A round whose plan SIGKILLs the daemon at a random moment arms none while the
 other rounds can take them (a point armed there would fire first: one long run led every free
 round and kept no such kill), and once each point was armed no free round arms any at its
-start.
+start. Each point is armed just before its directed flow (`point_flows`), so it fires.
 
 `worker.session.after_start` (`SESSION_START`: the worker's answer to a `session.start` held
-after the driver chose the provider session id) is armed by its cell, `start_beside_fork`: a
-new Claude Code Session's first Turn is submitted beside a fork of it through `latestSettled`,
-the point armed `once:kill` just before, so the Claude worker dies answering the start the two
-raced for (the Turn's start sent again to the next worker, the fork refused or `unknown`)."""
+after the driver chose the provider session id) is reached by a new Claude Code Session's
+first Turn submitted beside a fork of it through `latestSettled`."""
 
 from __future__ import annotations
 
 import random
-import uuid
-from collections.abc import Callable
-from typing import Any
 
-from tests.reliability.reliability_harness import PointTally, fork_latest_params
-from tests.support.daemon import WS
-from transport.client import Client
+from tests.reliability.reliability_harness import PointTally
 
 SESSION_START = "worker.session.after_start"
 LEAD_MAX = 2
@@ -31,10 +24,14 @@ LEAD_MAX = 2
 
 
 class PointChoice:
-    def __init__(self, points: tuple[str, ...], tally: PointTally, seed: int) -> None:
+    def __init__(
+        self, points: tuple[str, ...], tally: PointTally, seed: int, *, most: int | None = None
+    ) -> None:
         self.points = points
         self.tally = tally
         self.rng = random.Random(f"points-{seed}")
+        self.most = most
+        """The most points a round leads (the short profile's one free round: not all)."""
 
     def pick(self, among: tuple[str, ...] | None = None, but: tuple[str, ...] = ()) -> str:
         """The least-armed point of `among` (all the soak's points by default) not in `but`."""
@@ -57,7 +54,8 @@ class PointChoice:
         if spare and left <= LEAD_MAX * ((free_left - 1) // 2):
             return []
         picked: list[str] = []
-        for _ in range(-(-left // max(1, (free_left + 1) // 2))):
+        share = -(-left // max(1, (free_left + 1) // 2))
+        for _ in range(share if self.most is None else min(share, self.most)):
             picked.append(self.pick(but=tuple(picked)))
         return picked
 
@@ -69,23 +67,3 @@ class PointChoice:
             f" armed {len(self.points) - len(self.unarmed())}"
             f", fired {fired}; never armed: {self.unarmed() or 'none'}"
         )
-
-
-def start_beside_fork(
-    c: Client,
-    sid: str,
-    register: Callable[[str, dict[str, Any], Any], None],
-) -> None:
-    """`SESSION_START`'s cell on `sid`, a new Session none of whose Turns ran: the point armed
-    `once:kill`, a fork of the whole Session (`latestSettled`) and its first Turn are sent
-    together, neither awaited; `register(method, params, future)` keeps each answer."""
-    c.call("debug.failpoints", {"points": {SESSION_START: "once:kill"}})
-    fork = fork_latest_params(sid)
-    submit = {
-        "workspaceId": WS,
-        "agentSessionId": sid,
-        "requestId": str(uuid.uuid4()),
-        "input": [{"type": "text", "text": "first, beside a fork"}],
-    }
-    register("fork.create", fork, c.submit("fork.create", fork))
-    register("turn.submit", submit, c.submit("turn.submit", submit))

@@ -203,15 +203,22 @@ class PointTally:
     """The failpoints a soak armed and the `once:` ones that fired: their markers (`host_fired`,
     `worker_fired`), looked at before anything arms the point again (an arming clears its
     marker), each marker counted once. A soak's summary says which of its points its run met:
-    `arm_failpoint` counts an arming, which a later round may turn off unfired."""
+    `arm_failpoint` counts an arming, which a later round may turn off unfired. A point armed
+    for another action (`arm(..., kill=False)`: a client's `once:error`, a directed flow's
+    helper) replaces the soak's arming, and its firing is counted `apart`, never as the
+    point's kill."""
 
     def __init__(self) -> None:
         self.armed: Counter[str] = Counter()
         self.fired: Counter[str] = Counter()
+        self.apart: Counter[str] = Counter()
+        self._kill: dict[str, bool] = {}
         self._seen: set[tuple[str, int]] = set()
 
-    def arm(self, name: str) -> None:
-        self.armed[name] += 1
+    def arm(self, name: str, *, kill: bool = True) -> None:
+        self._kill[name] = kill
+        if kill:
+            self.armed[name] += 1
 
     def look(self, home: Path) -> None:
         for folder in (
@@ -224,7 +231,8 @@ class PointTally:
                         key = (marker.name[len("fired.") :], marker.stat().st_mtime_ns)
                         if key not in self._seen:
                             self._seen.add(key)
-                            self.fired[key[0]] += 1
+                            counts = self.fired if self._kill.get(key[0], True) else self.apart
+                            counts[key[0]] += 1
 
     def summary(self) -> str:
         never = sorted(set(self.armed) - set(self.fired))
@@ -233,6 +241,8 @@ class PointTally:
             + (" ".join(f"{k}={v}" for k, v in sorted(self.armed.items())) or "none")
             + "; fired (once: markers): "
             + (" ".join(f"{k}={v}" for k, v in sorted(self.fired.items())) or "none")
+            + "; fired apart (armed for another action): "
+            + (" ".join(f"{k}={v}" for k, v in sorted(self.apart.items())) or "none")
             + f"; armed, never fired: {never or 'none'}"
         )
 

@@ -159,6 +159,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -168,7 +169,8 @@ import pytest
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
 from tests.reliability.codex_cut import codex_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
-from tests.reliability.point_choice import SESSION_START, PointChoice, start_beside_fork
+from tests.reliability.point_choice import PointChoice
+from tests.reliability.point_flows import FLOWS, NotReady
 from tests.reliability.proof_round import forks_proven_by_app_server, set_app_server_proof
 from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
 from tests.reliability.provider_chaos import (
@@ -186,6 +188,7 @@ from tests.reliability.reliability_harness import (
     PointTally,
     fork_latest_params,
     fork_params,
+    host_fired,
     provider_env,
     replay_hint,
     resolve_params,
@@ -238,7 +241,7 @@ CODEX_ROUND = 6 if SOAK else 3
 """The round whose seed fork is Codex's whatever the draw: in the long profile it arms a
 `worker.fork.*` / `worker.bind.*` point on it (as the first round does on Claude's); in the
 short one it is the first stall round (nothing armed: a Codex fork in the 5 rounds)."""
-pytestmark = pytest.mark.timeout(1800 if SOAK else 180)
+pytestmark = pytest.mark.timeout(2400 if SOAK else 240)
 
 POINTS = (
     "host.fork.after_prepare",
@@ -266,7 +269,7 @@ POINTS = (
     "host.session.delete.after_commit",
     "host.session.delete.discard",
     "host.session.delete.after_tree_removed",
-    "worker.session.after_start",  # `SESSION_START`: armed by its cell (`point_choice`)
+    "worker.session.after_start",  # a Claude Session's start beside its fork (`point_flows`)
     "worker.history.before_read",  # a cold start's re-bind: the next one asks again
 )
 WORKER_POINTS = (
@@ -281,6 +284,14 @@ FORK_POINTS = tuple(
     p for p in POINTS if p.startswith(("host.fork.", "worker.fork.", "worker.bind."))
 )
 """Points a `throughTurn` fork passes: what a Claude or Codex round arms before its seed fork."""
+REACH_S = 30.0
+"""A point's directed flow (`point_flows`) reaches it within this, on a loaded machine: the
+round's load goes on that long for its points armed, and a lead awaited alone that long."""
+FIRED_AT_LEAST = 22
+"""Of `POINTS`, the long profile's points that fired (each armed at least once, with its flow):
+why the others may not, docs/reliability.md §2."""
+SHORT_LEADS = 1
+"""The points the short profile's one free round leads (its first, beside its seed fork's)."""
 COVER_POINT = "host.fork.after_dispatching"
 """The point `kill_on_fork` arms: the fork's `dispatching` row is durable when it kills."""
 STOP_LATE_S = 30.0
@@ -378,12 +389,40 @@ class World:
         """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
         self.points = PointTally()
         """The points the rounds armed `once:kill` and the `once:` points that fired."""
-        self.choice = PointChoice(POINTS, self.points, seed)
+        self.choice = PointChoice(POINTS, self.points, seed, most=None if SOAK else SHORT_LEADS)
         """Which point a round arms: the least-armed it can reach (`point_choice`)."""
         self.met: set[str] = set()
         """The providers (Claude Code, Codex) whose work a kill since the last invariant check
         met (an active Turn or fork of theirs in the store as the daemon died or their worker
         was killed, or their worker died at an armed point)."""
+
+    def session(self, c: Client, provider: str) -> str:
+        """A new Session of `provider` for a point's flow (`point_flows.Reach`)."""
+        return new_session(self, c, provider)
+
+    def keep(self, method: str, params: dict[str, Any], answer: Future[Any]) -> None:
+        """A flow's request, not awaited: its answer tallied `(flow)`, an operation noted."""
+
+        def done(f: Future[Any]) -> None:
+            try:
+                status, body = f.result()
+            except Exception:  # noqa: BLE001 - the daemon was killed under it: reply lost
+                self.calls[f"{method} lost (flow)"] += 1
+                return
+            self.calls[f"{method} {status} (flow)"] += 1
+            if status == 500:
+                self.failures.append(f"flow: {method} → 500 {body}")
+            if method in ("fork.create", "fork.resolve") and status < 400:
+                note_operation(self, body["operation"], params if method == "fork.create" else None)
+
+        answer.add_done_callback(done)
+
+    def helper(self, c: Client, point: str, action: str) -> None:
+        """A point a flow arms on its way to its own (`point_flows.Reach`): tallied apart
+        unless it kills."""
+        self.points.look(self.home)
+        self.points.arm(point, kill=action.endswith("kill"))
+        c.call("debug.failpoints", {"points": {point: action}})
 
     def meet(self) -> None:
         """The kill landing now meets the Claude and Codex work the store holds active."""
@@ -518,6 +557,8 @@ def step(w: World, rng: random.Random, c: Client, tag: str, starts: random.Rando
             # `active_turn_worked` at the end, and no Turn active in any timeline).
             armed = call(w, c, tag, "debug.failpoints", {"points": {START_POINT: "once:error"}})
             w.calls["start error armed"] += armed is not None
+            if armed is not None:
+                w.points.arm(START_POINT, kill=False)  # it fires apart from a kill's arming
         with w.lock:
             again = w.submitted.get(sid) if w.replays.random() < SUBMIT_REPLAY_SHARE else None
             changed = w.replays.random() < 0.5
@@ -736,6 +777,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
     ]
     for t in threads:
         t.start()
+    first_point: str | None = None  # the first round's, on its Claude seed fork
     try:
         rounds = 0
         faulted: threading.Thread | None = None
@@ -786,6 +828,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 plan = "arm_failpoint"
                 early = w.choice.pick(WORKER_POINTS if first else FORK_POINTS)
                 chaos[f"armed_on_{provider}_fork"] += 1
+                first_point = first_point or early
             if rounds == 1:
                 pin.make(w)  # a failed fork's tree git cannot remove, through the kills
             elif rounds == 1 + PIN_HELD_ROUNDS:
@@ -802,18 +845,27 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 slots.start()  # on a daemon of its own, beside the round's load and kill
             if slow:
                 w.slow.start(w.daemon.client(timeout=30))  # held about the worker's limit
+            pending = [early] if early else []  # the round's points left to its load
             if free_round(rounds):
-                # Points never armed yet, armed as the load starts (`PointChoice.lead`).
+                # Points never armed yet, armed as the load starts (`PointChoice.lead`), each
+                # with its directed flow, in turn: each but the last (the seed fork's point
+                # first) fired, its daemon restarted and checked, before the next is armed.
                 lead = w.choice.lead(
                     sum(free_round(n) for n in range(rounds, ROUNDS + 1)),
                     spare=plan == "kill_daemon" or early is not None,
                 )
                 chaos["lead_armed"] += len(lead)
-                try:
-                    arm_points(w, w.daemon.client(timeout=5), lead)
-                except (ClientTimeout, ClientClosed):
-                    # Only a daemon that a point armed meanwhile killed may not answer.
-                    assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
+                if early and lead:
+                    checks += reach(w, early, chaos)
+                    pending = []
+                for n, point in enumerate(lead):
+                    if not arm_reaching(w, point, chaos):
+                        continue
+                    if n < len(lead) - 1:
+                        checks += reach(w, point, chaos)
+                    else:
+                        pending = [point]
+            reach_by = time.monotonic() + REACH_S
             w.running.set()
             # `provider_chaos`: a fault among the round's load, met by its kill or not, and
             # running on across the round's checks (joined at the end).
@@ -830,7 +882,11 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             stop_at = began_round + rng.uniform(0.0, 0.5) if stop_round else None
             stopped: tuple[str, int, float] | None = None  # provider, pid, when
             refused_before = _refused(w)
-            while time.monotonic() < deadline and w.daemon.proc.poll() is None:
+            while w.daemon.proc.poll() is None and (
+                time.monotonic() < deadline
+                # The load goes on until the round's armed points fired (their flows sent).
+                or (time.monotonic() < reach_by and not all(reached(w, p) for p in pending))
+            ):
                 if arm_at is not None and time.monotonic() >= arm_at:
                     w.stall.arm(command)  # at a random moment of the clients' load
                     arm_at = None
@@ -848,6 +904,8 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                 # under load): the stop lands once it runs again, the clients still running.
                 with contextlib.suppress(AssertionError):
                     stopped = wait_for(lambda p=provider: stop_worker(w, p), STOP_LATE_S, 0.05)
+            for point in pending:
+                landed(w, point)
             action = "failpoint_fired" if w.daemon.proc.poll() is not None else plan
             # A daemon dead by itself was killed by an armed point, never by anything else (a
             # full disk's EFBIG, its SIGXFSZ, an error).
@@ -880,11 +938,14 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
                     os.kill(int(worker["pid"]), signal.SIGKILL)
                     chaos[f"kill_worker {victim}"] += 1
             elif action == "arm_failpoint" and early is None:
-                try:
-                    arm_points(w, w.daemon.client(timeout=5), [w.choice.pick()])
-                except ClientTimeout:
-                    # Only a daemon that an armed point killed meanwhile may not answer.
-                    assert w.daemon.proc.poll() is not None, w.daemon.tail_log()
+                # The round's own point, its flow sent among the clients' load, which goes on
+                # until the point fired.
+                point = w.choice.pick()
+                if arm_reaching(w, point, chaos):
+                    with contextlib.suppress(AssertionError):
+                        wait_for(lambda p=point: reached(w, p) or not alive(w), REACH_S)
+                    landed(w, point)
+                if not alive(w):
                     action = "failpoint_fired"
             # `failpoint_fired (stall round)` too: the stalled git of the daemon that died
             # lives on until the restart kills it.
@@ -1150,9 +1211,13 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
     if SOAK:
         assert last_fork[CODEX] == "committed", ("the Codex fork after the chaos", seed, last_fork)
         assert codex_checks > 0, ("no check after a kill that met Codex work", seed, dict(chaos))
-    # ... and every point armed (the long profile's: `PointChoice.lead`).
+    # ... and every point armed (the long profile's: `PointChoice.lead`), each with its flow,
+    # and nearly every one fired; the short profile's first round's point fired.
+    fired = [p for p in POINTS if w.points.fired[p]]
     if SOAK:
         assert not w.choice.unarmed(), ("points never armed", seed, w.choice.summary())
+        assert len(fired) >= FIRED_AT_LEAST, (seed, w.choice.summary(), w.points.summary())
+    assert first_point in fired, ("the first round's point", seed, w.points.summary())
     # ... and a stopped worker mid-fork (the 2nd round's, whatever the seed), replaced.
     assert stops.total() > 0, ("no worker was stopped", seed, dict(chaos))
     # ... and a slow provider fork made `unknown` by the worker's limit, abandoned at once.
@@ -1366,32 +1431,82 @@ def free_round(n: int) -> bool:
     return n % STALL_EVERY in (1, 2) and n % STOP_EVERY != 2
 
 
-def arm_points(w: World, c: Client, points: list[str]) -> None:
-    """Arms each of `points` `once:kill` (`SESSION_START` through its cell, on a new Claude
-    Session of the soak's)."""
-    for point in points:
+def arm_reaching(w: World, point: str, chaos: Counter[str]) -> bool:
+    """Arms `point` `once:kill` and sends its directed flow (`point_flows.FLOWS`), what the flow
+    needs made first, the point not yet armed; its Session is the clients' from then on (but
+    one it deletes). False, the point not armed, when that could not be made now (tallied
+    `flow_not_ready`) or the daemon died under it (an earlier round's point fired: restarted)."""
+    if revive(w):
+        chaos["failpoint_fired_late"] += 1
+    flow = FLOWS[point]
+    try:
+        c = w.daemon.client(timeout=30)
+        try:
+            ready = flow.ready(w, c)
+        except (NotReady, ApiError) as exc:
+            if isinstance(exc, ApiError) and exc.status == 500:
+                raise
+            w.calls[f"flow not ready {point}: {exc}"[:120]] += 1
+            chaos["flow_not_ready"] += 1
+            return False
+        w.points.look(w.home)  # a marker an arming clears is counted first
         w.points.arm(point)
-        if point != SESSION_START:
-            c.call("debug.failpoints", {"points": {point: "once:kill"}})
-            continue
-        sid = new_session(w, c, CLAUDE)
+        c.call("debug.failpoints", {"points": {point: "once:kill"}})
+        flow.send(w, c, ready)
+    except (ClientTimeout, ClientClosed):
+        # Only a daemon that a point armed meanwhile killed may not answer.
+        assert not alive(w), w.daemon.tail_log()
+        return False
+    chaos["flow_sent"] += 1
+    with w.lock:
+        if not flow.deletes:
+            w.sessions.setdefault(ready.sid, [ready.turn_id] if ready.turn_id else [])
+        if ready.op_id:
+            w.ops.setdefault(ready.op_id, "unknown")
+    return True
 
-        def register(method: str, params: dict[str, Any], future: Any) -> None:
-            def done(f: Any) -> None:
-                try:
-                    status, body = f.result()
-                except Exception:  # noqa: BLE001 - the daemon was killed under it: reply lost
-                    w.calls[f"{method} lost (session start cell)"] += 1
-                    return
-                w.calls[f"{method} {status} (session start cell)"] += 1
-                if method == "fork.create" and status < 400:
-                    note_operation(w, body["operation"], params)
 
-            future.add_done_callback(done)
+def reach(w: World, point: str, chaos: Counter[str]) -> int:
+    """The clients parked, `point` (armed, its flow sent) is awaited for `REACH_S`: a daemon it
+    killed is restarted and every law checked (`check_now`); one that did not fire is turned off
+    (it would cut the next point's flow). Returns the checks run (0 or 1)."""
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: reached(w, point) or not alive(w), REACH_S)
+    chaos[f"reach {'fired' if reached(w, point) else 'missed'}"] += 1
+    landed(w, point)
+    if revive(w):
+        w.reader.sweep(w.daemon.client(timeout=30), list(w.sessions))
+        check_now(w)
+        return 1
+    return 0
 
-        start_beside_fork(c, sid, register)
-        with w.lock:
-            w.sessions[sid] = []
+
+def landed(w: World, point: str) -> None:
+    """After `point`'s wait: a host point that fired has its daemon dead (its marker is written
+    just before the SIGKILL lands: awaited here, or the round's next call goes to a dying
+    daemon); one that did not fire is turned off, so no later step of the round meets a daemon
+    it killed meanwhile."""
+    if host_fired(w.daemon, point):
+        assert w.daemon.proc is not None
+        try:
+            w.daemon.proc.wait(10)
+        except subprocess.TimeoutExpired:
+            raise AssertionError((w.seed, point, "fired, its daemon lives on")) from None
+    elif not worker_fired(w.daemon, point) and alive(w):
+        w.points.look(w.home)  # before `off` clears the markers
+        try:
+            w.daemon.client(timeout=10).call("debug.failpoints", {"points": {point: "off"}})
+        except (ClientTimeout, ClientClosed):
+            assert not alive(w), w.daemon.tail_log()  # it fired at last: its daemon died
+
+
+def reached(w: World, point: str) -> bool:
+    """`point`'s `once:` marker: it fired since its arming (which cleared the last one)."""
+    return host_fired(w.daemon, point) or worker_fired(w.daemon, point)
+
+
+def alive(w: World) -> bool:
+    return w.daemon.proc is not None and w.daemon.proc.poll() is None
 
 
 def new_session(w: World, c: Client, provider: str) -> str:
@@ -1738,6 +1853,8 @@ class FailedTreePin:
         sid = str(create_session(c, provider=TUTTI, cwd=w.cwd, title="failed")["agentSessionId"])
         turn = run_turn(c, sid, f"/write failed-fork.txt pinned {self.rng.randrange(1000)}")
         self.how = self.rng.choice(["error", "kill"])
+        w.points.arm(self.POINTS[0], kill=False)  # their firings are the pin's
+        w.points.arm(self.POINTS[1], kill=self.how == "kill")
         c.call(
             "debug.failpoints",
             {"points": {self.POINTS[0]: "once:sleep:3000", self.POINTS[1]: f"once:{self.how}"}},

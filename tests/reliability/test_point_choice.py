@@ -12,6 +12,7 @@ import random
 import pytest
 
 from tests.reliability.point_choice import SESSION_START, PointChoice
+from tests.reliability.point_flows import FLOWS
 from tests.reliability.reliability_harness import PointTally
 from tests.reliability.test_crash_soak import FORK_POINTS, POINTS, WORKER_POINTS, free_round
 
@@ -72,3 +73,11 @@ def test_a_spared_round_leads_only_when_the_rounds_after_it_cannot() -> None:
     assert len(choice.lead(40)) == -(-left // 20)
     assert len(choice.lead(3, spare=True)) == -(-left // 2)  # they cannot: it takes its share
     assert len(choice.lead(1, spare=True)) == left  # the last free round takes all
+
+
+def test_every_point_the_soak_arms_has_a_directed_flow() -> None:
+    """A point armed with no flow of its own waits for the random load to reach it, which may
+    not come before a restart or a stall round turns it off: a new point of `POINTS` fails
+    here until `point_flows.FLOWS` says how to reach it."""
+    assert sorted(set(POINTS) - set(FLOWS)) == []
+    assert sorted(set(FLOWS) - set(POINTS)) == []

@@ -1,5 +1,6 @@
 """`PointTally`: what a soak's summary says of its failpoints is what fired, not what it armed
-(an armed point a later round turns off, or that nothing reaches, fired nothing)."""
+(an armed point a later round turns off, or that nothing reaches, fired nothing), and a point
+armed for another action than the soak's kill fires apart."""
 
 from __future__ import annotations
 
@@ -32,6 +33,13 @@ def test_the_tally_counts_each_firing_of_a_point_and_names_one_armed_that_never_
             tally.look(d.home)  # a marker looked at twice is one firing
             assert tally.fired == {START: n}, tally.summary()
         assert run_turn(c, sid, "the point fired once")["outcome"] == "completed"
+        # A point armed for another action than the soak's kill (a client's `once:error`, a
+        # flow's helper) fires apart: the soak's point did not.
+        c.call("debug.failpoints", {"points": {START: "once:error"}})
+        tally.arm(START, kill=False)
+        assert run_turn(c, sid, "meets the point armed apart")["outcome"] == "failed"
+        tally.look(d.home)
+        assert tally.fired == {START: 2} and tally.apart == {START: 1}, tally.summary()
     finally:
         d.stop()
     assert tally.armed == {START: 2, UNREACHED: 2}
