@@ -5,15 +5,20 @@ history (no process of the killed daemon or worker is left). A Turn that history
 for must then be host-only (its Session forkable again); one it may hold stays unbound.
 
 Judged from the provider's own thread (tutti-agent's rollout, read from the Session's home),
-not from the re-bind's code: when every turn of the thread is a bound Turn's and at least one
-Turn is bound (both without the Turn the check ran, which the re-bind came before), nothing in
-the thread can be the unbound Turn, so it must be marked; and a Turn marked host-only must have
-no thread turn beside it that no bound Turn claims.
+not from the re-bind's code: when every turn of the thread is a bound Turn's (without the Turn
+the check ran, which the re-bind came before) and a Turn was bound before that re-bind (its
+anchor: the history is the Session's own thread; a Turn the re-bind itself binds by content is
+no anchor for the same pass, `actors.rebind.prove_absent`), nothing in the thread can be the
+unbound Turn, so it must be marked; and a Turn marked host-only must have no thread turn beside
+it that no bound Turn claims. A Turn whose Session had no anchor before the pass is `unanchored`:
+the pass may have bound its first anchor, so the next cold start (`prove_by_next_turn` again,
+after another restart) must mark it.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import apsw
@@ -77,17 +82,20 @@ def prove_by_next_turn(
     home: Path, c: Client, candidates: dict[str, list[str]], *, text: str = "after the chaos"
 ) -> tuple[Counter[str], list[str]]:
     """Runs one Turn (`text`) on each candidate Session of a freshly restarted daemon (its cold
-    start re-binds first), then sorts each candidate Turn: `re-bound`, `host-only` or `left`
-    (the thread holds a turn that could be it). The violations: a Turn left unbound that its
-    thread cannot hold, a Turn marked host-only beside a thread turn no bound Turn claims
-    (which could be it), and a Session whose Turn did not complete (the chaos is over and
-    nothing is armed: its candidates would go unproven)."""
+    start re-binds first), then sorts each candidate Turn: `re-bound`, `host-only`,
+    `unanchored` (nothing in the thread can be it, but no Turn of its Session was bound before
+    the pass: the next pass must mark it) or `left` (the thread holds a turn that could be it).
+    The violations: a Turn left unbound that its thread cannot hold (its Session anchored), a
+    Turn marked host-only beside a thread turn no bound Turn claims (which could be it), and a
+    Session whose Turn did not complete (the chaos is over and nothing is armed: its
+    candidates would go unproven)."""
     tally: Counter[str] = Counter()
     violations: list[str] = []
     for sid, turn_ids in sorted(candidates.items()):
         status, body = c.call_raw("session.get", {"workspaceId": WS, "agentSessionId": sid})
         if status != 200:
             continue  # deleted meanwhile
+        anchored = any(pid for pid, _ in _turns(home, sid).values())
         after = run_turn(c, sid, text)
         if after["outcome"] != "completed":
             violations.append(
@@ -120,6 +128,8 @@ def prove_by_next_turn(
                         f"session {sid} turn {turn_id}: host-only, yet its thread holds a turn"
                         f" no bound Turn claims ({ids}; bound {bound}): it may be that Turn"
                     )
+            elif nothing_can_be_it and not anchored:
+                tally["unanchored"] += 1  # its next cold start has the anchor this one bound
             elif nothing_can_be_it:
                 violations.append(
                     f"session {sid} turn {turn_id}: its thread holds no turn for it ({ids}),"
@@ -129,6 +139,29 @@ def prove_by_next_turn(
             else:
                 tally["left"] += 1
     return tally, violations
+
+
+def prove_after_restarts(
+    home: Path, sids: Sequence[str], restart: Callable[[], Client], passes: int = 2
+) -> tuple[Counter[str], list[str]]:
+    """`prove_by_next_turn` of `sids`' unanswered, unmarked Turns on a daemon `restart` (which
+    stops the running one, if any, and returns a client of a new one) starts; again, on the
+    Turns left, after a pass that left one `unanchored` (its next cold start has the anchor
+    that pass bound), up to `passes` passes. The last pass's tally, and every violation; a
+    Turn still unanchored after the last pass is one."""
+    proven: Counter[str] = Counter()
+    violations: list[str] = []
+    for _ in range(passes):
+        candidates = unanswered_unmarked(home, list(sids))
+        if not candidates:
+            break
+        proven, found = prove_by_next_turn(home, restart(), candidates)
+        violations += found
+        if found or not proven["unanchored"]:
+            break
+    else:
+        violations.append(f"Turns still unanchored after {passes} cold starts: {dict(proven)}")
+    return proven, violations
 
 
 def _rebind_lines(home: Path, sid: str, most: int = 8) -> list[str]:

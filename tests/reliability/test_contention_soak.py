@@ -163,7 +163,7 @@ from tests.reliability.codex_cut import rollout_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.laws_checked import laws_checked
 from tests.reliability.proof_race import ProofRace
-from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
+from tests.reliability.proven_absent import prove_after_restarts
 from tests.reliability.provider_chaos import (
     ProviderChaos,
     claude_front,
@@ -1529,15 +1529,20 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
     # Session's next Turn starts cold and its re-bind's final history marks host-only what
     # the thread cannot hold (`proven_absent`); the laws hold again once it stops.
     tutti = [s for s in sids if s not in claude and s not in codex]
-    candidates = unanswered_unmarked(home, tutti)
-    proven: Counter[str] = Counter()
-    unproven: list[str] = []
-    if candidates:
-        again = DaemonProcess(home).start()
-        try:
-            proven, unproven = prove_by_next_turn(home, again.client(timeout=60), candidates)
-        finally:
+    running: list[DaemonProcess] = []
+
+    def restart() -> Client:
+        if running:
+            running.pop().stop()
+        running.append(DaemonProcess(home).start())
+        return running[-1].client(timeout=60)
+
+    try:
+        proven, unproven = prove_after_restarts(home, tutti, restart)
+    finally:
+        for again in running:
             again.stop()
+    if running:
         final_violations += list(check_invariants(home, repositories=repositories).violations)
         final_violations += check_processes(home, None)
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())

@@ -172,7 +172,7 @@ from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.point_choice import PointChoice
 from tests.reliability.point_flows import FLOWS, NotReady
 from tests.reliability.proof_round import forks_proven_by_app_server, set_app_server_proof
-from tests.reliability.proven_absent import prove_by_next_turn, unanswered_unmarked
+from tests.reliability.proven_absent import prove_after_restarts
 from tests.reliability.provider_chaos import (
     START_FAILPOINT,
     ProviderChaos,
@@ -213,6 +213,7 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     check_workspace_answers,
+    homes_waiting,
     repository_state,
     work_in_flight,
     workspace_answer,
@@ -387,6 +388,9 @@ class World:
         """The clients' pagings and lineage reads, held to the store (`read_chaos`)."""
         self.retried: list[str] = []
         """The trees the live daemon's last `host.status` listed as retried (`retrying`)."""
+        self.waiting: list[tuple[str, str]] = []
+        """The deleted Sessions whose folder removal that answer listed as waiting for a worker
+        call in flight (`homes_waiting`)."""
         self.points = PointTally()
         """The points the rounds armed `once:kill` and the `once:` points that fired."""
         self.choice = PointChoice(POINTS, self.points, seed, most=None if SOAK else SHORT_LEADS)
@@ -1104,6 +1108,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             live_grace_s=LIVE_GRACE_S,
             repositories=w.repositories,
             retrying_trees=retrying(w),
+            waiting_homes=waiting(w),
         )
         assert not check_answers(w), (seed, check_answers(w))
         w.reader.sweep(c, list(w.sessions))
@@ -1114,16 +1119,18 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
         # each Session's next Turn starts cold, and its re-bind's final history marks
         # host-only what the provider's thread cannot hold (`proven_absent`).
         tutti = [s for s in w.sessions if w.provider.get(s, TUTTI) == TUTTI]
-        candidates = unanswered_unmarked(w.home, tutti)
-        if candidates:
+
+        def restart() -> Client:
             with w.lock:
                 w.daemon.stop()
                 assert not check_processes(w.home, None), "a process outlived the stopped daemon"
                 w.daemon = DaemonProcess(w.home, env=w.env).start()
                 w.generation += 1
-            proven, unproven = prove_by_next_turn(w.home, w.daemon.client(timeout=60), candidates)
-            violations += len(unproven)
-            assert not unproven, (seed, unproven)
+            return w.daemon.client(timeout=60)
+
+        proven, unproven = prove_after_restarts(w.home, tutti, restart)
+        violations += len(unproven)
+        assert not unproven, (seed, unproven)
     finally:
         w.stop.set()
         w.running.set()
@@ -1810,8 +1817,15 @@ def retrying(w: World) -> list[str]:
     armed in a round fired since) lists what its last answer did: the tree it retried is still
     there, left to the restart."""
     with contextlib.suppress(ClientTimeout, ClientClosed):
-        w.retried = worktree_retrying(w.daemon.client(timeout=10).call("host.status"))
+        status = w.daemon.client(timeout=10).call("host.status")
+        w.retried, w.waiting = worktree_retrying(status), homes_waiting(status)
     return list(w.retried)
+
+
+def waiting(w: World) -> list[tuple[str, str]]:
+    """The deleted Sessions' folders the status `retrying` read last listed as waiting for a
+    worker call in flight (a removal may wait for it up to its bound, `deleted_home_gone`)."""
+    return list(w.waiting)
 
 
 def checked(w: World, *, live_grace_s: float | None = None) -> InvariantReport:
@@ -1819,7 +1833,11 @@ def checked(w: World, *, live_grace_s: float | None = None) -> InvariantReport:
     trees the live daemon retries (a failed fork's among them may stay past the grace)."""
     w.points.look(w.home)
     return check_invariants(
-        w.home, live_grace_s=live_grace_s, repositories=w.repositories, retrying_trees=retrying(w)
+        w.home,
+        live_grace_s=live_grace_s,
+        repositories=w.repositories,
+        retrying_trees=retrying(w),
+        waiting_homes=waiting(w),
     )
 
 
