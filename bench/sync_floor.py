@@ -94,6 +94,12 @@ class Rounds:
     names: Latency
     both: Latency
 
+    @classmethod
+    def of(cls, first: list[float], second: list[float]) -> Rounds:
+        """From each sample's two rounds, ms."""
+        halves = ((a + b) / 2 for a, b in zip(first, second, strict=True))
+        return cls(Latency.of(first), Latency.of(second), Latency.of(halves))
+
 
 def round_latencies(
     directory: Path, samples: int = SAMPLES, child_bytes: int = CHILD_BYTES
@@ -128,11 +134,7 @@ def round_latencies(
         t2 = time.perf_counter()
         first.append(1000 * (t1 - t0))
         second.append(1000 * (t2 - t1))
-    return Rounds(
-        Latency.of(first),
-        Latency.of(second),
-        Latency.of((a + b) / 2 for a, b in zip(first, second, strict=True)),
-    )
+    return Rounds.of(first, second)
 
 
 def compare_models(directory: Path, samples: int = SAMPLES) -> dict[str, Latency]:
@@ -293,11 +295,7 @@ def issued_round_latencies(
         t2 = time.perf_counter()
         first.append(1000 * (t1 - t0))
         second.append(1000 * (t2 - t1))
-    return Rounds(
-        Latency.of(first),
-        Latency.of(second),
-        Latency.of((a + b) / 2 for a, b in zip(first, second, strict=True)),
-    )
+    return Rounds.of(first, second)
 
 
 _SYNC_CALL = re.compile(r"^\d+\s+(fsync|fdatasync)\(\d+<([^>]*)>")

@@ -17,6 +17,7 @@ from drivers.claude.driver import ClaudeDriver
 from drivers.claude.env import ClaudeDriverConfig
 from drivers.failpoints import Failpoints
 from model_fakes.messages import MessagesServer, last_user_text
+from tests.support.daemon import DaemonProcess
 
 SLOW_PREFIX = "/hold "
 
@@ -194,3 +195,21 @@ def three_turns(harness: Harness) -> ClaudeSession:
         _, completed = harness.turn(session, text)
         assert completed["outcome"] == "completed", completed
     return session
+
+
+@pytest.fixture
+def claude_host_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
+    """A daemon whose `claude-code` Sessions reach a fake Messages model of their own (an empty
+    `tmp_path / "cwd"` made for them)."""
+    with MessagesServer() as server:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(
+            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
+        )
+        (tmp_path / "cwd").mkdir()
+        d = DaemonProcess(home).start()
+        try:
+            yield d
+        finally:
+            d.stop()

@@ -12,13 +12,11 @@ import sqlite3
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from drivers.claude_transcript import parse_entries
-from model_fakes.messages import MessagesServer
 from tests.claude.conftest import ClaudeSession, Harness
 from tests.reliability.reliability_harness import fork_latest_params, host_fired, worker_fired
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, settle, wait_for
@@ -74,30 +72,14 @@ def test_concurrent_starts_naming_no_id_all_answer_one_id(harness: Harness) -> N
     assert files == [session.provider_session_id]
 
 
-@pytest.fixture
-def claude_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with MessagesServer() as server:
-        home = tmp_path / "home"
-        home.mkdir()
-        (home / "agenthost.toml").write_text(
-            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
-        )
-        (tmp_path / "cwd").mkdir()
-        d = DaemonProcess(home).start()
-        try:
-            yield d
-        finally:
-            d.stop()
-
-
 def test_a_fork_prepared_beside_a_new_sessions_first_turn_leaves_it_its_turns_id(
-    claude_daemon: DaemonProcess, tmp_path: Path
+    claude_host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """A new Session's fork (`latestSettled`) and its first Turn both prepare its runtime
     naming no provider session id: the fork's answer held back in the worker (after its start
     put the Session in place) until the Turn's start answered and the Turn ran. The id the
     store records is the one whose transcript holds the Turn."""
-    d = claude_daemon
+    d = claude_host_daemon
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
     forking = _fork_held_at_its_start(d, sid, "once:sleep:3000")
@@ -178,13 +160,13 @@ def _start_read_before_the_id_was_recorded(
 
 
 def test_a_start_read_before_the_sessions_id_was_recorded_names_it_to_a_new_worker(
-    claude_daemon: DaemonProcess, tmp_path: Path
+    claude_host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """A Turn's preparation whose Session row was read before a fork's preparation recorded
     the new Session's provider session id, sent after that answer (to a worker that was
     then replaced), names the recorded id: the next worker resumes it instead of drawing a
     second one."""
-    d = claude_daemon
+    d = claude_host_daemon
     for attempt in range(3):
         cwd = tmp_path / f"cwd{attempt}"
         cwd.mkdir()

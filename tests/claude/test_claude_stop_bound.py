@@ -13,34 +13,16 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from model_fakes.messages import MessagesServer
-from tests.claude.conftest import SLOW_PREFIX, Harness
+from tests.claude.conftest import SLOW_PREFIX, ClaudeSession, Harness
 from tests.support.daemon import WS, DaemonProcess, create_session, run_turn, wait_for
 from tests.support.homes import processes_naming
 from tests.support.invariants import assert_invariants
 
 pytestmark = [pytest.mark.claude, pytest.mark.timeout(120)]
-
-
-@pytest.fixture
-def claude_daemon(tmp_path: Path) -> Iterator[DaemonProcess]:
-    with MessagesServer() as server:
-        home = tmp_path / "home"
-        home.mkdir()
-        (home / "agenthost.toml").write_text(
-            f'[providers.claude-code]\nmodel_base_url = "{server.base_url}"\n'
-        )
-        (tmp_path / "cwd").mkdir()
-        d = DaemonProcess(home).start()
-        try:
-            yield d
-        finally:
-            d.stop()
 
 
 def _running_cli(pid: int) -> bool:
@@ -61,10 +43,23 @@ def _alive(pid: int) -> bool:
     return state not in ("Z", "X")
 
 
+def _alive_after_stop(h: Harness, session: ClaudeSession, pid: int) -> list[int]:
+    """`pid`'s process tree SIGSTOPped, then the Session stopped through the driver: the pids
+    of that tree still alive when the stop returned (the rest let go again)."""
+    stopped = _tree_stopped(pid)
+    try:
+        h.driver.stop_session({"agentSessionId": session.agent_session_id})
+        return [p for p in stopped if _alive(p)]
+    finally:
+        for victim in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+
+
 def test_a_delete_ends_a_parked_cli_that_ignores_its_close_before_the_folder_goes(
-    claude_daemon: DaemonProcess, tmp_path: Path
+    claude_host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
-    d = claude_daemon
+    d = claude_host_daemon
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
     assert run_turn(c, sid, "one")["outcome"] == "completed"
@@ -118,14 +113,7 @@ def test_a_stop_answers_once_its_parked_cli_that_ignores_its_close_is_killed(
     cli = wait_for(lambda: h.driver.turns.warm.parked(session.agent_session_id), 30)
     pid = wait_for(lambda: getattr(cli.transport._process, "pid", None), 30)
     wait_for(lambda: _running_cli(pid), 30)
-    stopped = _tree_stopped(pid)
-    try:
-        h.driver.stop_session({"agentSessionId": session.agent_session_id})
-        left = [p for p in stopped if _alive(p)]
-    finally:
-        for victim in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGCONT)
+    left = _alive_after_stop(h, session, pid)
     assert not left, f"the parked CLI {left} outlived its Session's stop"
 
 
@@ -146,24 +134,17 @@ def test_a_stop_answers_once_its_turns_cli_that_ignores_its_sigterm_is_killed(
     active = h.driver._session(session.agent_session_id).active
     assert active is not None
     pid = wait_for(lambda: getattr(active.transport._process, "pid", None), 30)
-    stopped = _tree_stopped(pid)
-    try:
-        h.driver.stop_session({"agentSessionId": session.agent_session_id})
-        left = [p for p in stopped if _alive(p)]
-    finally:
-        for victim in stopped:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(victim, signal.SIGCONT)
+    left = _alive_after_stop(h, session, pid)
     assert not left, f"the Turn's CLI {left} outlived its Session's stop"
     assert h.recorder.wait_completed(turn_id)["outcome"] == "interrupted"
 
 
 def test_a_delete_whose_stop_the_worker_never_answers_kills_the_cli_before_the_folder_goes(
-    claude_daemon: DaemonProcess, tmp_path: Path
+    claude_host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """The worker takes the stop but never answers it (`worker.session.before_stop` hangs):
     past the host's bound the folder goes all the same, and what ran in it goes first."""
-    d = claude_daemon
+    d = claude_host_daemon
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
     assert run_turn(c, sid, "one")["outcome"] == "completed"
@@ -188,11 +169,11 @@ def test_a_delete_whose_stop_the_worker_never_answers_kills_the_cli_before_the_f
 
 
 def test_a_worker_killed_as_it_takes_a_deletes_stop_leaves_no_cli_and_no_folder(
-    claude_daemon: DaemonProcess, tmp_path: Path
+    claude_host_daemon: DaemonProcess, tmp_path: Path
 ) -> None:
     """`worker.session.before_stop` armed `kill`: the stop is sent again to the next worker,
     the CLI died with its worker, and the folder goes."""
-    d = claude_daemon
+    d = claude_host_daemon
     c = d.client(timeout=60)
     sid = create_session(c, provider="claude-code", cwd=str(tmp_path / "cwd"))["agentSessionId"]
     assert run_turn(c, sid, "one")["outcome"] == "completed"

@@ -22,6 +22,7 @@ import pytest
 from tests.daemon.test_fork_saga import fork, three_turn_source, until_terminal
 from tests.support.daemon import WS, DaemonProcess, wait_for
 from tests.support.homes import runtime_home
+from transport.client import Client
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -31,6 +32,19 @@ DISCARD = "host.session.delete.discard"
 def _inspect(d: DaemonProcess, op_id: str) -> dict[str, Any]:
     params = {"workspaceId": WS, "operationId": op_id, "action": "inspect"}
     return dict(d.client().call("fork.resolve", params | {"requestId": str(uuid.uuid4())}))
+
+
+def _committed_child(d: DaemonProcess, c: Client) -> tuple[dict[str, Any], str, Path]:
+    """A fork through the second Turn of a new three-Turn source, committed: its operation,
+    its child's id and that child's provider home (there)."""
+    sid, turns = three_turn_source(c)
+    _, op = fork(c, sid, turns[1]["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    child = str(op["targetAgentSessionId"])
+    home = runtime_home(d.home, WS, child)
+    assert home.is_dir()
+    return op, child, home
 
 
 def _app_servers_in(home: Path) -> list[int]:
@@ -61,14 +75,8 @@ def test_a_deleted_childs_folder_goes_only_once_an_inspections_app_server_in_it_
     starts no app-server there and makes nothing again."""
     d = daemon
     c = d.client()
-    sid, turns = three_turn_source(c)
-    _, op = fork(c, sid, turns[1]["turnId"])
-    op = until_terminal(c, op)
-    assert op["status"] == "committed", op
-    child = op["targetAgentSessionId"]
-    home = runtime_home(d.home, WS, child)
+    op, child, home = _committed_child(d, c)
     folder = home.parent
-    assert home.is_dir()
 
     c.call("debug.failpoints", {"points": {DISCARD: "once:sleep:1"}})
     discarding = d.home / "run" / "failpoints-host" / f"fired.{DISCARD}"
@@ -183,14 +191,8 @@ def test_a_removal_waits_for_the_calls_in_flight_not_for_later_ones(
     source's actor is reaped after 0.2 s idle (a call held for a removal keeps it)."""
     d = short_idle
     c = d.client()
-    sid, turns = three_turn_source(c)
-    _, op = fork(c, sid, turns[1]["turnId"])
-    op = until_terminal(c, op)
-    assert op["status"] == "committed", op
-    child = op["targetAgentSessionId"]
-    home = runtime_home(d.home, WS, child)
+    op, child, home = _committed_child(d, c)
     folder = home.parent
-    assert home.is_dir()
     c.call("debug.failpoints", {"points": {DISCARD: "once:sleep:1"}})
     discarding = d.home / "run" / "failpoints-host" / f"fired.{DISCARD}"
 

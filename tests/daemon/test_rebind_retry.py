@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -22,8 +23,23 @@ from tests.daemon.test_turn_never_sent import host_only_marks
 from tests.reliability.reliability_harness import worker_fired, worker_of
 from tests.support.daemon import DaemonProcess, create_session, run_turn, settle, submit, wait_for
 from tests.support.invariants import assert_invariants
+from transport.client import Client
 
 pytestmark = pytest.mark.timeout(180)
+
+
+def _lost_before_its_start(d: DaemonProcess, c: Client, sid: str) -> dict[str, Any]:
+    """A Turn of `sid` whose worker is killed before its start (`worker.turn.before_start`):
+    settled `failed`, unbound, its start's fate unknown to the host. The killed worker's
+    `host.status` entry."""
+    before = worker_of(d, "tutti-agent")
+    assert before is not None
+    c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
+    lost = submit(c, sid, "its worker dies before the start")
+    wait_for(lambda: worker_fired(d, "worker.turn.before_start"), 60)
+    wait_for(lambda: (worker_of(d, "tutti-agent") or before)["pid"] != before["pid"], 60)
+    assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+    return before
 
 
 def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: Path) -> None:
@@ -33,13 +49,7 @@ def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: P
         c = d.client(timeout=60)
         sid = create_session(c)["agentSessionId"]
         assert run_turn(c, sid, "first")["outcome"] == "completed"
-        before = worker_of(d, "tutti-agent")
-        assert before is not None
-        c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
-        lost = submit(c, sid, "its worker dies before the start")
-        wait_for(lambda: worker_fired(d, "worker.turn.before_start"), 60)
-        wait_for(lambda: (worker_of(d, "tutti-agent") or before)["pid"] != before["pid"], 60)
-        assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+        _lost_before_its_start(d, c, sid)
         assert host_only_marks(home, sid) == [0, 0]
         # The next cold start's history read fails: nothing is proven, the Turn stays unbound.
         c.call("debug.failpoints", {"points": {"worker.history.before_read": "once:error"}})
@@ -78,13 +88,7 @@ def test_a_rebind_in_the_worker_that_ran_the_sessions_turns_is_final_once_they_e
         c = d.client(timeout=60)
         sid = create_session(c)["agentSessionId"]
         assert run_turn(c, sid, "first")["outcome"] == "completed"
-        before = worker_of(d, "tutti-agent")
-        assert before is not None
-        c.call("debug.failpoints", {"points": {"worker.turn.before_start": "once:kill"}})
-        lost = submit(c, sid, "its worker dies before the start")
-        wait_for(lambda: worker_fired(d, "worker.turn.before_start"), 60)
-        wait_for(lambda: (worker_of(d, "tutti-agent") or before)["pid"] != before["pid"], 60)
-        assert settle(c, sid, lost["turnId"])["outcome"] == "failed"
+        before = _lost_before_its_start(d, c, sid)
         # The first re-bind gets no final history (its read fails); the Turn after it runs to
         # its end in the new worker.
         c.call("debug.failpoints", {"points": {"worker.history.before_read": "once:error"}})
