@@ -42,6 +42,19 @@ def _lost_before_its_start(d: DaemonProcess, c: Client, sid: str) -> dict[str, A
     return before
 
 
+def _marked_and_forked(
+    d: DaemonProcess, c: Client, sid: str, done: dict[str, Any], logged: str
+) -> None:
+    """The Turn lost before its start marked host-only (the second of `sid`'s four Turns), a
+    fork through the last one (`done`) committed, and the daemon's log holding `logged`."""
+    assert host_only_marks(d.home, sid) == [0, 1, 0, 0], d.tail_log()
+    _, op = fork(c, sid, done["turnId"])
+    op = until_terminal(c, op)
+    assert op["status"] == "committed", op
+    log = d.tail_log()
+    assert logged in log, log
+
+
 def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: Path) -> None:
     home = tmp_path / "home"
     d = DaemonProcess(home).start()
@@ -64,12 +77,7 @@ def test_a_failed_history_read_is_asked_again_at_the_next_cold_start(tmp_path: P
         wait_for(lambda: (worker_of(d, "tutti-agent") or {"pid": 0})["pid"] != worker["pid"], 60)
         done = run_turn(c, sid, "after the worker's death")
         assert done["outcome"] == "completed", done
-        assert host_only_marks(home, sid) == [0, 1, 0, 0], d.tail_log()
-        _, op = fork(c, sid, done["turnId"])
-        op = until_terminal(c, op)
-        assert op["status"] == "committed", op
-        log = d.tail_log()
-        assert "re-bind from provider history failed" in log, log
+        _marked_and_forked(d, c, sid, done, "re-bind from provider history failed")
     finally:
         d.stop()
     assert_invariants(home)
@@ -103,12 +111,7 @@ def test_a_rebind_in_the_worker_that_ran_the_sessions_turns_is_final_once_they_e
         done = run_turn(c, sid, "a cold start in the same worker")
         assert done["outcome"] == "completed", done
         assert (worker_of(d, "tutti-agent") or {})["pid"] == worker["pid"]
-        assert host_only_marks(home, sid) == [0, 1, 0, 0], d.tail_log()
-        _, op = fork(c, sid, done["turnId"])
-        op = until_terminal(c, op)
-        assert op["status"] == "committed", op
-        log = d.tail_log()
-        assert "is not in the provider's final history" in log, log
+        _marked_and_forked(d, c, sid, done, "is not in the provider's final history")
     finally:
         d.stop()
     assert_invariants(home)
