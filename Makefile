@@ -71,7 +71,7 @@ lint: $(DEPS_STAMP)
 TEST_WORKERS ?= 4
 test: providers lint
 	AGENTHOST_CODEX_BIN="$(abspath $(CODEX_PREFIX))/node_modules/.bin/codex" \
-		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25 $(PYTEST_ARGS)
+		$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25 $(PYTEST_ARGS)
 
 # The long profile: the reliability suite at soak size, then every test marked `long`.
 soak: providers
