@@ -9,12 +9,14 @@ Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import logging
+import os
+import select
 import signal
 import sys
-import time
 from pathlib import Path
 
 from agenthost import gc_policy, gil_policy
@@ -239,8 +241,14 @@ def _serve_logged(args: argparse.Namespace) -> int:
     )
     # Logged once ready: a start that fails says only why on stderr.
     log.info("GIL switch interval %.2f ms", switch_s * 1000)
+    # Woken at once by a stop signal's byte on the wake-up pipe (a stop waited up to a whole
+    # poll for the flag to be looked at); a fatal fault's `stop_requested` within a poll.
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     while not signalled and not daemon.stop_requested.is_set():
-        time.sleep(0.1)
+        select.select([wake_r], [], [], 0.1)
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 512)
     # Said before and after the stop (an operator's log shows why the daemon went, and that a
     # slow stop was under way rather than hung).
     why = signal.Signals(signalled[0]).name if signalled else "a fatal fault (logged above)"

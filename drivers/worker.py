@@ -9,6 +9,7 @@ its parent dies.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import functools
 import importlib
@@ -16,6 +17,7 @@ import io
 import json
 import logging
 import os
+import select
 import signal
 import sys
 import threading
@@ -727,8 +729,11 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     # A signal handler must not take a lock: it runs on the main thread, which may be inside
     # `stop.wait()` holding the Event's own lock (Event.set there deadlocks forever). The
-    # handler only flips a flag; the main loop below polls it.
+    # handler only flips a flag; the main loop below polls it, woken at once by the signal's
+    # byte on the wake-up pipe (a stop waited up to a whole poll for the flag to be looked at).
     signalled: list[int] = []
+    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
     signal.signal(signal.SIGTERM, lambda signum, _frame: signalled.append(signum))
     signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
     threading.Thread(target=_watch_parent, args=(parent, stop), daemon=True).start()
@@ -747,8 +752,10 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(
         target=preload_then_freeze, args=(server.preload,), name="driver-preload", daemon=True
     ).start()
-    while not signalled and not stop.wait(0.2):
-        pass
+    while not signalled and not stop.is_set():
+        select.select([wake_r], [], [], 0.2)
+        with contextlib.suppress(BlockingIOError):
+            os.read(wake_r, 512)
     server.close()
     link.close()
     sys.stdout.flush()

@@ -286,6 +286,9 @@ class ConnectionGuard:
         self._early: dict[int, tuple[float, bytes | None]] = {}
         self._monitors: list[tuple[zmq.Socket[bytes], bool]] = []
         self._stop = threading.Event()
+        # Written by `stop`: the guard's poll wakes at once rather than at its next timeout
+        # (a daemon's stop waited up to `_POLL_MS` here).
+        self._wake: int | None = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._binding = threading.Lock()
         self._thread: threading.Thread | None = None
         self._fds = 0
@@ -321,6 +324,8 @@ class ConnectionGuard:
 
     def stop(self, timeout: float = 5.0) -> None:
         self._stop.set()
+        if self._wake is not None:
+            os.eventfd_write(self._wake, 1)
         thread, self._thread = self._thread, None
         if thread is not None:
             thread.join(timeout)
@@ -332,6 +337,9 @@ class ConnectionGuard:
             with contextlib.suppress(zmq.ZMQError):
                 monitor.close(linger=0)
         self._monitors.clear()
+        wake, self._wake = self._wake, None
+        if wake is not None:
+            os.close(wake)
 
     def binding(self) -> threading.Lock:
         """Held (`with guard.binding():`) while a watched socket binds once the guard runs: at
@@ -372,11 +380,14 @@ class ConnectionGuard:
         for monitor, _ in self._monitors:
             poller.register(monitor, zmq.POLLIN)
         api_of = {monitor: api for monitor, api in self._monitors}
+        if self._wake is not None:
+            poller.register(self._wake, zmq.POLLIN)
         logged_at = float("-inf")
         while not self._stop.is_set():
             try:
                 for sock, _ in poller.poll(_POLL_MS):
-                    self._drain(sock, api_of[sock])
+                    if sock in api_of:
+                        self._drain(sock, api_of[sock])
                 self._tick()
             except Exception:  # noqa: BLE001 - the guard must never take the daemon down
                 # One event or tick failed: the guard goes on (a guard that stopped would cap
