@@ -278,6 +278,7 @@ POINTS = (
     "host.session.delete.after_tree_removed",
     "worker.session.after_start",  # a Claude Session's start beside its fork (`point_flows`)
     "worker.history.before_read",  # a cold start's re-bind: the next one asks again
+    "worker.session.before_stop",  # a delete's stop of a warm runtime: sent to the next worker
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",
@@ -294,7 +295,7 @@ FORK_POINTS = tuple(
 REACH_S = 30.0
 """A point's directed flow (`point_flows`) reaches it within this, on a loaded machine: the
 round's load goes on that long for its points armed, and a lead awaited alone that long."""
-FIRED_AT_LEAST = 22
+FIRED_AT_LEAST = 23
 """Of `POINTS`, the long profile's points that fired (each armed at least once, with its flow):
 why the others may not, docs/reliability.md §2."""
 SHORT_LEADS = 1
