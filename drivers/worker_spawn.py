@@ -90,6 +90,18 @@ def claim_socket_dir(run_dir: Path) -> Path:
     return path
 
 
+def reclaim_socket_dir(path: Path, run_dir: Path) -> Path:
+    """`path` (the run dir's socket directory in use) made again if a cleaner removed it, and
+    kept only while still safely ours: its predictable name may have been taken meanwhile (a
+    link: `is_dir` would follow it), so `private_dir_problem` decides, else `claim_socket_dir`."""
+    problem = private_dir_problem(path)
+    if problem is not None:
+        log.warning("worker sockets: %s is no longer ours (%s)", path, problem)
+        return claim_socket_dir(run_dir)
+    (path / SOCKET_DIR_MARKER).write_text(os.path.abspath(run_dir))
+    return path
+
+
 def socket_dir(run_dir: Path) -> tuple[Path, bool]:
     """ipc paths are limited to ~107 bytes; fall back to a private short temp dir named for the
     run dir (`claim_socket_dir`). Returns the directory and whether the supervisor owns it

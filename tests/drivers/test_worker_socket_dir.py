@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -62,3 +63,28 @@ def test_a_clean_close_removes_the_socket_dir(run_dir: Path) -> None:
     assert fallback_socket_dir(run_dir).is_dir()
     sup.close()
     assert not fallback_socket_dir(run_dir).exists()
+
+
+def test_a_socket_dir_removed_under_a_live_supervisor_is_made_again_only_if_ours(
+    run_dir: Path, tmp_path: Path
+) -> None:
+    """A cleaner removed it and a link took its (predictable) name: the next spawn binds in a
+    fresh directory, never through the link."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    sup = WorkerSupervisor(run_dir)
+    try:
+        named = fallback_socket_dir(run_dir)
+        shutil.rmtree(named)
+        named.symlink_to(elsewhere)
+        sup.restore_dirs()
+        assert sup.request("tutti-agent", "worker.ping", {}, 20.0).result(30) is not None
+        assert list(elsewhere.iterdir()) == []
+    finally:
+        sup.close()
+    marked = [
+        d
+        for d in Path(tempfile.gettempdir()).glob("ahw-*")
+        if (d / SOCKET_DIR_MARKER).is_file() and (d / SOCKET_DIR_MARKER).read_text() == str(run_dir)
+    ]
+    assert marked == []  # the fresh one removed by the close too
