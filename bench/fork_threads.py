@@ -23,10 +23,12 @@ Not a benchmark of record: the per-thread CPU unprofiled is `bench/fork_daemon.p
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import os
 import pickle
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -186,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = ap.parse_args(argv)
     tmp = Path(tempfile.mkdtemp(prefix="forkthreads-"))
+    # Its home (a store, provider homes) left in the temp dir by every run otherwise.
+    atexit.register(shutil.rmtree, tmp, True)
     (tmp / "user-home").mkdir()
     os.environ["HOME"] = str(tmp / "user-home")
     _profile_threads()

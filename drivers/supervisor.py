@@ -61,7 +61,7 @@ from domain.procfs import read_proc_stat, stat_after_command
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.failpoints import Failpoints as _Failpoints
 from drivers.failpoints import format_points, parse_points
-from drivers.worker_spawn import socket_dir, start_worker, worker_env
+from drivers.worker_spawn import reclaim_socket_dir, socket_dir, start_worker, worker_env
 from drivers.worker_state import (
     BACKOFF_INITIAL_S,
     BACKOFF_MAX_S,
@@ -360,7 +360,12 @@ class WorkerSupervisor:
         self._run_dir.mkdir(mode=0o700, exist_ok=True)
         self._fp_state.mkdir(mode=0o700, exist_ok=True)
         if self._own_sock_dir:
-            self._sock_dir.mkdir(mode=0o700, exist_ok=True)
+            # A cleaner of the temp dir may have removed it, and its name is predictable: it is
+            # checked again (not ours: a fresh one) before the next socket is bound in it.
+            sock_dir = reclaim_socket_dir(self._sock_dir, self._run_dir)
+            if sock_dir != self._sock_dir:
+                self._sock_dir = sock_dir
+                accept_shim.keep_accepts_on(f"{sock_dir}/w-")
 
     def request(
         self,

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from drivers.worker_spawn import fallback_socket_dir
 from tests.daemon.test_fork_saga import fork, get_op, three_turn_source, until_terminal
 from tests.support.daemon import (
     WS,
@@ -32,6 +33,7 @@ from tests.support.daemon import (
     turn_of,
     wait_for,
 )
+from tests.support.invariants import socket_dirs_of
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -289,16 +291,23 @@ def test_a_daemon_whose_home_is_moved_away_stops(tmp_path: Path) -> None:
 def test_a_sigkilled_daemons_stale_lock_and_socket_do_not_block_a_restart(
     tmp_path: Path,
 ) -> None:
-    home = tmp_path / "home"
+    # A home long enough that its workers' sockets live in a directory outside it
+    # (`drivers.worker_spawn.socket_dir`), short enough for its own api socket.
+    home = tmp_path / ("h" * (84 - len(str(tmp_path))))
     lock = home / "run" / "daemon.lock"
+    sock_dir = fallback_socket_dir(home / "run" / "workers")
     d = DaemonProcess(home).start()
     assert lock.read_text().strip() == str(d.proc.pid)
     sid = create_session(d.client())["agentSessionId"]
-    d.kill()
-    # What a SIGKILL leaves behind: the socket file and the lock file naming a dead pid.
-    assert (home / "run" / "api.sock").exists()
-    assert lock.read_text().strip() == str(d.proc.pid)
-    d2 = DaemonProcess(home).start()
+    for _ in range(3):
+        d.kill()
+        # What a SIGKILL leaves behind: the socket file and the lock file naming a dead pid,
+        # and the workers' socket directory, which the next start takes again.
+        assert (home / "run" / "api.sock").exists()
+        assert lock.read_text().strip() == str(d.proc.pid)
+        assert socket_dirs_of(home) == [sock_dir]
+        d = DaemonProcess(home).start()
+    d2 = d
     try:
         assert lock.read_text().strip() == str(d2.proc.pid)
         assert run_turn(d2.client(), sid, "back")["outcome"] == "completed"
@@ -309,6 +318,7 @@ def test_a_sigkilled_daemons_stale_lock_and_socket_do_not_block_a_restart(
     finally:
         d2.stop()
     assert lock.read_text() == ""  # a clean stop names no daemon
+    assert socket_dirs_of(home) == []
 
 
 def test_the_cli_tells_a_dead_daemon_at_once(tmp_path: Path) -> None:

@@ -261,5 +261,6 @@ FLOWS: dict[str, Flow] = {
     "host.session.delete.after_tree_removed": Flow(tree_child, delete_tree, deletes=True),
     SESSION_START: Flow(claude_new, beside_fork),
     "worker.history.before_read": Flow(lost_start, turn),
+    "worker.session.before_stop": Flow(settled, delete, deletes=True),
 }
 """Each point the crash soak arms → its flow (`test_point_choice.py`: one for every point)."""

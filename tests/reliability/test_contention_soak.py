@@ -198,6 +198,7 @@ from tests.support.invariants import (
     check_invariants,
     check_processes,
     check_session_events,
+    check_socket_dirs,
     check_status_bounds,
     check_turn_events,
     check_workspace_answers,
@@ -1517,6 +1518,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         + burst.violations
         + live_processes
         + check_processes(home, None)
+        + check_socket_dirs(home, stopped_cleanly=True)
         + pressure.violations
         + status_violations
         + answers_wrong
@@ -1545,6 +1547,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
     if running:
         final_violations += list(check_invariants(home, repositories=repositories).violations)
         final_violations += check_processes(home, None)
+        final_violations += check_socket_dirs(home, stopped_cleanly=True)
     burst_ends = Counter(str(o["status"]) for o in burst.ends.values())
     assert never_read is not None
     elapsed = time.monotonic() - began

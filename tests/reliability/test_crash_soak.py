@@ -167,6 +167,7 @@ import psutil
 import pytest
 
 from drivers.supervisor import BUSY_SILENCE_LIMIT_S, CPU_WINDOW_S
+from drivers.worker_spawn import fallback_socket_dir
 from tests.reliability.codex_cut import codex_cut_cells
 from tests.reliability.interaction_chaos import CODEX_ASKS, Asker
 from tests.reliability.point_choice import PointChoice
@@ -212,9 +213,11 @@ from tests.support.invariants import (
     check_daemon_runtimes,
     check_invariants,
     check_processes,
+    check_socket_dirs,
     check_workspace_answers,
     homes_waiting,
     repository_state,
+    socket_dirs_of,
     work_in_flight,
     workspace_answer,
     worktree_retrying,
@@ -226,6 +229,9 @@ from transport.worker_link import SILENCE_LIMIT_S
 from workspace.shadow import ShadowStore
 
 ROUNDS = 60 if SOAK else 5
+LONG_HOME = 84
+"""The soak's home's length: its workers' sockets go outside it (`drivers.worker_spawn`
+`socket_dir`), its own api socket stays in it."""
 CLIENTS = 4
 LIVE_GRACE_S = 10
 """The live laws' grace: no turn of this soak (at most `/slow 150`) writes nothing that long."""
@@ -272,6 +278,7 @@ POINTS = (
     "host.session.delete.after_tree_removed",
     "worker.session.after_start",  # a Claude Session's start beside its fork (`point_flows`)
     "worker.history.before_read",  # a cold start's re-bind: the next one asks again
+    "worker.session.before_stop",  # a delete's stop of a warm runtime: sent to the next worker
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",
@@ -288,7 +295,7 @@ FORK_POINTS = tuple(
 REACH_S = 30.0
 """A point's directed flow (`point_flows`) reaches it within this, on a loaded machine: the
 round's load goes on that long for its points armed, and a lead awaited alone that long."""
-FIRED_AT_LEAST = 22
+FIRED_AT_LEAST = 23
 """Of `POINTS`, the long profile's points that fired (each armed at least once, with its flow):
 why the others may not, docs/reliability.md §2."""
 SHORT_LEADS = 1
@@ -751,9 +758,12 @@ def home(tmp_path: Path) -> Iterator[Path]:
     )
     config = daemon_table() + workspace + relay_table(tmp_path / "arms")
     fronts = {CODEX: codex_front(tmp_path / "arms"), CLAUDE: claude_front(tmp_path / "arms")}
-    with provider_env(CLAUDE, tmp_path / "home", config=config, also=(CODEX,), commands=fronts):
-        set_app_server_proof(tmp_path / "home", True)  # the first daemon's (`proof_round`)
-        yield tmp_path / "home"
+    # A home too long for its workers' ipc paths, whatever the base temp dir: their sockets
+    # live in the one directory outside it that `socket_dir_bounded` holds the kills to.
+    home = tmp_path / ("h" * max(4, LONG_HOME - len(str(tmp_path)) - 1))
+    with provider_env(CLAUDE, home, config=config, also=(CODEX,), commands=fronts):
+        set_app_server_proof(home, True)  # the first daemon's (`proof_round`)
+        yield home
 
 
 def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
@@ -1111,6 +1121,9 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             waiting_homes=waiting(w),
         )
         assert not check_answers(w), (seed, check_answers(w))
+        # The law met what it holds: after every kill, the live daemon's sockets in the one
+        # directory named for its run dir.
+        assert socket_dirs_of(w.home) == [fallback_socket_dir(w.home / "run" / "workers")], seed
         w.reader.sweep(c, list(w.sessions))
         assert not w.reader.check(), seed
         checks += 1
@@ -1124,6 +1137,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             with w.lock:
                 w.daemon.stop()
                 assert not check_processes(w.home, None), "a process outlived the stopped daemon"
+                assert not check_socket_dirs(w.home, stopped_cleanly=True), seed
                 w.daemon = DaemonProcess(w.home, env=w.env).start()
                 w.generation += 1
             return w.daemon.client(timeout=60)
@@ -1153,6 +1167,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
     )
     assert_invariants(w.home, repositories=w.repositories)  # once more, the daemon stopped
     assert not check_processes(w.home, None), "a process outlived the stopped daemon"
+    assert not check_socket_dirs(w.home, stopped_cleanly=True), seed
     checks += 1
     claude_children = sum(1 for p in w.provider.values() if p == CLAUDE) - w.made[CLAUDE]
     codex_children = sum(1 for p in w.provider.values() if p == CODEX) - w.made[CODEX]

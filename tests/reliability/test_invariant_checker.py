@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Callable
@@ -28,6 +29,7 @@ from domain.fork_states import (
     ForkStatus,
     stage_assignment,
 )
+from drivers.worker_spawn import SOCKET_DIR_MARKER, SOCKET_DIR_PREFIX, fallback_socket_dir
 from tests.reliability.interaction_chaos import took
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.read_chaos import Reader
@@ -67,6 +69,7 @@ from tests.support.invariants import (
     check_provider_faults,
     check_read_answers,
     check_session_events,
+    check_socket_dirs,
     check_status_bounds,
     check_turn_events,
     check_workspace_answers,
@@ -2604,3 +2607,23 @@ def _cut_last_turn_is_reported(
     source.write_bytes(b"\n".join(lines[:at]) + b"\n")
     (cut,) = found()
     assert f"session {sid}" in cut and f"no end of Turn {last}" in cut, cut
+
+
+def test_a_second_socket_dir_of_a_home_or_one_after_its_clean_stop_breaks_socket_dir_bounded(
+    base: Base, tmp_path: Path
+) -> None:
+    home = tampered(base, tmp_path)
+    run_dir = home / "run" / "workers"
+    named = fallback_socket_dir(run_dir)
+    named.mkdir(mode=0o700)
+    # What a start that found the named one unsafe makes instead, marked with its run dir.
+    fresh = Path(tempfile.mkdtemp(prefix=SOCKET_DIR_PREFIX))
+    try:
+        assert Law.SOCKET_DIR_BOUNDED not in laws(home)  # one, as a SIGKILLed daemon leaves
+        assert check_socket_dirs(home, stopped_cleanly=True) != []
+        (fresh / SOCKET_DIR_MARKER).write_text(str(run_dir))
+        assert Law.SOCKET_DIR_BOUNDED in laws(home)
+    finally:
+        shutil.rmtree(named)
+        shutil.rmtree(fresh)
+    assert check_socket_dirs(home, stopped_cleanly=True) == []

@@ -29,6 +29,7 @@ import apsw
 from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
 from actors.context import Timeouts, _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
+from drivers.worker_spawn import SOCKET_DIR_MARKER, SOCKET_DIR_PREFIX, fallback_socket_dir
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
 from storage.history_links import (
@@ -377,6 +378,13 @@ class Law(StrEnum):
     deleted before the read, or one shown deleted is live after it; or a Session's forks
     paged by `afterOrdinal` went back, missed one committed before the paging, or showed one
     twice while none committed meanwhile (docs/protocol.md, "session.lineage")."""
+    SOCKET_DIR_BOUNDED = "socket_dir_bounded"
+    """A home's daemon keeps more than one directory for its workers' sockets outside its home
+    (`<tmp>/ahw-*`, made when the home's path is too long for an ipc path: named for its run
+    dir, so a SIGKILLed daemon's next start takes the same one again), or any after a clean
+    stop, which removes it (docs/design/drivers.md, "The workers' socket directory"). Part of
+    every `check_invariants`; `check_socket_dirs(home, stopped_cleanly=True)` after a clean
+    stop."""
 
 
 STORE_LAWS = frozenset(
@@ -2770,6 +2778,40 @@ def _process_problems(home: Path, daemon_pid: int | None) -> list[Violation]:
     return out
 
 
+def socket_dirs_of(home: Path) -> list[Path]:
+    """The directories outside `home` that hold (or held) its workers' sockets: the one named
+    for its run dir (`drivers.worker_spawn.fallback_socket_dir`) and any `<tmp>/ahw-*` whose
+    marker file names its run dir (a fresh one made when the named one was not safely ours)."""
+    run_dirs = {
+        os.path.abspath(home / "run" / "workers"),
+        os.path.realpath(home / "run" / "workers"),
+    }
+    named = {fallback_socket_dir(Path(run_dir)) for run_dir in run_dirs}
+    found = {d for d in named if d.is_dir()}
+    for d in Path(tempfile.gettempdir()).glob(f"{SOCKET_DIR_PREFIX}*"):
+        with contextlib.suppress(OSError, UnicodeDecodeError):
+            if (d / SOCKET_DIR_MARKER).read_text() in run_dirs:
+                found.add(d)
+    return sorted(found)
+
+
+def check_socket_dirs(home: Path, *, stopped_cleanly: bool = False) -> list[Violation]:
+    """`Law.SOCKET_DIR_BOUNDED`: at most one socket directory of `home`'s workers outside it
+    (live, stopped or SIGKILLed: a restart takes the killed daemon's again), none once its
+    daemon `stopped_cleanly`."""
+    dirs = socket_dirs_of(home)
+    if len(dirs) > (0 if stopped_cleanly else 1):
+        when = "after a clean stop" if stopped_cleanly else "(at most one)"
+        names = ", ".join(map(str, dirs))
+        return [
+            Violation(
+                Law.SOCKET_DIR_BOUNDED,
+                f"{len(dirs)} worker socket directories of home {home} {when}: {names}",
+            )
+        ]
+    return []
+
+
 def check_processes(
     home: Path, daemon_pid: int | None, *, grace_s: float = 10.0
 ) -> list[Violation]:
@@ -3528,6 +3570,7 @@ def check_invariants(
         _check_single_holders(ctx, ops)
         _check_step_order(ctx, ops)
         _check_provider_logs(ctx, home)
+        ctx.violations += check_socket_dirs(home)
         n_children = _check_provider_children(
             ctx, children, ops, alive, after_copy=provider_children(home)
         )
