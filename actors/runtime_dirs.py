@@ -17,14 +17,12 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import time
 import uuid
 from pathlib import Path
 
 from actors.context import _path_segment as path_segment
 from actors.store_ports import DeletedSessionsStore
-from domain.procfs import processes_in
+from domain.procfs import end_all, processes_in
 
 log = logging.getLogger(__name__)
 
@@ -102,18 +100,7 @@ def end_processes(runtimes_dir: Path, workspace_id: str, session_id: str) -> lis
     tool's process a provider left) would write it again or run on in a folder nothing
     owns."""
     folder = str(session_dir(runtimes_dir, workspace_id, session_id))
-    killed: list[int] = []
-    deadline = time.monotonic() + END_WAIT_S
-    while True:
-        left = processes_in(folder)
-        if not left or time.monotonic() >= deadline:
-            return killed
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            if pid not in killed:
-                killed.append(pid)
-        time.sleep(END_LOOK_S)
+    return end_all(lambda: processes_in(folder), END_WAIT_S, END_LOOK_S)
 
 
 def remove_empty_session_dir(path: Path) -> bool:

@@ -3,13 +3,17 @@ warm runtime's process is alive (actors.session_runtime), the Claude driver's ch
 parked CLI is still there to take (drivers.claude.warm), and the worker supervisor's CPU
 samples of a silent worker (drivers.supervisor); how a line says a process is gone
 (`alive_in_stat`); and which processes work in a folder by their environment
-(`processes_in`: a deleted Session's, actors.runtime_dirs). Standard library only."""
+(`processes_in`: a deleted Session's, actors.runtime_dirs), or carry a stopped runtime's
+marker (`processes_marked`: drivers.app_server.process), and ending them (`end_all`). Standard
+library only."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import time
+from collections.abc import Callable
 
 PF_EXITING = 0x4
 """The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
@@ -75,6 +79,26 @@ def processes_in(folder: str) -> list[int]:
     `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. Empty where
     there is no `/proc`."""
     mark = os.fsencode(folder.rstrip("/"))
+
+    def under(item: bytes) -> bool:
+        value = item.partition(b"=")[2]
+        return value == mark or value.startswith(mark + b"/")
+
+    return _environ_scan(mark, under)
+
+
+def processes_marked(name: str, value: str) -> list[int]:
+    """This user's live processes (not this one) whose environment holds `name=value` exactly:
+    a runtime's marker (drivers.app_server.process `RUNTIME_VAR`), which the provider's process
+    and whatever it starts inherit. Empty where there is no `/proc`."""
+    item = os.fsencode(f"{name}={value}")
+    return _environ_scan(item, item.__eq__)
+
+
+def _environ_scan(needle: bytes, matches: Callable[[bytes], bool]) -> list[int]:
+    """One pass over `/proc`: the live processes whose environment holds `needle` in an item
+    `matches` accepts (one read of `environ` a process; ~15 ms at ~200 processes, so it runs
+    at a stop or a delete, never per Turn)."""
     found: list[int] = []
     try:
         names = os.listdir("/proc")
@@ -89,13 +113,28 @@ def processes_in(folder: str) -> list[int]:
                 environ = fh.read()
         except OSError:
             continue  # gone, or another user's
-        if mark not in environ:
+        if needle not in environ:
             continue
-        for item in environ.split(b"\0"):
-            value = item.partition(b"=")[2]
-            if value == mark or value.startswith(mark + b"/"):
-                with contextlib.suppress(OSError):
-                    if alive_in_stat(read_proc_stat(int(name))):
-                        found.append(int(name))
-                break
+        if any(matches(item) for item in environ.split(b"\0")):
+            with contextlib.suppress(OSError):
+                if alive_in_stat(read_proc_stat(int(name))):
+                    found.append(int(name))
     return found
+
+
+def end_all(find: Callable[[], list[int]], wait_s: float, look_s: float = 0.02) -> list[int]:
+    """SIGKILL every process `find` names, again and again, until it names none or `wait_s`
+    has passed; the pids killed. What is SIGKILLed counts as ended at once (`alive_in_stat`:
+    a pending SIGKILL, an exiting task), so the wait is for what forked meanwhile."""
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = find()
+        if not left or time.monotonic() >= deadline:
+            return killed
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(look_s)

@@ -341,6 +341,7 @@ class AppServerDriver:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
             session.history_changed()
+            runtime.proc.may_leave = True  # a Turn's tools may start processes (`end_left`)
             fut = runtime.proc.request_async("turn/start", _turn_start_params(session, params))
             return self._turn_started(
                 session,
@@ -379,6 +380,7 @@ class AppServerDriver:
                 session.awaiting_turn = turn_id
             self.events.emit = emit
             session.history_changed()
+            runtime.proc.may_leave = True
             fut = runtime.proc.try_request_async("turn/start", _turn_start_params(session, params))
             if fut is None:
                 with session.state_lock:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -25,6 +26,7 @@ from typing import Any
 from drivers.app_server.items import thread_of
 from drivers.app_server.launch import launch_fingerprint
 from drivers.app_server.process import (
+    RUNTIME_VAR,
     AppServerFailure,
     AppServerProcess,
     ExitHandler,
@@ -246,6 +248,9 @@ class Runtimes:
         home.mkdir(parents=True, exist_ok=True)
         provider.prepare_home(home)
         env = private_env(None, provider.home_var, home, provider.extra_env(home))
+        # Its own marker, inherited by all it starts (a stop ends what is left: `end_left`);
+        # not in the launch's fingerprint, which is of the launch, not of one spawn.
+        env[RUNTIME_VAR] = uuid.uuid4().hex
         proc = AppServerProcess(
             provider.command(),
             env=env,

@@ -32,7 +32,9 @@ from tool_model import ToolModel
 
 from domain.enums import DeliveryDisposition
 from domain.errors import InvalidArgument, SessionBusy
+from domain.procfs import end_all, processes_marked
 from drivers.app_server.launch import launch_fingerprint
+from drivers.app_server.process import RUNTIME_VAR
 from drivers.codex.command import (
     _NATIVE_PACKAGES,
     PINNED_PREFIX,
@@ -44,6 +46,7 @@ from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
+from tests.support.left_processes import marker_of
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 
@@ -218,6 +221,42 @@ def test_never_policy_runs_without_asking(log: EventLog, tmp_path: Path) -> None
         finally:
             driver.close()
     assert not any(e["type"] == "interaction.requested" for _, e in log.events)
+
+
+def test_a_stop_ends_the_background_process_codexs_shell_tool_left(
+    log: EventLog, tmp_path: Path
+) -> None:
+    with ToolModel() as tool_model:
+        driver = codex_driver(
+            {"command": [codex_bin()], "model_base_url": tool_model.base_url}, Failpoints()
+        )
+        try:
+            start(driver, tmp_path, "src", settings={"approvalPolicy": "on-request"})
+            pid = driver.runtime_pid("src", str(home_of(tmp_path, "src")))
+            assert pid is not None
+            marker = marker_of(pid)
+            # Codex ends its command's process group when the command ends: a session of its
+            # own (`setsid`) is what outlives it.
+            text = "/run setsid sleep 300 > /dev/null 2>&1 &"
+            driver.start_turn({"agentSessionId": "src", "turnId": "A", "text": text}, log)
+            asked = log.wait_for(lambda e: e["type"] == "interaction.requested")
+            response = {"decision": "approve"}
+            request = {"agentSessionId": "src", "requestId": asked["requestId"]}
+            driver.respond_interaction({**request, "response": response})
+            assert log.wait_for(completed("A"))["outcome"] == "completed"
+            assert any(_command(p) == "sleep" for p in processes_marked(RUNTIME_VAR, marker))
+            driver.stop_session({"agentSessionId": "src"})
+            assert processes_marked(RUNTIME_VAR, marker) == []
+        finally:
+            driver.close()
+            end_all(lambda: processes_marked(RUNTIME_VAR, marker), 2.0)  # a failed run's
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
 
 
 def test_unknown_approval_policy_setting_is_an_invalid_argument(
