@@ -341,7 +341,8 @@ class AppServerDriver:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
             session.history_changed()
-            runtime.proc.may_leave = True  # a Turn's tools may start processes (`end_left`)
+            # A Turn's tools may start processes: its stop ends what they left (`end_left`).
+            runtime.proc.marker.may_leave = True
             fut = runtime.proc.request_async("turn/start", _turn_start_params(session, params))
             return self._turn_started(
                 session,
@@ -380,7 +381,7 @@ class AppServerDriver:
                 session.awaiting_turn = turn_id
             self.events.emit = emit
             session.history_changed()
-            runtime.proc.may_leave = True
+            runtime.proc.marker.may_leave = True
             fut = runtime.proc.try_request_async("turn/start", _turn_start_params(session, params))
             if fut is None:
                 with session.state_lock:

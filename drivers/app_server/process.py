@@ -31,8 +31,9 @@ from typing import IO, Any
 import psutil
 
 from domain.json_text import loads_bytes_as_stdlib
-from domain.procfs import alive_in_stat, end_all, processes_marked, read_proc_stat
+from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
+from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker
 
 _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
@@ -52,13 +53,6 @@ the reader names the closed stdout before the liveness check calls the runtime u
 and the process is gone before its Turns are failed (the next Turn starts a new one on the
 same home)."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
-RUNTIME_VAR = "AGENTHOST_RUNTIME"
-"""The environment variable holding a runtime's marker (a new uuid each spawn), inherited by
-everything the provider starts: a stop ends what still carries it (`end_left`). Neither Codex's
-`shell_environment_policy` default excludes (names holding KEY, SECRET or TOKEN) nor the Claude
-CLI's Bash tool drop it."""
-END_LEFT_WAIT_S = 2.0
-"""How long a stop waits for the processes its runtime left (`end_left`) to be gone."""
 STDERR_LOG_BYTES = 4 << 20
 """The bound of an app-server's stderr log (`stderr_path`): past it a server's further stderr
 is dropped, counted in one closing line; a log found at the bound when a server starts is moved
@@ -293,9 +287,9 @@ class AppServerProcess:
         self.writes_refused = 0
         """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
-        self.may_leave = False
-        """Set by the driver when the server is given work that can start processes (a Turn:
-        its tools): only then does a stop scan for what it left (`end_left`)."""
+        self.marker = RuntimeMarker(self._env.get(RUNTIME_VAR) or "")
+        """Its runtime's marker (`RUNTIME_VAR` of `env`; none: nothing is ended by it); the
+        driver sets `marker.may_leave` when it gives the server a Turn."""
         self.left_killed: list[int] = []
         """The processes `end_left` killed (tests read it)."""
         self._closing = False
@@ -401,16 +395,13 @@ class AppServerProcess:
         self.end_left()
 
     def end_left(self) -> list[int]:
-        """Once the server has exited: SIGKILL every process still carrying this runtime's
-        marker (`RUNTIME_VAR`) — a tool's process the provider started and did not take with
-        it (`sleep 1000 &`), a launcher's child — and wait up to `END_LEFT_WAIT_S` until none
-        is left, so a stop, once answered, leaves nothing of its runtime beside the next one
-        on the same home (that one has its own marker: untouched). Only after work that can
-        start processes (`may_leave`): a `/proc` scan costs ~15 ms. The pids killed."""
-        marker = self._env.get(RUNTIME_VAR)
-        if not marker or not self.may_leave or self._proc is None or self._proc.poll() is None:
+        """Once the server has exited: end every process still carrying its runtime's marker
+        (`RUNTIME_VAR` in its environment; `RuntimeMarker.end_left`): a tool's process the
+        provider did not take with it (`setsid sleep 1000 &`), a launcher's child. The next
+        server on the same home has its own marker: untouched. The pids killed."""
+        if self._proc is None or self._proc.poll() is None:
             return []
-        killed = end_all(lambda: processes_marked(RUNTIME_VAR, marker), END_LEFT_WAIT_S)
+        killed = self.marker.end_left()
         self.left_killed.extend(killed)
         return killed
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import threading
 import time
-import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
@@ -26,7 +25,6 @@ from typing import Any
 from drivers.app_server.items import thread_of
 from drivers.app_server.launch import launch_fingerprint
 from drivers.app_server.process import (
-    RUNTIME_VAR,
     AppServerFailure,
     AppServerProcess,
     ExitHandler,
@@ -39,6 +37,7 @@ from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.state import Runtime
 from drivers.errors import DriverError
 from drivers.liveness import PROVIDER_STOPPED, TreeWatch, stopped_start_error
+from drivers.runtime_marker import RUNTIME_VAR, new_marker
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
@@ -250,7 +249,7 @@ class Runtimes:
         env = private_env(None, provider.home_var, home, provider.extra_env(home))
         # Its own marker, inherited by all it starts (a stop ends what is left: `end_left`);
         # not in the launch's fingerprint, which is of the launch, not of one spawn.
-        env[RUNTIME_VAR] = uuid.uuid4().hex
+        env[RUNTIME_VAR] = new_marker()
         proc = AppServerProcess(
             provider.command(),
             env=env,

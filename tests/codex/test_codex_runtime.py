@@ -34,7 +34,6 @@ from domain.enums import DeliveryDisposition
 from domain.errors import InvalidArgument, SessionBusy
 from domain.procfs import end_all, processes_marked
 from drivers.app_server.launch import launch_fingerprint
-from drivers.app_server.process import RUNTIME_VAR
 from drivers.codex.command import (
     _NATIVE_PACKAGES,
     PINNED_PREFIX,
@@ -44,6 +43,7 @@ from drivers.codex.command import (
 )
 from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
+from drivers.runtime_marker import RUNTIME_VAR
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
 from tests.support.left_processes import marker_of

@@ -9,7 +9,7 @@ import os
 import subprocess
 
 from domain.procfs import alive_in_stat, read_proc_stat
-from drivers.app_server.process import RUNTIME_VAR
+from drivers.runtime_marker import RUNTIME_VAR
 
 
 def environ_of(pid: int) -> dict[bytes, bytes]:
