@@ -73,18 +73,23 @@ def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
         return None
 
 
-def processes_in(folder: str) -> list[int]:
+def processes_in(folder: str, marked: str | None = None) -> list[int]:
     """This user's live processes (not this one) whose environment holds a value at or under
     `folder` (absolute): what a provider runs for a Session has its homes there (`HOME`,
-    `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. Empty where
-    there is no `/proc`."""
+    `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. `marked`: only
+    those whose environment also sets that variable (a runtime's marker). Empty where there is
+    no `/proc`."""
     mark = os.fsencode(folder.rstrip("/"))
+    key = None if marked is None else os.fsencode(marked + "=")
 
     def under(item: bytes) -> bool:
         value = item.partition(b"=")[2]
         return value == mark or value.startswith(mark + b"/")
 
-    return _environ_scan(mark, under)
+    def matches(items: list[bytes]) -> bool:
+        return any(map(under, items)) and (key is None or any(i.startswith(key) for i in items))
+
+    return _environ_scan(mark, matches)
 
 
 def processes_marked(name: str, value: str) -> list[int]:
@@ -92,12 +97,12 @@ def processes_marked(name: str, value: str) -> list[int]:
     a runtime's marker (drivers.app_server.process `RUNTIME_VAR`), which the provider's process
     and whatever it starts inherit. Empty where there is no `/proc`."""
     item = os.fsencode(f"{name}={value}")
-    return _environ_scan(item, item.__eq__)
+    return _environ_scan(item, lambda items: item in items)
 
 
-def _environ_scan(needle: bytes, matches: Callable[[bytes], bool]) -> list[int]:
-    """One pass over `/proc`: the live processes whose environment holds `needle` in an item
-    `matches` accepts (one read of `environ` a process; ~15 ms at ~200 processes, so it runs
+def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list[int]:
+    """One pass over `/proc`: the live processes whose environment holds `needle` and whose
+    items `matches` accepts (one read of `environ` a process; ~15 ms at ~200 processes, so it runs
     at a stop or a delete, never per Turn)."""
     found: list[int] = []
     try:
@@ -115,7 +120,7 @@ def _environ_scan(needle: bytes, matches: Callable[[bytes], bool]) -> list[int]:
             continue  # gone, or another user's
         if needle not in environ:
             continue
-        if any(matches(item) for item in environ.split(b"\0")):
+        if matches(environ.split(b"\0")):
             with contextlib.suppress(OSError):
                 if alive_in_stat(read_proc_stat(int(name))):
                     found.append(int(name))

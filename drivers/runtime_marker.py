@@ -15,6 +15,12 @@ RUNTIME_VAR = "AGENTHOST_RUNTIME"
 `shell_environment_policy` default excludes (names holding KEY, SECRET or TOKEN) nor the Claude
 CLI's Bash tool drop it."""
 
+WORKER_VAR = "AGENTHOST_WORKER"
+"""The environment variable holding a worker incarnation's marker, given by the supervisor at
+its spawn and inherited by every provider it starts and what they start: a killed worker's
+runtimes are never stopped by it, so its supervisor ends what still carries it
+(`end_worker_left`)."""
+
 END_LEFT_WAIT_S = 2.0
 """How long a stop waits for the processes its runtime left to be gone (`end_left`)."""
 
@@ -40,3 +46,13 @@ class RuntimeMarker:
             return []
         value = self.value
         return end_all(lambda: processes_marked(RUNTIME_VAR, value), END_LEFT_WAIT_S)
+
+
+def end_worker_left(incarnation: str) -> list[int]:
+    """After a worker incarnation died (killed, crashed, wedged and killed): SIGKILL every
+    process still carrying its marker (`WORKER_VAR`) — its providers' tools' processes; the
+    providers themselves die with it (their parent-death signal) — and wait up to
+    `END_LEFT_WAIT_S` until none is left, before a successor starts. The pids killed."""
+    if not incarnation:
+        return []
+    return end_all(lambda: processes_marked(WORKER_VAR, incarnation), END_LEFT_WAIT_S)
