@@ -37,7 +37,7 @@ from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.state import Runtime
 from drivers.errors import DriverError
 from drivers.liveness import PROVIDER_STOPPED, TreeWatch, stopped_start_error
-from drivers.runtime_marker import RUNTIME_VAR, new_marker
+from drivers.runtime_marker import RUNTIME_VAR, WORKER_VAR, new_marker
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
@@ -229,6 +229,7 @@ class Runtimes:
     def launch_fingerprint(self, home: Path, cwd: str) -> str | None:
         """The fingerprint of the launch `spawn(home, cwd)` would make (None: not cacheable)."""
         env = private_env(None, self.provider.home_var, home, self.provider.extra_env(home))
+        env.pop(WORKER_VAR, None)  # one incarnation's marker: not the launch's
         return launch_fingerprint(self.provider.command(), self.launch_cwd(home, cwd), env)
 
     def spawn(

@@ -43,7 +43,7 @@ from drivers.codex.command import (
 )
 from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
-from drivers.runtime_marker import RUNTIME_VAR
+from drivers.runtime_marker import RUNTIME_VAR, WORKER_VAR
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
 from tests.support.left_processes import marker_of
@@ -344,7 +344,7 @@ def test_runtime_context_persists_kind_version_and_the_sessions_own_home(
 
 
 def test_historical_attestation_is_cached_for_the_exact_launch_only(
-    make_driver: MakeDriver, tmp_path: Path
+    make_driver: MakeDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     driver = make_driver()
     params = {"home": str(tmp_path / "h"), "cwd": str(tmp_path)}
@@ -356,6 +356,10 @@ def test_historical_attestation_is_cached_for_the_exact_launch_only(
     assert driver.spawns == 2  # another home is another launch (its env differs)
     driver.attest({**params, "cwd": str(tmp_path / "h")})
     assert driver.spawns == 3  # another cwd too
+    # The next worker incarnation's (its own AGENTHOST_WORKER marker) is the same launch.
+    monkeypatch.setenv(WORKER_VAR, "a-successor")
+    assert driver.attest(params) == first
+    assert driver.spawns == 3
 
 
 def test_live_runtime_attests_without_spawning(
