@@ -29,6 +29,7 @@ import apsw
 from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
 from actors.context import Timeouts, _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
+from domain.procfs import alive_in_stat, read_proc_stat
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
 from storage.history_links import (
@@ -2431,7 +2432,9 @@ def stopped_runtimes_left(runtimes: Path) -> dict[int, str]:
         items = _environ(pid)
         marker = next((i for i in items if i.startswith(RUNTIME_MARK)), None)
         if marker is not None and any(i.partition(b"=")[2].startswith(mark) for i in items):
-            marked[pid] = marker
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if alive_in_stat(read_proc_stat(pid)):  # not SIGKILLed, not exiting
+                    marked[pid] = marker
     workers: dict[int, bool] = {}
 
     def is_worker(pid: int) -> bool:
