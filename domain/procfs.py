@@ -13,7 +13,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 PF_EXITING = 0x4
 """The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
@@ -92,12 +92,13 @@ def processes_in(folder: str, marked: str | None = None) -> list[int]:
     return _environ_scan(mark, matches)
 
 
-def processes_marked(name: str, value: str) -> list[int]:
-    """This user's live processes (not this one) whose environment holds `name=value` exactly:
-    a runtime's marker (drivers.app_server.process `RUNTIME_VAR`), which the provider's process
-    and whatever it starts inherit. Empty where there is no `/proc`."""
-    item = os.fsencode(f"{name}={value}")
-    return _environ_scan(item, lambda items: item in items)
+def processes_marked(name: str, values: Collection[str]) -> list[int]:
+    """This user's live processes (not this one) whose environment sets `name` to one of
+    `values`: a runtime's marker (drivers.runtime_marker `RUNTIME_VAR`), which the provider's
+    process and whatever it starts inherit. Empty where there is no `/proc`."""
+    key = os.fsencode(f"{name}=")
+    items = {key + os.fsencode(v) for v in values}
+    return _environ_scan(key, lambda environ: not items.isdisjoint(environ))
 
 
 def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list[int]:

@@ -6,6 +6,7 @@ started after it on the same home (`RuntimeMarker.end_left`)."""
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from domain.procfs import end_all, processes_marked
@@ -42,10 +43,16 @@ class RuntimeMarker:
         """Once the runtime's provider process has exited: SIGKILL every process still carrying
         the marker and wait up to `END_LEFT_WAIT_S` until none is left (the pids killed), so a
         stop, once answered, leaves nothing of its runtime. Nothing without `may_leave`."""
-        if not self.may_leave or not self.value:
-            return []
-        value = self.value
-        return end_all(lambda: processes_marked(RUNTIME_VAR, value), END_LEFT_WAIT_S)
+        return end_left_of([self])
+
+
+def end_left_of(markers: Iterable[RuntimeMarker]) -> list[int]:
+    """`RuntimeMarker.end_left` for several runtimes at once (a worker's shutdown): one scan
+    of `/proc` for all their markers."""
+    values = {m.value for m in markers if m.may_leave and m.value}
+    if not values:
+        return []
+    return end_all(lambda: processes_marked(RUNTIME_VAR, values), END_LEFT_WAIT_S)
 
 
 def end_worker_left(incarnation: str) -> list[int]:
@@ -55,4 +62,4 @@ def end_worker_left(incarnation: str) -> list[int]:
     `END_LEFT_WAIT_S` until none is left, before a successor starts. The pids killed."""
     if not incarnation:
         return []
-    return end_all(lambda: processes_marked(WORKER_VAR, incarnation), END_LEFT_WAIT_S)
+    return end_all(lambda: processes_marked(WORKER_VAR, {incarnation}), END_LEFT_WAIT_S)

@@ -61,6 +61,7 @@ from drivers.liveness import (
     stopped_error,
     unresponsive_error,
 )
+from drivers.runtime_marker import end_left_of
 
 PROVIDER_HISTORY_MISSING = "provider_history_missing"
 RESPAWN_REAP_S = 2.0
@@ -653,9 +654,12 @@ class AppServerDriver:
 
     def close(self) -> None:
         self._closed.set()
+        markers = []
         for session in self._sessions.clear():
             if session.runtime is not None:
-                session.runtime.proc.close(1.0)
+                session.runtime.proc.close(1.0, end_left=False)
+                markers.append(session.runtime.proc.marker)
+        end_left_of(markers)  # one `/proc` scan for every runtime, not one each
 
     # ------------------------------------------------------------------ runtime plumbing
 

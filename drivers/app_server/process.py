@@ -373,10 +373,11 @@ class AppServerProcess:
         self.notify("initialized", {})
         return result
 
-    def close(self, timeout: float = 3.0) -> None:
+    def close(self, timeout: float = 3.0, *, end_left: bool = True) -> None:
         """Close stdin (app-servers exit on EOF), then terminate, then kill. A writer stuck on
         the server's full stdin (it stopped reading) holds the write lock: waited for up to
-        `timeout`, then the server is ended without the EOF (its exit lets the writer go)."""
+        `timeout`, then the server is ended without the EOF (its exit lets the writer go).
+        Then what its runtime left (`end_left`), unless the caller ends it with others'."""
         proc = self._proc
         if proc is None:
             return
@@ -392,7 +393,8 @@ class AppServerProcess:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
         self._mark_closed("app-server closed by the client")
-        self.end_left()
+        if end_left:
+            self.end_left()
 
     def end_left(self) -> list[int]:
         """Once the server has exited: end every process still carrying its runtime's marker

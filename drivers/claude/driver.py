@@ -52,7 +52,7 @@ from drivers.claude_transcript import history_turns
 from drivers.credentials import user_claude_credentials
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
-from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker
+from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker, end_left_of
 
 SWITCH_INTERVAL_S = 0.0005
 """The worker process's GIL switch interval under this driver (Python's default is 5 ms). The
@@ -342,8 +342,7 @@ class ClaudeDriver:
         self.tied.close()
         with self._sessions_lock:
             markers, self._markers = list(self._markers.values()), {}
-        for marker in markers:
-            marker.end_left()  # the worker's shutdown is every Session's stop
+        end_left_of(markers)  # the worker's shutdown is every Session's stop: one scan for all
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ClaudeDriver:

@@ -244,12 +244,12 @@ def test_a_stop_ends_the_background_process_codexs_shell_tool_left(
             request = {"agentSessionId": "src", "requestId": asked["requestId"]}
             driver.respond_interaction({**request, "response": response})
             assert log.wait_for(completed("A"))["outcome"] == "completed"
-            assert any(_command(p) == "sleep" for p in processes_marked(RUNTIME_VAR, marker))
+            assert any(_command(p) == "sleep" for p in processes_marked(RUNTIME_VAR, {marker}))
             driver.stop_session({"agentSessionId": "src"})
-            assert processes_marked(RUNTIME_VAR, marker) == []
+            assert processes_marked(RUNTIME_VAR, {marker}) == []
         finally:
             driver.close()
-            end_all(lambda: processes_marked(RUNTIME_VAR, marker), 2.0)  # a failed run's
+            end_all(lambda: processes_marked(RUNTIME_VAR, {marker}), 2.0)  # a failed run's
 
 
 def _command(pid: int) -> str:
