@@ -103,8 +103,8 @@ def processes_marked(name: str, values: Collection[str]) -> list[int]:
 
 def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list[int]:
     """One pass over `/proc`: the live processes whose environment holds `needle` and whose
-    items `matches` accepts (one read of `environ` a process; ~15 ms at ~200 processes, so it runs
-    at a stop or a delete, never per Turn)."""
+    items `matches` accepts (one read of `environ` a process — docs/performance.md, "What a
+    stop's scan costs" — so it runs at a stop or a delete, never per Turn)."""
     found: list[int] = []
     try:
         names = os.listdir("/proc")

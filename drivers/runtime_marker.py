@@ -37,7 +37,7 @@ class RuntimeMarker:
     value: str = field(default_factory=new_marker)
     may_leave: bool = False
     """Set when the runtime is given a Turn (its tools may start processes): only then does a
-    stop scan `/proc` for what it left (~15 ms at ~200 processes: never per Turn or fork)."""
+    stop scan `/proc` for what it left (a read of every environment: never per Turn or fork)."""
 
     def end_left(self) -> list[int]:
         """Once the runtime's provider process has exited: SIGKILL every process still carrying

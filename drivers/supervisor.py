@@ -825,7 +825,7 @@ class WorkerSupervisor:
         worker.proc = None
         if pid is not None:
             # Its runtimes were never stopped: what their tools left is ended here, before a
-            # successor starts on their homes (one `/proc` scan, ~15 ms, at a death only).
+            # successor starts on their homes (one `/proc` scan, at a death only).
             end_worker_left(worker.incarnation)
         # Sent requests have unknown fate; queued ones provably never left the host.
         for pending in worker.inflight.values():
