@@ -32,12 +32,12 @@ def new_marker() -> str:
 
 @dataclass(slots=True)
 class RuntimeMarker:
-    """One runtime's marker, and whether it was given work that can start processes."""
+    """One runtime's marker, and whether its stop looks for what it left."""
 
     value: str = field(default_factory=new_marker)
-    may_leave: bool = False
-    """Set when the runtime is given a Turn (its tools may start processes): only then does a
-    stop scan `/proc` for what it left (a read of every environment: never per Turn or fork)."""
+    may_leave: bool = True
+    """Whether the runtime may leave processes (a Session's: its Turns' tools start them): only
+    then does its stop scan `/proc` (a read of every environment) for what it left."""
 
     def end_left(self) -> list[int]:
         """Once the runtime's provider process has exited: SIGKILL every process still carrying

@@ -342,8 +342,6 @@ class AppServerDriver:
                     raise SessionBusy(f"a turn is already active on {session.agent_session_id}")
                 session.awaiting_turn = turn_id
             session.history_changed()
-            # A Turn's tools may start processes: its stop ends what they left (`end_left`).
-            runtime.proc.marker.may_leave = True
             fut = runtime.proc.request_async("turn/start", _turn_start_params(session, params))
             return self._turn_started(
                 session,
@@ -382,7 +380,6 @@ class AppServerDriver:
                 session.awaiting_turn = turn_id
             self.events.emit = emit
             session.history_changed()
-            runtime.proc.marker.may_leave = True
             fut = runtime.proc.try_request_async("turn/start", _turn_start_params(session, params))
             if fut is None:
                 with session.state_lock:
@@ -732,6 +729,7 @@ class AppServerDriver:
         runtime = self.runtimes.spawn(
             session.home,
             session.cwd,
+            marked=True,
             # A partial, not a lambda: one Python frame fewer for each line the reader hands on.
             on_notification=functools.partial(events.on_notification, session),
             on_server_request=lambda request: events.on_server_request(session, request),

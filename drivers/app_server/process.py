@@ -287,9 +287,10 @@ class AppServerProcess:
         self.writes_refused = 0
         """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
-        self.marker = RuntimeMarker(self._env.get(RUNTIME_VAR) or "")
-        """Its runtime's marker (`RUNTIME_VAR` of `env`; none: nothing is ended by it); the
-        driver sets `marker.may_leave` when it gives the server a Turn."""
+        marker = self._env.get(RUNTIME_VAR) or ""
+        self.marker = RuntimeMarker(marker, may_leave=bool(marker))
+        """Its runtime's marker (`RUNTIME_VAR` of `env`: a Session's runtime; none, a
+        transient's: nothing is ended by it)."""
         self.left_killed: list[int] = []
         """The processes `end_left` killed (tests read it)."""
         self._closing = False

@@ -241,16 +241,21 @@ class Runtimes:
         on_server_request: ServerRequestHandler | None = None,
         on_exit: ExitHandler | None = None,
         quiet: QuietLines | None = None,
+        marked: bool = False,
     ) -> Runtime:
         """A started and initialized app-server on `home`; the handlers run on its reader
-        thread (a transient one, for a probe or a proof, has none)."""
+        thread (a transient one, for a probe or a proof, has none). `marked`: a Session's
+        runtime, whose Turns' tools may start processes: it carries a marker of its own, and
+        its stop ends what still carries it (`AppServerProcess.end_left`); a transient runs
+        no Turn and is not marked (its close scans nothing)."""
         provider = self.provider
         home.mkdir(parents=True, exist_ok=True)
         provider.prepare_home(home)
         env = private_env(None, provider.home_var, home, provider.extra_env(home))
-        # Its own marker, inherited by all it starts (a stop ends what is left: `end_left`);
-        # not in the launch's fingerprint, which is of the launch, not of one spawn.
-        env[RUNTIME_VAR] = new_marker()
+        if marked:
+            # Inherited by all it starts (a stop ends what is left: `end_left`); not in the
+            # launch's fingerprint, which is of the launch, not of one spawn.
+            env[RUNTIME_VAR] = new_marker()
         proc = AppServerProcess(
             provider.command(),
             env=env,

@@ -285,17 +285,8 @@ class ClaudeDriver:
             marker.end_left()
         return {}
 
-    def _turn_given(self, agent_session_id: str) -> None:
-        """A Turn's tools may start processes: the Session's stop ends what they left."""
-        with self._sessions_lock:
-            marker = self._markers.get(agent_session_id)
-        if marker is not None:
-            marker.may_leave = True
-
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
-        session = self._session(required(params, "agentSessionId"))
-        self._turn_given(session.agent_session_id)
-        return self.turns.start(session, params, emit)
+        return self.turns.start(self._session(required(params, "agentSessionId")), params, emit)
 
     def interrupt_turn(self, params: Mapping[str, Any]) -> dict[str, Any]:
         return self.turns.interrupt(self._session(required(params, "agentSessionId")), params)
