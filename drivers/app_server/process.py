@@ -398,11 +398,12 @@ class AppServerProcess:
             self.end_left()
 
     def end_left(self) -> list[int]:
-        """Once the server has exited: end every process still carrying its runtime's marker
+        """Once the server has exited or is SIGKILLed (a process with a SIGKILL pending counts as
+        ended: `alive_in_stat`): end every process still carrying its runtime's marker
         (`RUNTIME_VAR` in its environment; `RuntimeMarker.end_left`): a tool's process the
         provider did not take with it (`setsid sleep 1000 &`), a launcher's child. The next
         server on the same home has its own marker: untouched. The pids killed."""
-        if self._proc is None or self._proc.poll() is None:
+        if self._proc is None:
             return []
         killed = self.marker.end_left()
         self.left_killed.extend(killed)
@@ -427,10 +428,16 @@ class AppServerProcess:
         launcher killed alone: reparented, out of the launcher's tree, with no parent-death
         signal, it keeps the server's pipes and the home — it would answer a fork the worker
         gave up on, write its child after the `unknown`, and hold the thread's writer lock
-        against the Session's next app-server. Its group is the server's still."""
+        against the Session's next app-server. Its group is the server's still. Then what
+        left both, carrying its runtime's marker (`end_left`): a kill of a stopped, silent or
+        broken server is its runtime's stop too."""
         proc = self._proc
         if proc is None:
             return
+        self._kill_tree(proc)
+        self.end_left()
+
+    def _kill_tree(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is None:  # not reaped: its pid (and its group's id) still ours
             kill_tree(proc.pid)
             with contextlib.suppress(OSError):  # none left: the group is gone
@@ -707,10 +714,9 @@ class AppServerProcess:
         if proc is None:
             return
         self._mark_closed(reason)
-        self.kill_tree()
+        self.kill_tree()  # and what its runtime left (`end_left`)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(reap_s)
-        self.end_left()
 
     def _kill_broken(self, proc: subprocess.Popen[bytes], what: str) -> str:
         """Kill a server the reader cannot go on reading, reap it, then fail its Turns in
