@@ -206,7 +206,6 @@ from tests.support.invariants import (
     workspace_answer,
     worktree_retrying,
 )
-from tests.support.left_processes import ended, leave_behind_for, reap
 from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
 from tests.support.worktree_repos import make_repo
@@ -267,9 +266,6 @@ IPC_ENDPOINTS = 3
 """The daemon's ipc listeners in `run/`: API, events, terminated-topic events."""
 
 ASK_SHARE = 0.12
-LEAVE_SHARE = 0.1
-"""The share of a client's answered submits after which it leaves a tool's process beside the
-Session's app-server (`leave_behind_for`)."""
 """The share of client steps that ask, answer or interrupt (`interaction_chaos.Asker`)."""
 CHECKED_LAWS = laws_checked(Path(__file__))
 """The laws this soak checks, read from its code and its cells' (`laws_checked`): the summary
@@ -577,9 +573,6 @@ class Tally:
         """Files made immutable in trees a forced `remove` deletes (`TreePins`)."""
         self.links = home.parent / "tree-links"
         """Symlinks to worktree children's trees, a person's other spelling of them."""
-        self.runtimes = home / "runtimes"
-        self.left: list[subprocess.Popen[bytes]] = []
-        """Tools' processes left beside runtimes (`leave_behind_for`), reaped at the end."""
         self.linked: dict[str, str] = {}
         """Worktree child → a Session started in its tree through a symlink (`start_by_a_link`)."""
 
@@ -620,11 +613,6 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
     # A draw of its own (the client's `rng` draws as before): a submit whose start fails on the
     # host after its claim, the typed error where the warm `turn.start` goes.
     faults = random.Random(f"warm-start-{n}")
-    # Another: after a Turn, a tool's process left beside its app-server (the runtime's
-    # environment, out of its tree), for the stops, deletes and kills to end
-    # (`stopped_runtime_left`). Not beside a Claude Session's CLIs: its runtime lives until
-    # its stop, while the law sees it only while a CLI runs.
-    leaves = random.Random(f"leave-{n}")
     c = d.client(timeout=60)
     while not stop.is_set():
         sid = rng.choice(sids)
@@ -667,12 +655,6 @@ def client_loop(d: DaemonProcess, t: Tally, sids: list[str], n: int, stop: threa
             if body:
                 with t.lock:
                     t.turns.setdefault(sid, []).append(body["turn"]["turnId"])
-                if t.provider_of(sid) != CLAUDE and leaves.random() < LEAVE_SHARE:
-                    left = leave_behind_for(t.runtimes, sid)
-                    if left is not None:
-                        with t.lock:
-                            t.left.append(left)
-                            t.calls["a tool's process left beside a runtime"] += 1
         elif action == "fork":
             body = t.call(c, "session.timeline", s | {"limit": 1000})
             settled = [
@@ -781,21 +763,6 @@ def workspace_call(t: Tally, c: Client, rng: random.Random, sid: str, how: str) 
         t.answers.append(answer)
         if how == "restore":
             t.undos[sid] = answer.tree_from
-
-
-def left_running(left: list[subprocess.Popen[bytes]]) -> list[Violation]:
-    """`stopped_runtime_left` once the daemon has stopped (its workers' shutdown stops every
-    runtime): each process left beside a runtime is ended; then all are reaped."""
-    found = [
-        Violation(
-            Law.STOPPED_RUNTIME_LEFT,
-            f"process {p.pid}, left beside a runtime, runs on after the daemon stopped",
-        )
-        for p in left
-        if not ended(p.pid)
-    ]
-    reap(left)
-    return found
 
 
 def app_servers(home: Path) -> list[int]:
@@ -1556,7 +1523,6 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         + asked_violations
         + fault_violations
         + reads_wrong
-        + left_running(t.left)
     )
     # The Turns the chaos left unbound with their start's fate unknown (an app-server stopped
     # under one): after a restart (nothing of the stopped daemon left), each such tutti-agent

@@ -219,7 +219,6 @@ from tests.support.invariants import (
     workspace_answer,
     worktree_retrying,
 )
-from tests.support.left_processes import ended, leave_behind_for, reap
 from tests.support.store_lock import WriteLockHolder
 from tests.workspace.stalling_git import StallingGit, path_with, running, stalling_git
 from transport.client import ApiError, Client, ClientClosed, ClientTimeout
@@ -303,9 +302,6 @@ START_POINT = "host.turn.before_warm_start"
 START_ERROR_SHARE = 0.02
 """The share of submits that arm `START_POINT` `once:error` first (the contention soak's)."""
 SUBMIT_REPLAY_SHARE = 0.15
-LEAVE_SHARE = 0.1
-"""The share of answered submits after which a tool's process is left beside the Session's
-app-server (`leave_behind_for`)."""
 """Of the submits to a Session with an accepted one, the share that sends that one again
 (`replay_submit`), half of them with another input."""
 READ_SHARE = 0.08
@@ -377,12 +373,6 @@ class World:
         # (`replay_submit`), drawn from a generator of its own (the seed's draws unchanged).
         self.submitted: dict[str, tuple[dict[str, Any], str]] = {}
         self.replays = random.Random(f"submit-replay-{seed}")
-        # After a submit, now and then a tool's process left beside the Session's app-server
-        # (`leave_behind_for`: its runtime's environment, out of its tree), for the stops,
-        # deletes and kills to end (`stopped_runtime_left`), drawn apart too. Not beside a
-        # Claude Session's CLIs: its runtime lives until its stop, seen only while a CLI runs.
-        self.leaves = random.Random(f"leave-{seed}")
-        self.left: list[subprocess.Popen[bytes]] = []
         self.calls: Counter[str] = Counter()
         self.failures: list[str] = []
         self.undos: dict[str, str] = {}  # session → the undo tree its last restore answered
@@ -584,12 +574,6 @@ def step(w: World, rng: random.Random, c: Client, tag: str, starts: random.Rando
         if body is not None:
             with w.lock:
                 w.submitted[sid] = (params, body["turn"]["turnId"])
-                leave = w.provider.get(sid) != CLAUDE and w.leaves.random() < LEAVE_SHARE
-            left = leave_behind_for(w.home / "runtimes", sid) if leave else None
-            if left is not None:
-                with w.lock:
-                    w.left.append(left)
-                    w.calls["a tool's process left beside a runtime"] += 1
     elif action == "refresh":
         body = call(w, c, tag, "session.timeline", s | {"limit": 1000})
         if body:
@@ -1154,11 +1138,6 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             t.join(10)
         w.daemon.stop()
         pin.lift()
-        # The daemon's stop stopped every runtime; a killed one's leftovers its next start's
-        # sweep ended, a killed worker's its supervisor (`stopped_runtime_left`).
-        left_running = [p.pid for p in w.left if not ended(p.pid)]
-        reap(w.left)
-    assert not left_running, (seed, "processes left beside runtimes run on", left_running)
     failures = w.failures + w.asker.failures + w.reader.failures
     assert not failures, (seed, failures[:10])
     assert not asked_violations, (seed, asked_violations)

@@ -7,9 +7,8 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-from pathlib import Path
 
-from domain.procfs import alive_in_stat, read_proc_stat, stat_after_command
+from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.runtime_marker import RUNTIME_VAR
 
 
@@ -46,42 +45,3 @@ def reap(procs: list[subprocess.Popen[bytes]]) -> None:
         with contextlib.suppress(OSError):
             proc.kill()
         proc.wait()
-
-
-def runtime_root(runtimes: Path, session_id: str) -> int | None:
-    """The live provider process of a Session's runtime under `runtimes` (a daemon's
-    `runtimes/`): its environment names the Session's folder and holds a runtime's marker, and
-    its parent is a worker (its environment holds the worker's `AGENTHOST_WORKER_PARENT_PID`).
-    None when the Session has no runtime running."""
-    folder = os.fsencode(str(runtimes)) + b"/"
-    inside = b"/" + os.fsencode(session_id) + b"/"
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            items = environ_of(int(name))
-            stat = read_proc_stat(int(name))
-        except OSError:
-            continue
-        if not alive_in_stat(stat) or os.fsencode(RUNTIME_VAR) not in items:
-            continue
-        if not any(v.startswith(folder) and inside in v[len(folder) :] for v in items.values()):
-            continue
-        parent = int(stat_after_command(stat)[1])
-        try:
-            if b"AGENTHOST_WORKER_PARENT_PID" in environ_of(parent):
-                return int(name)
-        except OSError:
-            continue
-    return None
-
-
-def leave_behind_for(runtimes: Path, session_id: str) -> subprocess.Popen[bytes] | None:
-    """`left_behind` beside the Session's running runtime (`runtime_root`), if it has one."""
-    root = runtime_root(runtimes, session_id)
-    if root is None:
-        return None
-    try:
-        return left_behind(root)
-    except OSError:
-        return None  # the runtime ended meanwhile
