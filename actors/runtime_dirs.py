@@ -17,20 +17,19 @@ import contextlib
 import logging
 import os
 import shutil
-import signal
-import time
 import uuid
 from pathlib import Path
 
 from actors.context import _path_segment as path_segment
 from actors.store_ports import DeletedSessionsStore
-from domain.procfs import processes_in
+from domain.procfs import end_all, processes_in
 
 log = logging.getLogger(__name__)
 
 TRASH = ".trash"
 EVIDENCE = ".evidence"
 SPARE_PREFIX = ".claude-spare-"  # drivers/claude/homes.py's PREFIX (actors import no driver)
+RUNTIME_VAR = "AGENTHOST_RUNTIME"  # drivers/runtime_marker.py's (actors import no driver)
 QUARANTINE = "quarantine"  # the drivers' quarantine folder name (drivers/app_server/resolution.py)
 
 
@@ -102,18 +101,16 @@ def end_processes(runtimes_dir: Path, workspace_id: str, session_id: str) -> lis
     tool's process a provider left) would write it again or run on in a folder nothing
     owns."""
     folder = str(session_dir(runtimes_dir, workspace_id, session_id))
-    killed: list[int] = []
-    deadline = time.monotonic() + END_WAIT_S
-    while True:
-        left = processes_in(folder)
-        if not left or time.monotonic() >= deadline:
-            return killed
-        for pid in left:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
-            if pid not in killed:
-                killed.append(pid)
-        time.sleep(END_LOOK_S)
+    return end_all(lambda: processes_in(folder), END_WAIT_S, END_LOOK_S)
+
+
+def end_runtimes_left(runtimes_dir: Path) -> list[int]:
+    """At start-up, before any worker of this daemon: SIGKILL every process a runtime of a
+    previous run left working in `runtimes_dir` (its environment names a path there and holds
+    a runtime's marker: a tool's process a provider started, of a daemon killed with its
+    workers, that nothing stopped), waited for up to `END_WAIT_S`; the pids killed."""
+    folder = str(runtimes_dir)
+    return end_all(lambda: processes_in(folder, marked=RUNTIME_VAR), END_WAIT_S, END_LOOK_S)
 
 
 def remove_empty_session_dir(path: Path) -> bool:
@@ -131,9 +128,13 @@ def remove_empty_session_dir(path: Path) -> bool:
 
 
 def sweep(store: DeletedSessionsStore, runtimes_dir: Path) -> int:
-    """Finish deletes a previous process was killed in; returns how many it finished."""
+    """Finish deletes a previous process was killed in; returns how many it finished. First,
+    end what a previous run's runtimes left running in `runtimes_dir` (`end_runtimes_left`)."""
     trash = runtimes_dir / TRASH
     finished = 0
+    killed = end_runtimes_left(runtimes_dir)
+    if killed:
+        log.info("ended %d process(es) a previous run's runtimes left: %s", len(killed), killed)
     # The Claude worker's child homes made ahead (`drivers.claude.homes`) that a killed
     # worker or daemon left unused: no Session's, never a child's. Renamed into the trash
     # first (atomic: a rename racing a late worker's leaves the spare whole in one place).

@@ -3,13 +3,17 @@ warm runtime's process is alive (actors.session_runtime), the Claude driver's ch
 parked CLI is still there to take (drivers.claude.warm), and the worker supervisor's CPU
 samples of a silent worker (drivers.supervisor); how a line says a process is gone
 (`alive_in_stat`); and which processes work in a folder by their environment
-(`processes_in`: a deleted Session's, actors.runtime_dirs). Standard library only."""
+(`processes_in`: a deleted Session's, actors.runtime_dirs), or carry a stopped runtime's
+marker (`processes_marked`: drivers.app_server.process), and ending them (`end_all`). Standard
+library only."""
 
 from __future__ import annotations
 
 import contextlib
 import os
 import signal
+import time
+from collections.abc import Callable, Collection
 
 PF_EXITING = 0x4
 """The kernel's flag on a task that has begun to exit (`/proc/PID/stat` field 9)."""
@@ -69,12 +73,38 @@ def stat_fields(stat: bytes) -> tuple[bytes, int, int] | None:
         return None
 
 
-def processes_in(folder: str) -> list[int]:
+def processes_in(folder: str, marked: str | None = None) -> list[int]:
     """This user's live processes (not this one) whose environment holds a value at or under
     `folder` (absolute): what a provider runs for a Session has its homes there (`HOME`,
-    `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. Empty where
-    there is no `/proc`."""
+    `CLAUDE_CONFIG_DIR`, `CODEX_HOME`, …) and passes them on to what it starts. `marked`: only
+    those whose environment also sets that variable (a runtime's marker). Empty where there is
+    no `/proc`."""
     mark = os.fsencode(folder.rstrip("/"))
+    key = None if marked is None else os.fsencode(marked + "=")
+
+    def under(item: bytes) -> bool:
+        value = item.partition(b"=")[2]
+        return value == mark or value.startswith(mark + b"/")
+
+    def matches(items: list[bytes]) -> bool:
+        return any(map(under, items)) and (key is None or any(i.startswith(key) for i in items))
+
+    return _environ_scan(mark, matches)
+
+
+def processes_marked(name: str, values: Collection[str]) -> list[int]:
+    """This user's live processes (not this one) whose environment sets `name` to one of
+    `values`: a runtime's marker (drivers.runtime_marker `RUNTIME_VAR`), which the provider's
+    process and whatever it starts inherit. Empty where there is no `/proc`."""
+    key = os.fsencode(f"{name}=")
+    items = {key + os.fsencode(v) for v in values}
+    return _environ_scan(key, lambda environ: not items.isdisjoint(environ))
+
+
+def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list[int]:
+    """One pass over `/proc`: the live processes whose environment holds `needle` and whose
+    items `matches` accepts (one read of `environ` a process — docs/performance.md, "What a
+    stop's scan costs" — so it runs at a stop or a delete, never per Turn)."""
     found: list[int] = []
     try:
         names = os.listdir("/proc")
@@ -89,13 +119,28 @@ def processes_in(folder: str) -> list[int]:
                 environ = fh.read()
         except OSError:
             continue  # gone, or another user's
-        if mark not in environ:
+        if needle not in environ:
             continue
-        for item in environ.split(b"\0"):
-            value = item.partition(b"=")[2]
-            if value == mark or value.startswith(mark + b"/"):
-                with contextlib.suppress(OSError):
-                    if alive_in_stat(read_proc_stat(int(name))):
-                        found.append(int(name))
-                break
+        if matches(environ.split(b"\0")):
+            with contextlib.suppress(OSError):
+                if alive_in_stat(read_proc_stat(int(name))):
+                    found.append(int(name))
     return found
+
+
+def end_all(find: Callable[[], list[int]], wait_s: float, look_s: float = 0.02) -> list[int]:
+    """SIGKILL every process `find` names, again and again, until it names none or `wait_s`
+    has passed; the pids killed. What is SIGKILLed counts as ended at once (`alive_in_stat`:
+    a pending SIGKILL, an exiting task), so the wait is for what forked meanwhile."""
+    killed: list[int] = []
+    deadline = time.monotonic() + wait_s
+    while True:
+        left = find()
+        if not left or time.monotonic() >= deadline:
+            return killed
+        for pid in left:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+            if pid not in killed:
+                killed.append(pid)
+        time.sleep(look_s)

@@ -61,6 +61,7 @@ from domain.procfs import read_proc_stat, stat_after_command
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.failpoints import Failpoints as _Failpoints
 from drivers.failpoints import format_points, parse_points
+from drivers.runtime_marker import WORKER_VAR, end_worker_left, new_marker
 from drivers.worker_spawn import reclaim_socket_dir, socket_dir, start_worker, worker_env
 from drivers.worker_state import (
     BACKOFF_INITIAL_S,
@@ -671,6 +672,7 @@ class WorkerSupervisor:
             self._fp_state,
             self._provider_config.get(worker.provider, {}),
         )
+        worker.incarnation = env[WORKER_VAR] = new_marker()
         log_path = self._run_dir / f"worker-{worker.provider}.log"
         now = time.monotonic()
         worker.proc = None
@@ -826,6 +828,10 @@ class WorkerSupervisor:
         self._detach(worker)
         self._unwatch(worker)
         worker.proc = None
+        if pid is not None:
+            # Its runtimes were never stopped: what their tools left is ended here, before a
+            # successor starts on their homes (one `/proc` scan, at a death only).
+            end_worker_left(worker.incarnation)
         # Sent requests have unknown fate; queued ones provably never left the host.
         for pending in worker.inflight.values():
             self._fail(pending, WorkerLost(f"{pending.method}: {reason}"))
@@ -850,12 +856,15 @@ class WorkerSupervisor:
             if proc.poll() is None:
                 proc.terminate()
         deadline = time.monotonic() + 3.0
-        for proc in procs:
+        for worker in self._workers.values():
+            if worker.proc is None:
+                continue
             try:
-                proc.wait(max(0.0, deadline - time.monotonic()))
+                worker.proc.wait(max(0.0, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+                worker.proc.kill()
+                worker.proc.wait()
+                end_worker_left(worker.incarnation)  # killed: it stopped none of its runtimes
         for worker in self._workers.values():
             for pending in worker.inflight.values():
                 self._fail(pending, WorkerLost(f"{pending.method}: supervisor closed"))

@@ -54,6 +54,8 @@ class WorkerRecord:
     """A descriptor of `proc` (`os.pidfd_open`) in the loop's poll set: readable once the
     process has exited. None where the kernel has none: the loop's tick polls `proc`."""
     generation: int = 0
+    incarnation: str = ""
+    """The marker of the incarnation running (`drivers.runtime_marker.WORKER_VAR`)."""
     restarts: int = 0
     spawned_at: float = 0.0
     last_seen: float = 0.0

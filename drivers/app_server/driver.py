@@ -61,6 +61,7 @@ from drivers.liveness import (
     stopped_error,
     unresponsive_error,
 )
+from drivers.runtime_marker import end_left_of
 
 PROVIDER_HISTORY_MISSING = "provider_history_missing"
 RESPAWN_REAP_S = 2.0
@@ -650,9 +651,12 @@ class AppServerDriver:
 
     def close(self) -> None:
         self._closed.set()
+        markers = []
         for session in self._sessions.clear():
             if session.runtime is not None:
-                session.runtime.proc.close(1.0)
+                session.runtime.proc.close(1.0, end_left=False)
+                markers.append(session.runtime.proc.marker)
+        end_left_of(markers)  # one `/proc` scan for every runtime, not one each
 
     # ------------------------------------------------------------------ runtime plumbing
 
@@ -725,6 +729,7 @@ class AppServerDriver:
         runtime = self.runtimes.spawn(
             session.home,
             session.cwd,
+            marked=True,
             # A partial, not a lambda: one Python frame fewer for each line the reader hands on.
             on_notification=functools.partial(events.on_notification, session),
             on_server_request=lambda request: events.on_server_request(session, request),

@@ -33,6 +33,7 @@ import psutil
 from domain.json_text import loads_bytes_as_stdlib
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
+from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker
 
 _PR_SET_PDEATHSIG = 1
 # One encoder for every message (`json.dumps` with options builds a new one per call).
@@ -286,6 +287,12 @@ class AppServerProcess:
         self.writes_refused = 0
         """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
+        marker = self._env.get(RUNTIME_VAR) or ""
+        self.marker = RuntimeMarker(marker, may_leave=bool(marker))
+        """Its runtime's marker (`RUNTIME_VAR` of `env`: a Session's runtime; none, a
+        transient's: nothing is ended by it)."""
+        self.left_killed: list[int] = []
+        """The processes `end_left` killed (tests read it)."""
         self._closing = False
         """`close` was called: a stdout that ends now is the exit it asked for, never a
         broken server (the reader leaves the exit to `close`'s own bounds)."""
@@ -367,10 +374,11 @@ class AppServerProcess:
         self.notify("initialized", {})
         return result
 
-    def close(self, timeout: float = 3.0) -> None:
+    def close(self, timeout: float = 3.0, *, end_left: bool = True) -> None:
         """Close stdin (app-servers exit on EOF), then terminate, then kill. A writer stuck on
         the server's full stdin (it stopped reading) holds the write lock: waited for up to
-        `timeout`, then the server is ended without the EOF (its exit lets the writer go)."""
+        `timeout`, then the server is ended without the EOF (its exit lets the writer go).
+        Then what its runtime left (`end_left`), unless the caller ends it with others'."""
         proc = self._proc
         if proc is None:
             return
@@ -386,6 +394,20 @@ class AppServerProcess:
         if self._reader is not None and self._reader is not threading.current_thread():
             self._reader.join(timeout)
         self._mark_closed("app-server closed by the client")
+        if end_left:
+            self.end_left()
+
+    def end_left(self) -> list[int]:
+        """Once the server has exited or is SIGKILLed (a process with a SIGKILL pending counts as
+        ended: `alive_in_stat`): end every process still carrying its runtime's marker
+        (`RUNTIME_VAR` in its environment; `RuntimeMarker.end_left`): a tool's process the
+        provider did not take with it (`setsid sleep 1000 &`), a launcher's child. The next
+        server on the same home has its own marker: untouched. The pids killed."""
+        if self._proc is None:
+            return []
+        killed = self.marker.end_left()
+        self.left_killed.extend(killed)
+        return killed
 
     def _close_stdin(self, proc: subprocess.Popen[bytes], timeout: float) -> bool:
         """Close the server's stdin under the write lock, waited for up to `timeout`; False
@@ -406,10 +428,16 @@ class AppServerProcess:
         launcher killed alone: reparented, out of the launcher's tree, with no parent-death
         signal, it keeps the server's pipes and the home — it would answer a fork the worker
         gave up on, write its child after the `unknown`, and hold the thread's writer lock
-        against the Session's next app-server. Its group is the server's still."""
+        against the Session's next app-server. Its group is the server's still. Then what
+        left both, carrying its runtime's marker (`end_left`): a kill of a stopped, silent or
+        broken server is its runtime's stop too."""
         proc = self._proc
         if proc is None:
             return
+        self._kill_tree(proc)
+        self.end_left()
+
+    def _kill_tree(self, proc: subprocess.Popen[bytes]) -> None:
         if proc.returncode is None:  # not reaped: its pid (and its group's id) still ours
             kill_tree(proc.pid)
             with contextlib.suppress(OSError):  # none left: the group is gone
@@ -686,7 +714,7 @@ class AppServerProcess:
         if proc is None:
             return
         self._mark_closed(reason)
-        self.kill_tree()
+        self.kill_tree()  # and what its runtime left (`end_left`)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(reap_s)
 

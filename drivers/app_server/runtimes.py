@@ -37,6 +37,7 @@ from drivers.app_server.provider import AppServerProvider
 from drivers.app_server.state import Runtime
 from drivers.errors import DriverError
 from drivers.liveness import PROVIDER_STOPPED, TreeWatch, stopped_start_error
+from drivers.runtime_marker import RUNTIME_VAR, WORKER_VAR, new_marker
 
 CLIENT_NAME = "agenthost"
 CLIENT_VERSION = "0.1.0"
@@ -228,6 +229,7 @@ class Runtimes:
     def launch_fingerprint(self, home: Path, cwd: str) -> str | None:
         """The fingerprint of the launch `spawn(home, cwd)` would make (None: not cacheable)."""
         env = private_env(None, self.provider.home_var, home, self.provider.extra_env(home))
+        env.pop(WORKER_VAR, None)  # one incarnation's marker: not the launch's
         return launch_fingerprint(self.provider.command(), self.launch_cwd(home, cwd), env)
 
     def spawn(
@@ -239,13 +241,21 @@ class Runtimes:
         on_server_request: ServerRequestHandler | None = None,
         on_exit: ExitHandler | None = None,
         quiet: QuietLines | None = None,
+        marked: bool = False,
     ) -> Runtime:
         """A started and initialized app-server on `home`; the handlers run on its reader
-        thread (a transient one, for a probe or a proof, has none)."""
+        thread (a transient one, for a probe or a proof, has none). `marked`: a Session's
+        runtime, whose Turns' tools may start processes: it carries a marker of its own, and
+        its stop ends what still carries it (`AppServerProcess.end_left`); a transient runs
+        no Turn and is not marked (its close scans nothing)."""
         provider = self.provider
         home.mkdir(parents=True, exist_ok=True)
         provider.prepare_home(home)
         env = private_env(None, provider.home_var, home, provider.extra_env(home))
+        if marked:
+            # Inherited by all it starts (a stop ends what is left: `end_left`); not in the
+            # launch's fingerprint, which is of the launch, not of one spawn.
+            env[RUNTIME_VAR] = new_marker()
         proc = AppServerProcess(
             provider.command(),
             env=env,

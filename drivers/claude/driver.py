@@ -52,6 +52,7 @@ from drivers.claude_transcript import history_turns
 from drivers.credentials import user_claude_credentials
 from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
+from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker, end_left_of
 
 SWITCH_INTERVAL_S = 0.0005
 """The worker process's GIL switch interval under this driver (Python's default is 5 ms). The
@@ -73,6 +74,8 @@ class ClaudeDriver:
         self._failpoints = failpoints
         self._sessions: dict[str, SessionState] = {}
         self._sessions_lock = threading.Lock()
+        self._markers: dict[str, RuntimeMarker] = {}
+        """Each started Session's runtime marker, from its first start here to its stop."""
         # Where the person's login is, read from the worker's own environment now: a fork
         # points the process env at a Session's config dir while it calls the SDK's helpers
         # (`ClaudeFork._config_env`), and a Session started meanwhile read that dir's copy.
@@ -206,6 +209,10 @@ class ClaudeDriver:
             env=session_env(self._config, home, private_home, params.get("env") or {}, self._login),
         )
         with self._sessions_lock:
+            # One marker from the Session's first start here to its stop, kept by every start
+            # in between (a parked CLI's key holds the env: it stays the one to take).
+            marker = self._markers.setdefault(agent_session_id, RuntimeMarker())
+            session.env[RUNTIME_VAR] = marker.value
             old = self._sessions.get(agent_session_id)
             if not requested and old is not None and (old.config_dir, old.cwd) == (home, cwd):
                 # A start naming no id, of a Session this worker holds in the same home: the
@@ -270,6 +277,12 @@ class ClaudeDriver:
         # its close, wrote into the Session's home after the host, told it was stopped,
         # removed it (a delete).
         self.turns.forget(agent_session_id, active)
+        # Then what its CLIs left (a Bash tool's `setsid … &`): ended before the answer, and
+        # by its marker only — the Session's next start here gets a new one.
+        with self._sessions_lock:
+            marker = self._markers.pop(agent_session_id, None)
+        if marker is not None:
+            marker.end_left()
         return {}
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
@@ -318,6 +331,9 @@ class ClaudeDriver:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._loop_thread.join(timeout=10)
         self.tied.close()
+        with self._sessions_lock:
+            markers, self._markers = list(self._markers.values()), {}
+        end_left_of(markers)  # the worker's shutdown is every Session's stop: one scan for all
 
 
 def create_driver(config: Mapping[str, Any], failpoints: Failpoints) -> ClaudeDriver:

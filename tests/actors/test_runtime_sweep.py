@@ -7,6 +7,7 @@ SQLite store."""
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,8 +18,10 @@ import pytest
 from actors import runtime_dirs
 from actors.context import _path_segment as path_segment
 from domain.fork_states import ForkStatus
+from drivers.runtime_marker import RUNTIME_VAR
 from storage.models import ForkPrepareRequest
 from storage.store import Store
+from tests.support.left_processes import ended, reap
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -155,3 +158,26 @@ def test_a_file_keeps_an_unowned_folder_and_every_directory_above_it(
     assert runtime_dirs.sweep(store, runtimes) == 0
     assert kept.read_text() == "{}\n"
     assert not (folder / "tutti-agent" / "sessions").exists()
+
+
+def test_the_sweep_ends_what_a_previous_runs_runtimes_left_and_nothing_else(
+    store: Store, tmp_path: Path
+) -> None:
+    runtimes = tmp_path / "runtimes"
+    home = runtimes / WS / "s1" / "tutti-agent-home"
+    home.mkdir(parents=True)
+    assert runtime_dirs.RUNTIME_VAR == RUNTIME_VAR
+
+    def sleeper(**env: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen(["sleep", "300"], env=env, start_new_session=True)
+
+    procs = [
+        sleeper(HOME=str(home / ".home"), AGENTHOST_RUNTIME="r1"),  # a killed run's tool's
+        sleeper(HOME=str(home / ".home")),  # no runtime's: not the sweep's to end
+        sleeper(HOME=str(tmp_path / "elsewhere"), AGENTHOST_RUNTIME="r2"),  # another home's
+    ]
+    try:
+        runtime_dirs.sweep(store, runtimes)
+        assert [ended(p.pid) for p in procs] == [True, False, False]
+    finally:
+        reap(procs)

@@ -32,6 +32,7 @@ from tool_model import ToolModel
 
 from domain.enums import DeliveryDisposition
 from domain.errors import InvalidArgument, SessionBusy
+from domain.procfs import end_all, processes_marked
 from drivers.app_server.launch import launch_fingerprint
 from drivers.codex.command import (
     _NATIVE_PACKAGES,
@@ -42,8 +43,10 @@ from drivers.codex.command import (
 )
 from drivers.codex.driver import create_driver as codex_driver
 from drivers.failpoints import Failpoints
+from drivers.runtime_marker import RUNTIME_VAR, WORKER_VAR
 from drivers.versions import CODEX_GATE
 from model_fakes.responses import ResponsesServer, last_user_text
+from tests.support.left_processes import marker_of
 
 pytestmark = [pytest.mark.codex, pytest.mark.timeout(120)]
 
@@ -220,6 +223,42 @@ def test_never_policy_runs_without_asking(log: EventLog, tmp_path: Path) -> None
     assert not any(e["type"] == "interaction.requested" for _, e in log.events)
 
 
+def test_a_stop_ends_the_background_process_codexs_shell_tool_left(
+    log: EventLog, tmp_path: Path
+) -> None:
+    with ToolModel() as tool_model:
+        driver = codex_driver(
+            {"command": [codex_bin()], "model_base_url": tool_model.base_url}, Failpoints()
+        )
+        try:
+            start(driver, tmp_path, "src", settings={"approvalPolicy": "on-request"})
+            pid = driver.runtime_pid("src", str(home_of(tmp_path, "src")))
+            assert pid is not None
+            marker = marker_of(pid)
+            # Codex ends its command's process group when the command ends: a session of its
+            # own (`setsid`) is what outlives it.
+            text = "/run setsid sleep 300 > /dev/null 2>&1 &"
+            driver.start_turn({"agentSessionId": "src", "turnId": "A", "text": text}, log)
+            asked = log.wait_for(lambda e: e["type"] == "interaction.requested")
+            response = {"decision": "approve"}
+            request = {"agentSessionId": "src", "requestId": asked["requestId"]}
+            driver.respond_interaction({**request, "response": response})
+            assert log.wait_for(completed("A"))["outcome"] == "completed"
+            assert any(_command(p) == "sleep" for p in processes_marked(RUNTIME_VAR, {marker}))
+            driver.stop_session({"agentSessionId": "src"})
+            assert processes_marked(RUNTIME_VAR, {marker}) == []
+        finally:
+            driver.close()
+            end_all(lambda: processes_marked(RUNTIME_VAR, {marker}), 2.0)  # a failed run's
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""
+
+
 def test_unknown_approval_policy_setting_is_an_invalid_argument(
     make_driver: MakeDriver, tmp_path: Path
 ) -> None:
@@ -305,7 +344,7 @@ def test_runtime_context_persists_kind_version_and_the_sessions_own_home(
 
 
 def test_historical_attestation_is_cached_for_the_exact_launch_only(
-    make_driver: MakeDriver, tmp_path: Path
+    make_driver: MakeDriver, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     driver = make_driver()
     params = {"home": str(tmp_path / "h"), "cwd": str(tmp_path)}
@@ -317,6 +356,10 @@ def test_historical_attestation_is_cached_for_the_exact_launch_only(
     assert driver.spawns == 2  # another home is another launch (its env differs)
     driver.attest({**params, "cwd": str(tmp_path / "h")})
     assert driver.spawns == 3  # another cwd too
+    # The next worker incarnation's (its own AGENTHOST_WORKER marker) is the same launch.
+    monkeypatch.setenv(WORKER_VAR, "a-successor")
+    assert driver.attest(params) == first
+    assert driver.spawns == 3
 
 
 def test_live_runtime_attests_without_spawning(

@@ -23,6 +23,7 @@ from drivers.app_server.driver import AppServerDriver
 from drivers.app_server.process import AppServerProcess, private_env
 from drivers.app_server.state import SETTLED_TURN_IDS_KEPT
 from drivers.binder import RolloutBinder, iter_rollouts
+from tests.support.left_processes import ended, left_behind, marker_of, reap
 
 Make = Callable[..., AppServerDriver]
 
@@ -294,9 +295,51 @@ def test_idle_app_server_is_stopped_and_respawned_on_the_next_turn(
     driver = make_driver(idle_timeout_s=0.3)
     open_session(driver, log, tmp_path, texts=("a",))
     proc = driver._sessions["src"].runtime.proc  # type: ignore[union-attr]
-    assert wait_until(lambda: not proc.alive)
+    assert proc.pid is not None
+    left = [left_behind(proc.pid)]  # a tool's process the idle stop ends with its runtime
+    try:
+        assert wait_until(lambda: not proc.alive)
+        assert wait_until(lambda: ended(left[0].pid))
+    finally:
+        reap(left)
     driver.start_turn({"agentSessionId": "src", "turnId": "B", "text": "b"}, log)
     assert log.wait_for(completed("B"))["outcome"] == "completed"
+
+
+@pytest.mark.timeout(60)
+def test_a_stop_ends_what_its_runtime_left_before_it_is_answered_and_not_the_next_runtime(
+    make_driver: Make, log: EventLog, tmp_path: Path
+) -> None:
+    driver = make_driver()
+    home, thread_id, _, _ = open_session(driver, log, tmp_path, texts=("a",))
+    first = driver.runtime_pid("src", str(home))
+    assert first is not None
+    left, stopped = [left_behind(first)], marker_of(first)
+    try:
+        driver.stop_session({"agentSessionId": "src"})
+        assert ended(left[0].pid), "the stopped runtime's tool process outlived the stop"
+        # The next runtime on the same home, started right after the answer: its own marker,
+        # and nothing of the stop reaches it or what it starts.
+        driver.start_session(
+            {
+                "agentSessionId": "src",
+                "home": str(home),
+                "cwd": str(tmp_path),
+                "settings": {},
+                "model": None,
+                "providerSessionId": thread_id,
+            }
+        )
+        driver.start_turn({"agentSessionId": "src", "turnId": "B", "text": "b"}, log)
+        assert log.wait_for(completed("B"))["outcome"] == "completed"
+        second = driver.runtime_pid("src", str(home))
+        assert second is not None and marker_of(second) != stopped
+        left.append(left_behind(second))
+        assert not ended(second) and not ended(left[1].pid)
+        driver.close()  # the worker's shutdown is a stop too
+        assert ended(left[1].pid)
+    finally:
+        reap(left)
 
 
 @pytest.mark.timeout(60)

@@ -17,6 +17,7 @@ from drv_helpers import pid_alive, wait_until
 
 from drivers.errors import WorkerError, WorkerLost, WorkerTimeout, WorkerUnavailable
 from drivers.supervisor import WorkerSupervisor
+from tests.support.left_processes import ended, left_behind, reap
 
 P = "tutti-agent"
 
@@ -46,10 +47,17 @@ def test_killed_worker_fails_inflight_with_worker_lost_then_restarts_and_serves(
     inflight = supervisor.request(P, "debug.sleep", {"ms": 20_000}, 30)
     # The sleep has reached the worker once it is answering later pings concurrently.
     supervisor.request(P, "worker.ping", {}, 15).result(20)
-    os.kill(first, signal.SIGKILL)
-    with pytest.raises(WorkerLost):
-        inflight.result(20)
-    second = supervisor.request(P, "worker.ping", {}, 20).result(25)["pid"]
+    # What a tool of one of its providers left: the worker's environment (its incarnation's
+    # marker), out of its tree. A killed worker stops no runtime: its supervisor ends it.
+    left = [left_behind(first)]
+    try:
+        os.kill(first, signal.SIGKILL)
+        with pytest.raises(WorkerLost):
+            inflight.result(20)
+        second = supervisor.request(P, "worker.ping", {}, 20).result(25)["pid"]
+        assert ended(left[0].pid), "a killed worker's provider's tool process outlived it"
+    finally:
+        reap(left)
     assert second != first
     [row] = supervisor.status()
     assert row["restarts"] == 1 and row["state"] == "ready" and row["pid"] == second

@@ -8,7 +8,9 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
@@ -29,11 +31,13 @@ from domain.fork_states import (
     ForkStatus,
     stage_assignment,
 )
+from domain.procfs import processes_in
 from drivers.worker_spawn import SOCKET_DIR_MARKER, SOCKET_DIR_PREFIX, fallback_socket_dir
 from tests.reliability.interaction_chaos import took
 from tests.reliability.provider_chaos import ProviderChaos, relay_table
 from tests.reliability.read_chaos import Reader
 from tests.reliability.reliability_harness import fork_params
+from tests.support import invariants
 from tests.support.daemon import (
     WS,
     DaemonProcess,
@@ -574,6 +578,50 @@ def test_a_deleted_sessions_runtime_folder_left_is_reported_when_live(
     )
     live = {v.law for v in check_invariants(fresh, live_grace_s=30).violations}
     assert Law.DELETED_HOME_GONE not in live
+
+
+def test_a_process_of_a_stopped_runtime_left_running_is_reported_when_live(
+    base: Base, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A process under the home's `runtimes/` carrying a runtime's marker with no process of
+    that runtime under a live worker (its stop, or its worker's death, left it) is reported on
+    the live home; one whose runtime's process is a live worker's child is not, nor a stopped
+    home (its next start's sweep ends it)."""
+    monkeypatch.setattr(invariants, "STOPPED_LEFT_WAIT_S", 0.2)
+    (folder,) = (base.home / "runtimes").glob(f"*/{base.source}")
+    env = {
+        **os.environ,
+        "HOME": str(folder / "tutti-agent-home" / ".home"),
+        "AGENTHOST_RUNTIME": "stopped-one",
+    }
+    left = subprocess.Popen(["sleep", "60"], env=env, start_new_session=True)
+    # A running runtime: its provider (a `sh` here) a child of a "worker" (a process whose
+    # environment holds the worker's variable), and what it started.
+    running_env = {**env, "AGENTHOST_RUNTIME": "running-one"}
+    worker_env = {**os.environ, "AGENTHOST_WORKER_PARENT_PID": str(os.getpid())}
+    script = (
+        "import json, subprocess, sys; subprocess.run(['sleep', '60'], env=json.loads(sys.argv[1]))"
+    )
+    worker = subprocess.Popen(
+        [sys.executable, "-c", script, json.dumps(running_env)],
+        env=worker_env,
+        start_new_session=True,
+    )
+    try:
+        runtimes = base.home / "runtimes"
+        wait_for(lambda: processes_in(str(runtimes), marked="AGENTHOST_RUNTIME")[1:], 10)
+        found = [
+            v.detail
+            for v in check_invariants(base.home, live_grace_s=30).violations
+            if v.law is Law.STOPPED_RUNTIME_LEFT
+        ]
+        assert len(found) == 1 and f"process {left.pid} of runtime stopped-one" in found[0]
+        assert Law.STOPPED_RUNTIME_LEFT not in laws(base.home)
+    finally:
+        os.killpg(worker.pid, signal.SIGKILL)
+        for proc in (left, worker):
+            proc.kill()
+            proc.wait()
 
 
 def test_a_deleted_sessions_folder_whose_removal_waits_for_a_call_is_judged_by_its_bound(

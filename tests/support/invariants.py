@@ -29,6 +29,7 @@ import apsw
 from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
 from actors.context import Timeouts, _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
+from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.worker_spawn import SOCKET_DIR_MARKER, SOCKET_DIR_PREFIX, fallback_socket_dir
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
@@ -344,6 +345,18 @@ class Law(StrEnum):
     has ended (`DELETE_CALLS_S`); a daemon killed in between finishes it in its start-up
     sweep. A folder left, or made again by a preparation that started for a Session that is
     gone, breaks it (docs/design/fork-saga.md, "Delete")."""
+    STOPPED_RUNTIME_LEFT = "stopped_runtime_left"
+    """On a live daemon (`live_grace_s`): a process working under its `runtimes/` (its
+    environment names a path there) carries a runtime's marker (`AGENTHOST_RUNTIME`) whose
+    runtime is no longer running — no process carrying that marker is a child of a live worker
+    (the provider process the worker started with it) — and stays so past the stop's bound
+    (`END_LEFT_WAIT_S`) (`_check_stopped_runtimes`). A stop (session.stop, an eviction, an idle
+    stop, a worker's shutdown) ends what its runtime left before it is answered; a killed
+    worker's supervisor ends what carries its incarnation's marker before a successor starts;
+    a daemon's start ends what a previous run's runtimes left (docs/design/drivers.md, "What
+    a stop ends"). A Claude Session's runtime lives from its first start to its stop, but is
+    seen running only while a CLI of it is: a tool's process left between its Turns with no
+    CLI parked is reported too (none of the soaks' Turns runs a tool)."""
     PROVIDER_FAULT_SETTLES = "provider_fault_settles"
     """Over what a soak saw of a provider that misbehaved on its stdout (`check_provider_faults`,
     `tests/reliability/provider_chaos.py`): its Turn still `active` past the fault's bound or
@@ -2398,6 +2411,71 @@ def _check_deleted_homes(
                 )
 
 
+RUNTIME_MARK = b"AGENTHOST_RUNTIME="  # drivers/runtime_marker.py `RUNTIME_VAR`
+WORKER_MARK = b"AGENTHOST_WORKER_PARENT_PID="  # drivers/worker.py `ENV_PARENT_PID`: a worker's
+STOPPED_LEFT_WAIT_S = 3.0
+"""How long a process of a stopped runtime may be seen before it is reported: a stop's own
+end of what it left (`END_LEFT_WAIT_S`, 2 s) in progress (an idle stop at any time), and a
+moment more."""
+
+
+def _environ(pid: int) -> list[bytes]:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as fh:
+            return fh.read().split(b"\0")
+    except OSError:
+        return []
+
+
+def stopped_runtimes_left(runtimes: Path) -> dict[int, str]:
+    """The processes working under `runtimes` (a path there in their environment) that carry a
+    runtime's marker no live runtime holds — no process carrying it is a child of a live
+    worker (a process whose environment has `WORKER_MARK`) — by pid: their markers."""
+    mark = os.fsencode(str(runtimes)) + b"/"
+    tree = _proc_tree()
+    marked: dict[int, bytes] = {}
+    for pid, (_parent, state) in tree.items():
+        if state in (b"Z", b"X") or pid == os.getpid():
+            continue
+        items = _environ(pid)
+        marker = next((i for i in items if i.startswith(RUNTIME_MARK)), None)
+        if marker is not None and any(i.partition(b"=")[2].startswith(mark) for i in items):
+            with contextlib.suppress(OSError):  # gone meanwhile
+                if alive_in_stat(read_proc_stat(pid)):  # not SIGKILLed, not exiting
+                    marked[pid] = marker
+    workers: dict[int, bool] = {}
+
+    def is_worker(pid: int) -> bool:
+        if pid not in workers:
+            items = _environ(pid)
+            state = tree.get(pid, (0, b"X"))[1]
+            workers[pid] = state not in (b"Z", b"X") and any(
+                i.startswith(WORKER_MARK) for i in items
+            )
+        return workers[pid]
+
+    running = {m for pid, m in marked.items() if is_worker(tree[pid][0])}
+    return {pid: m.partition(b"=")[2].decode() for pid, m in marked.items() if m not in running}
+
+
+def _check_stopped_runtimes(ctx: _Ctx, runtimes: Path) -> None:
+    """`stopped_runtime_left`, on a live daemon: no process of a runtime no longer running
+    (`stopped_runtimes_left`) still seen after `STOPPED_LEFT_WAIT_S` (polled: a stop ending
+    what its runtime left meanwhile is not reported)."""
+    left = stopped_runtimes_left(runtimes)
+    deadline = time.monotonic() + STOPPED_LEFT_WAIT_S
+    while left and time.monotonic() < deadline:
+        time.sleep(0.05)
+        now = stopped_runtimes_left(runtimes)
+        left = {pid: m for pid, m in now.items() if left.get(pid) == m}
+    for pid, marker in sorted(left.items()):
+        ctx.fail(
+            Law.STOPPED_RUNTIME_LEFT,
+            f"process {pid} of runtime {marker} runs on under {runtimes} with no process of its "
+            "runtime left under a live worker (its runtime stopped, or its worker died)",
+        )
+
+
 def _runtime_env_paths(runtimes: Path) -> dict[int, list[str]]:
     """This user's live processes (not this one) whose environment names a path under
     `runtimes`: those paths, by pid (Linux `/proc`; one look at every process)."""
@@ -3547,6 +3625,7 @@ def check_invariants(
             if live_grace_s is not None:
                 _check_liveness(ctx, conn, int(live_grace_s * 1000))
                 _check_deleted_homes(ctx, conn, int(live_grace_s * 1000), waiting_homes)
+                _check_stopped_runtimes(ctx, home / "runtimes")
             ops = _rows(
                 conn,
                 "SELECT o.*, s.snapshot_json FROM fork_operations o"
