@@ -15,7 +15,9 @@ from typing import Any
 import pytest
 
 from domain.errors import Conflict, InvalidArgument, NotFound, SessionBusy
+from domain.procfs import alive_in_stat, end_all, processes_in, read_proc_stat
 from drivers.claude.interactions import DECLINED_MESSAGE
+from drivers.runtime_marker import RUNTIME_VAR
 from model_fakes.messages import (
     MessagesServer,
     Reply,
@@ -131,6 +133,40 @@ def test_approved_bash_runs_and_the_model_receives_its_result(tools: Harness) ->
     with pytest.raises(Conflict) as err:
         respond(tools, session, asked["requestId"], {"decision": "approve"})
     assert err.value.reason == "interaction_not_pending"
+
+
+def _sleeps_of(session: ClaudeSession) -> list[int]:
+    """The `sleep`s running with the Session's runtime marker and a path of its home."""
+    found = []
+    for pid in processes_in(str(session.home), marked=RUNTIME_VAR):
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "sleep":
+                found.append(pid)
+        except OSError:
+            continue
+    return found
+
+
+def test_a_stop_ends_the_background_process_its_bash_tool_left(tools: Harness) -> None:
+    """A tool's process in a session of its own (`setsid`: the CLI's own end does not reach
+    it) carries the runtime's marker and is gone when the Session's stop is answered."""
+    session = tools.start("left")
+    turn_id, asked = begin(tools, session, f"{BASH}setsid sleep 300 > /dev/null 2>&1 &")
+    respond(tools, session, asked["requestId"], {"decision": "approve"})
+    assert tools.recorder.wait_completed(turn_id)["outcome"] == "completed"
+    left = wait_for(lambda: _sleeps_of(session), 30)
+    try:
+        tools.driver.stop_session({"agentSessionId": session.agent_session_id})
+        running = []
+        for pid in left:
+            try:
+                if alive_in_stat(read_proc_stat(pid)):
+                    running.append(pid)
+            except OSError:
+                continue
+        assert not running, f"the tool's {running} outlived its Session's stop"
+    finally:
+        end_all(lambda: _sleeps_of(session), 2.0)  # a failed run's
 
 
 def test_declined_bash_does_not_run_and_the_model_sees_the_denial(tools: Harness) -> None:
