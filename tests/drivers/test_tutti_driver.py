@@ -12,6 +12,7 @@ import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from drv_helpers import PROXY, TUTTI_BIN, EventLog, completed, wait_until
@@ -52,6 +53,18 @@ def open_session(
         provider_turns.append(result["providerTurnId"])
     version = started["runtimeContext"]["driverVersion"]
     return home, started["providerSessionId"], version, provider_turns
+
+
+def resume_request(home: Path, cwd: Path, thread_id: str) -> dict[str, Any]:
+    """`session.start` of Session `src` again on its home, resuming its thread."""
+    return {
+        "agentSessionId": "src",
+        "home": str(home),
+        "cwd": str(cwd),
+        "settings": {},
+        "model": None,
+        "providerSessionId": thread_id,
+    }
 
 
 def fork_request(
@@ -273,16 +286,7 @@ def test_session_resume_reopens_the_same_thread_with_its_history(
     home, thread_id, _, turns = open_session(driver, log, tmp_path, texts=("a", "b"))
     driver.stop_session({"agentSessionId": "src"})
     fresh = make_driver()
-    resumed = fresh.start_session(
-        {
-            "agentSessionId": "src",
-            "home": str(home),
-            "cwd": str(tmp_path),
-            "settings": {},
-            "model": None,
-            "providerSessionId": thread_id,
-        }
-    )
+    resumed = fresh.start_session(resume_request(home, tmp_path, thread_id))
     assert resumed["providerSessionId"] == thread_id
     fresh.start_turn({"agentSessionId": "src", "turnId": "C", "text": "c"}, log)
     assert log.wait_for(completed("C"))["outcome"] == "completed"
@@ -320,16 +324,7 @@ def test_a_stop_ends_what_its_runtime_left_before_it_is_answered_and_not_the_nex
         assert ended(left[0].pid), "the stopped runtime's tool process outlived the stop"
         # The next runtime on the same home, started right after the answer: its own marker,
         # and nothing of the stop reaches it or what it starts.
-        driver.start_session(
-            {
-                "agentSessionId": "src",
-                "home": str(home),
-                "cwd": str(tmp_path),
-                "settings": {},
-                "model": None,
-                "providerSessionId": thread_id,
-            }
-        )
+        driver.start_session(resume_request(home, tmp_path, thread_id))
         driver.start_turn({"agentSessionId": "src", "turnId": "B", "text": "b"}, log)
         assert log.wait_for(completed("B"))["outcome"] == "completed"
         second = driver.runtime_pid("src", str(home))
