@@ -265,6 +265,10 @@ class ClaudeDriver:
         agent_session_id = required(params, "agentSessionId")
         with self._sessions_lock:
             session = self._sessions.pop(agent_session_id, None)
+            # Taken with the Session, at once: a start that comes while this stop waits for
+            # its CLIs (the host's next Turn after a backstop's stop) gets a marker of its own,
+            # and the end of what this runtime left below does not kill that start's CLI.
+            marker = self._markers.pop(agent_session_id, None)
         active = None
         if session is not None:
             with session.lock:
@@ -278,9 +282,7 @@ class ClaudeDriver:
         # removed it (a delete).
         self.turns.forget(agent_session_id, active)
         # Then what its CLIs left (a Bash tool's `setsid … &`): ended before the answer, and
-        # by its marker only — the Session's next start here gets a new one.
-        with self._sessions_lock:
-            marker = self._markers.pop(agent_session_id, None)
+        # by its marker only — the Session's next start here has a new one.
         if marker is not None:
             marker.end_left()
         return {}
