@@ -572,9 +572,13 @@ def test_a_deleted_sessions_runtime_folder_left_is_reported_when_live(
         worker.wait()
     live = {v.law for v in check_invariants(aged, live_grace_s=30).violations}
     assert Law.DELETED_HOME_GONE not in live
-    # Deleted a moment ago (its runtime may still be stopping): none yet.
+    # Deleted a moment ago (its runtime may still be stopping): none yet. Stamped now, as a
+    # delete stamps it: the module's base may be older than the law's bound by this test.
+    now_ms = int(time.time() * 1000)
     fresh = tampered(
-        base, tmp_path / "fresh", f"UPDATE sessions SET deleted = 1 WHERE session_id = '{child}'"
+        base,
+        tmp_path / "fresh",
+        f"UPDATE sessions SET deleted = 1, updated_at_ms = {now_ms} WHERE session_id = '{child}'",
     )
     live = {v.law for v in check_invariants(fresh, live_grace_s=30).violations}
     assert Law.DELETED_HOME_GONE not in live
