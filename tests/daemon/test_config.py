@@ -110,15 +110,70 @@ def test_a_quoted_false_is_not_true(tmp_path: Path) -> None:
     )
 
 
+def _one_file_of_every_key(
+    tmp_path_factory: pytest.TempPathFactory, values: dict[type, Any]
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """One `serve` of a file giving every key (that has such a value) its value of `values`:
+    `serve` names every mistake at once, so each key's test reads its own line of this one
+    refusal (one real `serve` per kind of mistake, not one per key)."""
+    home = tmp_path_factory.mktemp("cfg") / "home"
+    home.mkdir()
+    tables: dict[str, list[str]] = {}
+    for key in SCHEMA:
+        if values[type(key.type)] is not None:
+            tables.setdefault(key.table, []).append(
+                f"{key.name} = {toml_value(values[type(key.type)])}"
+            )
+    path = home / "agenthost.toml"
+    path.write_text("".join(f"[{t}]\n" + "\n".join(keys) + "\n" for t, keys in tables.items()))
+    return home, path, serve(home)
+
+
+@pytest.fixture(scope="module")
+def every_key_wrong(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    return _one_file_of_every_key(tmp_path_factory, WRONG_TYPE)
+
+
+@pytest.fixture(scope="module")
+def every_key_out_of_range(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    return _one_file_of_every_key(tmp_path_factory, OUT_OF_RANGE)
+
+
+def assert_refused_with(done: subprocess.CompletedProcess[str], home: Path, start: str) -> str:
+    """Refused as `assert_refused` says, among the lines of every mistake: the one line that
+    starts with `start`, which is returned."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.endswith("\n")
+    mine = [line for line in done.stderr.splitlines() if line.startswith(start)]
+    assert len(mine) == 1, (start, done.stderr)
+    assert not (home / "store.sqlite3").exists()
+    assert not (home / "run").exists()
+    return mine[0]
+
+
 @pytest.mark.parametrize("key", SCHEMA, ids=lambda k: f"{k.table}.{k.name}")
-def test_every_key_of_the_wrong_type_exits_2_in_words(tmp_path: Path, key: Key) -> None:
-    home = tmp_path / "home"
+def test_every_key_of_the_wrong_type_exits_2_in_words(
+    every_key_wrong: tuple[Path, Path, subprocess.CompletedProcess[str]], key: Key
+) -> None:
+    home, path, done = every_key_wrong
     wrong = WRONG_TYPE[type(key.type)]
-    path = write_config(home, key, wrong)
-    done = serve(home)
     expected = key.type.expected()
     got = f"the string {json.dumps(wrong)}" if isinstance(wrong, str) else f"the integer {wrong}"
-    assert_refused(done, home, f"{path}: [{key.table}] {key.name} must be {expected}, got {got}")
+    line = f"agenthost: {path}: [{key.table}] {key.name} must be {expected}, got {got}"
+    start = f"agenthost: {path}: [{key.table}] {key.name} must be "
+    assert assert_refused_with(done, home, start) == line
+
+
+def test_every_key_of_the_wrong_type_at_once_is_a_line_each_and_nothing_else(
+    every_key_wrong: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, path, done = every_key_wrong
+    said = sorted(line.split(" must be ")[0] for line in done.stderr.splitlines())
+    assert said == sorted(f"agenthost: {path}: [{k.table}] {k.name}" for k in SCHEMA)
 
 
 @pytest.mark.parametrize(
@@ -126,16 +181,21 @@ def test_every_key_of_the_wrong_type_exits_2_in_words(tmp_path: Path, key: Key) 
     [k for k in SCHEMA if OUT_OF_RANGE[type(k.type)] is not None],
     ids=lambda k: f"{k.table}.{k.name}",
 )
-def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -> None:
-    home = tmp_path / "home"
-    value = OUT_OF_RANGE[type(key.type)]
-    path = write_config(home, key, value)
-    done = serve(home)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(
-        f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
-    )
-    assert "Traceback" not in done.stderr and not (home / "store.sqlite3").exists()
+def test_every_key_out_of_its_range_exits_2_in_words(
+    every_key_out_of_range: tuple[Path, Path, subprocess.CompletedProcess[str]], key: Key
+) -> None:
+    home, path, done = every_key_out_of_range
+    start = f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
+    assert_refused_with(done, home, start)
+
+
+def test_every_key_out_of_its_range_at_once_is_a_line_each_and_nothing_else(
+    every_key_out_of_range: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, path, done = every_key_out_of_range
+    ranged = [k for k in SCHEMA if OUT_OF_RANGE[type(k.type)] is not None]
+    said = sorted(line.split(" must be ")[0] for line in done.stderr.splitlines())
+    assert said == sorted(f"agenthost: {path}: [{k.table}] {k.name}" for k in ranged)
 
 
 @pytest.mark.parametrize(
