@@ -198,38 +198,84 @@ def test_every_key_out_of_its_range_at_once_is_a_line_each_and_nothing_else(
     assert said == sorted(f"agenthost: {path}: [{k.table}] {k.name}" for k in ranged)
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
-        ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
-        ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
-        ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
-        ("daemon = 3\n", "[daemon] must be a table, got the integer 3"),
-        ("[daemon\n", "not valid TOML: "),
-        ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
-        ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
-        # Split like a shell would when the config is read, not when a status reads it.
-        (
-            "[providers.codex]\ncommand = 'codex \"app'\n",
-            "command must be a command: a non-empty string or a non-empty array of strings "
-            "(No closing quotation), got the string ",
-        ),
-        ("[providers.tutti-agent]\ncommand = '\"\"'\n", "command must be a command: "),
-        # One connection is the writer alone: the start's first write, reading, waited 30 s.
-        ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
-        # A variable's name is no secret: the mistake is shown as typed.
-        ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
-    ],
-)
-def test_other_mistakes_exit_2_in_words(tmp_path: Path, text: str, message: str) -> None:
-    home = tmp_path / "home"
+OTHER_MISTAKES = [
+    ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
+    ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
+    ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
+    ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
+    ("daemon = 3\n", "[daemon] must be a table, got the integer 3"),
+    ("[daemon\n", "not valid TOML: "),
+    ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
+    ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
+    # Split like a shell would when the config is read, not when a status reads it.
+    (
+        "[providers.codex]\ncommand = 'codex \"app'\n",
+        "command must be a command: a non-empty string or a non-empty array of strings "
+        "(No closing quotation), got the string ",
+    ),
+    (
+        "[providers.tutti-agent]\ncommand = '\"\"'\n",
+        "[providers.tutti-agent] command must be a command: ",
+    ),
+    # One connection is the writer alone: the start's first write, reading, waited 30 s.
+    ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
+    # A variable's name is no secret: the mistake is shown as typed.
+    ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
+]
+ALONE = {"[daemon\n", "daemon = 3\n"}
+"""The mistakes no file can hold beside others (the file is not TOML; `daemon` not a table)."""
+
+
+@pytest.fixture(scope="module")
+def other_mistakes_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One `serve` of a file holding every one of `OTHER_MISTAKES` but `ALONE`'s, each
+    snippet's keys under its own table: `serve` names every mistake at once."""
+    home = tmp_path_factory.mktemp("cfg") / "home"
     home.mkdir()
-    (home / "agenthost.toml").write_text(text)
-    done = serve(home)
+    tables: dict[str, list[str]] = {}
+    for text, _ in OTHER_MISTAKES:
+        if text not in ALONE:
+            header, *keys = text.splitlines()
+            tables.setdefault(header, []).extend(keys)
+    body = "".join(f"{header}\n" + "\n".join(keys) + "\n" for header, keys in tables.items())
+    (home / "agenthost.toml").write_text(body)
+    return home, serve(home)
+
+
+@pytest.mark.parametrize(("text", "message"), OTHER_MISTAKES)
+def test_other_mistakes_exit_2_in_words(
+    tmp_path: Path,
+    other_mistakes_at_once: tuple[Path, subprocess.CompletedProcess[str]],
+    text: str,
+    message: str,
+) -> None:
+    """Each mistake a line in words; those a file can hold together read from one `serve` of
+    them all (a line each: `test_other_mistakes_at_once_are_a_line_each_and_nothing_else`),
+    the others from a `serve` of their own, its one line."""
+    if text in ALONE:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(text)
+        done = serve(home)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    else:
+        home, done = other_mistakes_at_once
     assert done.returncode == 2, done.stderr
-    assert message in done.stderr and "Traceback" not in done.stderr
-    assert len(done.stderr.splitlines()) == 1
+    assert "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if message in line]) == 1, done.stderr
+    assert not (home / "store.sqlite3").exists() and not (home / "run").exists()
+
+
+def test_other_mistakes_at_once_are_a_line_each_and_nothing_else(
+    other_mistakes_at_once: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, done = other_mistakes_at_once
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(OTHER_MISTAKES) - len(ALONE), lines
+    for line in lines:
+        assert [m for t, m in OTHER_MISTAKES if t not in ALONE and m in line], line
 
 
 @pytest.mark.parametrize(
