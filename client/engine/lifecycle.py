@@ -27,6 +27,7 @@ from client.engine.values import (
     GET_DEADLINE_S,
     MAX_SETTLED,
     POLL_INTERVAL_S,
+    REQUEST_TIMEOUT_S,
     ForkMutation,
     Listener,
     MutationStatus,
@@ -69,10 +70,12 @@ class Engine:
         create_deadline: float = CREATE_DEADLINE_S,
         poll_interval: float = POLL_INTERVAL_S,
         get_deadline: float = GET_DEADLINE_S,
+        request_timeout: float = REQUEST_TIMEOUT_S,
         max_settled: int = MAX_SETTLED,
         new_id: Callable[[], str] = lambda: str(uuid.uuid4()),
     ) -> None:
         self._own_scheduler = scheduler is None
+        self.request_timeout = request_timeout
         self.scheduler: Scheduler = scheduler if scheduler is not None else ThreadScheduler()
         self._feed = ChangeFeed()
         self._calls = WorkspaceCalls(api, workspace_id)
@@ -247,20 +250,22 @@ class Engine:
         self._reconciliation.handle_event(event)
 
     @overload
-    def request(self, method: Method[P, R], params: P, *, timeout: float = 30.0) -> R: ...
+    def request(self, method: Method[P, R], params: P, *, timeout: float | None = None) -> R: ...
 
     @overload
     def request(
-        self, method: str, params: JsonObject | None = None, *, timeout: float = 30.0
+        self, method: str, params: JsonObject | None = None, *, timeout: float | None = None
     ) -> JsonObject: ...
 
     def request(
-        self, method: Method[Any, Any] | str, params: Any = None, *, timeout: float = 30.0
+        self, method: Method[Any, Any] | str, params: Any = None, *, timeout: float | None = None
     ) -> Any:
         """One request in this workspace, its params and result typed by `method` (a bare
         name, for tests and probes, is looked up in the protocol's table); raises `ApiError`,
-        or `TimeoutError` without a reply."""
-        return self._calls.request(method, params, timeout=timeout)
+        or `TimeoutError` without a reply (after `timeout`, by default the Engine's
+        `request_timeout`)."""
+        limit = self.request_timeout if timeout is None else timeout
+        return self._calls.request(method, params, timeout=limit)
 
     def workspace_diff(
         self,

@@ -21,6 +21,8 @@ ACK_BACKOFF_S: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 30.0)
 CREATE_DEADLINE_S = 30.0
 POLL_INTERVAL_S = 0.25
 GET_DEADLINE_S = 10.0
+REQUEST_TIMEOUT_S = 30.0
+"""How long `Engine.request` waits for a reply unless told (`request_timeout`, `timeout`)."""
 MAX_SETTLED = 128
 LATEST_SETTLED = "latestSettled"
 """The turn component of a full-Session fork's boundary key: `(source, LATEST_SETTLED)`. The

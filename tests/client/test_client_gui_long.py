@@ -5,6 +5,7 @@ the newest Turn is followed as it arrives."""
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 import pytest
@@ -81,13 +82,26 @@ def test_a_long_transcript_mounts_only_what_is_near_the_viewport(
     run_app(daemon, ws, size, scenario)
 
 
+@pytest.fixture(scope="module")
+def long_session(daemon: DaemonProcess) -> tuple[str, str]:
+    """`(workspace, Session)`: a Session of `TURNS` Turns in a workspace of its own, for the
+    tests that only read it (no Turn added, nothing written): each size's run opens it."""
+    ws = f"ws-{uuid.uuid4().hex[:10]}"
+    client = Client(daemon.api, timeout=30)
+    try:
+        sid = create_session(client, ws, title="Long")["agentSessionId"]
+        for i in range(TURNS):
+            run_turn(client, sid, f"line {i}", ws)
+    finally:
+        client.close()
+    return ws, sid
+
+
 @pytest.mark.parametrize("size", SIZES)
 def test_a_jump_mounts_the_turns_on_screen_first_and_their_margins_after(
-    daemon: DaemonProcess, client: Client, ws: str, size: tuple[int, int]
+    daemon: DaemonProcess, long_session: tuple[str, str], size: tuple[int, int]
 ) -> None:
-    sid = create_session(client, ws, title="Long")["agentSessionId"]
-    for i in range(TURNS):
-        run_turn(client, sid, f"line {i}", ws)
+    ws, sid = long_session
 
     async def scenario(app: AgentHostApp, pilot: Pilot[Any]) -> None:
         await until(pilot, lambda: app.engine.session(sid) is not None)

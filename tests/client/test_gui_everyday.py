@@ -78,7 +78,9 @@ def test_reload_with_the_daemon_stopped_keeps_the_turns_in_view_and_says_so(
         run_turn(c, sid, "hello there", ws)
 
         async def main() -> None:
-            engine = Engine.connect(daemon.api, daemon.events, ws)
+            # Its requests' limit at 3 s (30 s by default): the reload's request waits it out
+            # on a daemon that is gone; the live local daemon before answers in milliseconds.
+            engine = Engine.connect(daemon.api, daemon.events, ws, request_timeout=3.0)
             app = AgentHostApp(engine, own_engine=True)
             original = app.notify
 
@@ -92,7 +94,7 @@ def test_reload_with_the_daemon_stopped_keeps_the_turns_in_view_and_says_so(
                 await open_and_wait(app, pilot, sid, 1)
                 daemon.stop()
                 await pilot.press("ctrl+r")
-                # The requests wait out their deadline (30 s) on a daemon that is gone.
+                # The request waits out its limit on a daemon that is gone.
                 await until(pilot, lambda: any("load turns" in n for n in notes), timeout=60)
                 assert any("did not answer" in n for n in notes)
                 assert len(app.turns) == 1

@@ -110,15 +110,70 @@ def test_a_quoted_false_is_not_true(tmp_path: Path) -> None:
     )
 
 
+def _one_file_of_every_key(
+    tmp_path_factory: pytest.TempPathFactory, values: dict[type, Any]
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    """One `serve` of a file giving every key (that has such a value) its value of `values`:
+    `serve` names every mistake at once, so each key's test reads its own line of this one
+    refusal (one real `serve` per kind of mistake, not one per key)."""
+    home = tmp_path_factory.mktemp("cfg") / "home"
+    home.mkdir()
+    tables: dict[str, list[str]] = {}
+    for key in SCHEMA:
+        if values[type(key.type)] is not None:
+            tables.setdefault(key.table, []).append(
+                f"{key.name} = {toml_value(values[type(key.type)])}"
+            )
+    path = home / "agenthost.toml"
+    path.write_text("".join(f"[{t}]\n" + "\n".join(keys) + "\n" for t, keys in tables.items()))
+    return home, path, serve(home)
+
+
+@pytest.fixture(scope="module")
+def every_key_wrong(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    return _one_file_of_every_key(tmp_path_factory, WRONG_TYPE)
+
+
+@pytest.fixture(scope="module")
+def every_key_out_of_range(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, Path, subprocess.CompletedProcess[str]]:
+    return _one_file_of_every_key(tmp_path_factory, OUT_OF_RANGE)
+
+
+def assert_refused_with(done: subprocess.CompletedProcess[str], home: Path, start: str) -> str:
+    """Refused as `assert_refused` says, among the lines of every mistake: the one line that
+    starts with `start`, which is returned."""
+    assert done.returncode == 2, (done.returncode, done.stderr)
+    assert "Traceback" not in done.stderr and done.stderr.endswith("\n")
+    mine = [line for line in done.stderr.splitlines() if line.startswith(start)]
+    assert len(mine) == 1, (start, done.stderr)
+    assert not (home / "store.sqlite3").exists()
+    assert not (home / "run").exists()
+    return mine[0]
+
+
 @pytest.mark.parametrize("key", SCHEMA, ids=lambda k: f"{k.table}.{k.name}")
-def test_every_key_of_the_wrong_type_exits_2_in_words(tmp_path: Path, key: Key) -> None:
-    home = tmp_path / "home"
+def test_every_key_of_the_wrong_type_exits_2_in_words(
+    every_key_wrong: tuple[Path, Path, subprocess.CompletedProcess[str]], key: Key
+) -> None:
+    home, path, done = every_key_wrong
     wrong = WRONG_TYPE[type(key.type)]
-    path = write_config(home, key, wrong)
-    done = serve(home)
     expected = key.type.expected()
     got = f"the string {json.dumps(wrong)}" if isinstance(wrong, str) else f"the integer {wrong}"
-    assert_refused(done, home, f"{path}: [{key.table}] {key.name} must be {expected}, got {got}")
+    line = f"agenthost: {path}: [{key.table}] {key.name} must be {expected}, got {got}"
+    start = f"agenthost: {path}: [{key.table}] {key.name} must be "
+    assert assert_refused_with(done, home, start) == line
+
+
+def test_every_key_of_the_wrong_type_at_once_is_a_line_each_and_nothing_else(
+    every_key_wrong: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, path, done = every_key_wrong
+    said = sorted(line.split(" must be ")[0] for line in done.stderr.splitlines())
+    assert said == sorted(f"agenthost: {path}: [{k.table}] {k.name}" for k in SCHEMA)
 
 
 @pytest.mark.parametrize(
@@ -126,50 +181,101 @@ def test_every_key_of_the_wrong_type_exits_2_in_words(tmp_path: Path, key: Key) 
     [k for k in SCHEMA if OUT_OF_RANGE[type(k.type)] is not None],
     ids=lambda k: f"{k.table}.{k.name}",
 )
-def test_every_key_out_of_its_range_exits_2_in_words(tmp_path: Path, key: Key) -> None:
-    home = tmp_path / "home"
-    value = OUT_OF_RANGE[type(key.type)]
-    path = write_config(home, key, value)
-    done = serve(home)
-    assert done.returncode == 2, done.stderr
-    assert done.stderr.startswith(
-        f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
-    )
-    assert "Traceback" not in done.stderr and not (home / "store.sqlite3").exists()
+def test_every_key_out_of_its_range_exits_2_in_words(
+    every_key_out_of_range: tuple[Path, Path, subprocess.CompletedProcess[str]], key: Key
+) -> None:
+    home, path, done = every_key_out_of_range
+    start = f"agenthost: {path}: [{key.table}] {key.name} must be {key.type.expected()}, got "
+    assert_refused_with(done, home, start)
 
 
-@pytest.mark.parametrize(
-    ("text", "message"),
-    [
-        ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
-        ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
-        ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
-        ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
-        ("daemon = 3\n", "[daemon] must be a table, got the integer 3"),
-        ("[daemon\n", "not valid TOML: "),
-        ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
-        ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
-        # Split like a shell would when the config is read, not when a status reads it.
-        (
-            "[providers.codex]\ncommand = 'codex \"app'\n",
-            "command must be a command: a non-empty string or a non-empty array of strings "
-            "(No closing quotation), got the string ",
-        ),
-        ("[providers.tutti-agent]\ncommand = '\"\"'\n", "command must be a command: "),
-        # One connection is the writer alone: the start's first write, reading, waited 30 s.
-        ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
-        # A variable's name is no secret: the mistake is shown as typed.
-        ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
-    ],
-)
-def test_other_mistakes_exit_2_in_words(tmp_path: Path, text: str, message: str) -> None:
-    home = tmp_path / "home"
+def test_every_key_out_of_its_range_at_once_is_a_line_each_and_nothing_else(
+    every_key_out_of_range: tuple[Path, Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, path, done = every_key_out_of_range
+    ranged = [k for k in SCHEMA if OUT_OF_RANGE[type(k.type)] is not None]
+    said = sorted(line.split(" must be ")[0] for line in done.stderr.splitlines())
+    assert said == sorted(f"agenthost: {path}: [{k.table}] {k.name}" for k in ranged)
+
+
+OTHER_MISTAKES = [
+    ("[daemon]\nport = 1\n", '[daemon] unknown key "port" (known: actor_threads, '),
+    ("[providers.codex]\ncli_path = '/x'\n", '[providers.codex] unknown key "cli_path"'),
+    ("[providers.gpt]\nmodel = 'm'\n", "unknown provider [providers.gpt]"),
+    ("[deamon]\nlisten = []\n", 'unknown table or key "deamon"'),
+    ("daemon = 3\n", "[daemon] must be a table, got the integer 3"),
+    ("[daemon\n", "not valid TOML: "),
+    ("[daemon]\nidle_actor_seconds = nan\n", "idle_actor_seconds must be a number from 0.1"),
+    ("[daemon]\nlisten = 'tcp://192.0.2.1:7'\n", "not a loopback address"),
+    # Split like a shell would when the config is read, not when a status reads it.
+    (
+        "[providers.codex]\ncommand = 'codex \"app'\n",
+        "command must be a command: a non-empty string or a non-empty array of strings "
+        "(No closing quotation), got the string ",
+    ),
+    (
+        "[providers.tutti-agent]\ncommand = '\"\"'\n",
+        "[providers.tutti-agent] command must be a command: ",
+    ),
+    # One connection is the writer alone: the start's first write, reading, waited 30 s.
+    ("[daemon]\nstore_connections = 1\n", "store_connections must be an integer from 2 "),
+    # A variable's name is no secret: the mistake is shown as typed.
+    ("[providers.codex]\napi_key_env = 'MY-KEY'\n", 'got the string "MY-KEY"'),
+]
+ALONE = {"[daemon\n", "daemon = 3\n"}
+"""The mistakes no file can hold beside others (the file is not TOML; `daemon` not a table)."""
+
+
+@pytest.fixture(scope="module")
+def other_mistakes_at_once(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[Path, subprocess.CompletedProcess[str]]:
+    """One `serve` of a file holding every one of `OTHER_MISTAKES` but `ALONE`'s, each
+    snippet's keys under its own table: `serve` names every mistake at once."""
+    home = tmp_path_factory.mktemp("cfg") / "home"
     home.mkdir()
-    (home / "agenthost.toml").write_text(text)
-    done = serve(home)
+    tables: dict[str, list[str]] = {}
+    for text, _ in OTHER_MISTAKES:
+        if text not in ALONE:
+            header, *keys = text.splitlines()
+            tables.setdefault(header, []).extend(keys)
+    body = "".join(f"{header}\n" + "\n".join(keys) + "\n" for header, keys in tables.items())
+    (home / "agenthost.toml").write_text(body)
+    return home, serve(home)
+
+
+@pytest.mark.parametrize(("text", "message"), OTHER_MISTAKES)
+def test_other_mistakes_exit_2_in_words(
+    tmp_path: Path,
+    other_mistakes_at_once: tuple[Path, subprocess.CompletedProcess[str]],
+    text: str,
+    message: str,
+) -> None:
+    """Each mistake a line in words; those a file can hold together read from one `serve` of
+    them all (a line each: `test_other_mistakes_at_once_are_a_line_each_and_nothing_else`),
+    the others from a `serve` of their own, its one line."""
+    if text in ALONE:
+        home = tmp_path / "home"
+        home.mkdir()
+        (home / "agenthost.toml").write_text(text)
+        done = serve(home)
+        assert len(done.stderr.splitlines()) == 1, done.stderr
+    else:
+        home, done = other_mistakes_at_once
     assert done.returncode == 2, done.stderr
-    assert message in done.stderr and "Traceback" not in done.stderr
-    assert len(done.stderr.splitlines()) == 1
+    assert "Traceback" not in done.stderr
+    assert len([line for line in done.stderr.splitlines() if message in line]) == 1, done.stderr
+    assert not (home / "store.sqlite3").exists() and not (home / "run").exists()
+
+
+def test_other_mistakes_at_once_are_a_line_each_and_nothing_else(
+    other_mistakes_at_once: tuple[Path, subprocess.CompletedProcess[str]],
+) -> None:
+    _, done = other_mistakes_at_once
+    lines = done.stderr.splitlines()
+    assert len(lines) == len(OTHER_MISTAKES) - len(ALONE), lines
+    for line in lines:
+        assert [m for t, m in OTHER_MISTAKES if t not in ALONE and m in line], line
 
 
 @pytest.mark.parametrize(

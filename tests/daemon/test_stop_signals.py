@@ -108,6 +108,9 @@ def _start_waiting_for_a_busy_store(home: Path) -> Iterator[tuple[subprocess.Pop
         assert holder.stdout is not None and holder.stdout.readline() == "held\n"
         log_path = home / "daemon.log"
         log_path.write_text("")
+        # The first write's wait for the lock at its least that still waits (10 s by default):
+        # the start is deferred, and retried, after it.
+        (home / "agenthost.toml").write_text("[daemon]\nstore_busy_timeout_ms = 100\n")
         proc = subprocess.Popen(
             [sys.executable, "-m", "agenthost", "--home", str(home), "serve"],
             stdout=subprocess.PIPE,
