@@ -86,6 +86,7 @@ def test_fork_pairs_quick_prints_each_figures_pairs_and_its_command() -> None:
         assert re.search(rf"^{re.escape(figure)} .* [0-2] of 2 ", out, re.M), out
 
 
+@pytest.mark.long  # the pairs' machinery is the fork pairs' (pinned above); make soak runs it
 @pytest.mark.timeout(300)
 def test_turn_cpu_pairs_quick_prints_each_kinds_pairs_and_its_command() -> None:
     out = _quick("bench.turn_cpu")
