@@ -819,6 +819,12 @@ class AppServerDriver:
         pid = runtime.proc.pid
         if probe is None or pid is None:
             return False
+        if session.stopped_since is not None:
+            # Seen stopped (`_check_stopped`, just before): its silence is the stop's, and the
+            # stop is what its Turns fail with (`provider_stopped`) once its own limit passes —
+            # not a probe sent an instant before the SIGSTOP, whose limit would end first.
+            runtime.probe = runtime.probe_unsent = None
+            return False
         pending = runtime.probe
         if pending is not None:
             if pending.done() or runtime.proc.last_read > runtime.probe_sent:
