@@ -546,12 +546,13 @@ class Turns:
         if turn.model_failure is not None:
             error = turn.model_failure
         if turn.provider_turn_id is None:
-            # No observed identity: the host learns it from start_turn's failure.
+            # No observed identity: the host learns it from start_turn's failure. The Session
+            # freed first, so the failure's answer never meets a next start refused busy.
+            with session.lock:
+                session.active = None
             if not turn.started.done():
                 failure = ProviderNotCalled if never_called else DriverError
                 turn.started.set_exception(failure(error or "turn did not start"))
-            with session.lock:
-                session.active = None
             return
         reconcile_checkpoint(session, turn)
         with session.lock:

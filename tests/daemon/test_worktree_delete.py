@@ -219,7 +219,8 @@ def test_a_removal_left_by_a_stop_is_not_finished_under_a_session_working_in_the
     _, child, where = left_removing(daemon, tmp_path, start_one)
     daemon.start()
     assert Path(where["path"]).is_dir() and tree_state(daemon, child) == "removing"
-    assert "in use by" in daemon.tail_log(100_000)
+    # The daemon's log lines reach its file from a queue (agenthost/log_queue.py): waited for.
+    assert wait_for(lambda: "in use by" in daemon.tail_log(100_000), 30), daemon.tail_log()
     c = daemon.client(timeout=60)
     assert run_turn(c, users[0], "still here?")["outcome"] == "completed"
 
