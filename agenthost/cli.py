@@ -9,12 +9,9 @@ Exit codes: 0 success; 1 the daemon answered with an error, or the turn/fork did
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import logging
-import os
-import select
 import signal
 import sys
 from pathlib import Path
@@ -25,6 +22,7 @@ from agenthost.home import HomeInUse, HomeUnsafe
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
 from client.cli.parser import SubParsers, build_parser, run_command
 from domain.home_layout import default_home, run_dir
+from domain.stop_signals import StopSignals
 
 log = logging.getLogger(__name__)
 
@@ -183,18 +181,11 @@ def _serve_logged(args: argparse.Namespace) -> int:
         events_listen=tuple(args.events_listen),
         events_exact_listen=tuple(args.events_exact_listen),
     )
-    # The handlers only flip a flag: a handler taking a lock (Event.set) can deadlock with the
-    # main thread interrupted inside that same lock.
-    signalled: list[int] = []
-    for stop in STOP_SIGNALS:
-        # A SIGHUP ignored when the daemon was started (`nohup`) stays ignored: the terminal
-        # it was started from may close under it.
-        if stop != signal.SIGHUP or signal.getsignal(stop) is not signal.SIG_IGN:
-            signal.signal(stop, lambda signum, _frame: signalled.append(signum))
+    stops = StopSignals(STOP_SIGNALS, keep_ignored=(signal.SIGHUP,))
     # Set before the daemon's threads start (CPython's 5 ms unless a measurement names one).
     switch_s = gil_policy.apply()
     # A start that waits for a store another process keeps busy ends at a stop signal.
-    recovery.stop_start_when(lambda: bool(signalled))
+    recovery.stop_start_when(lambda: bool(stops))
     # A client that gets no answer meanwhile says the start waits for the store, not "hung".
     recovery.tell_store_wait(
         lambda what: daemon.publish_state(
@@ -204,7 +195,7 @@ def _serve_logged(args: argparse.Namespace) -> int:
     try:
         daemon.start()
     except recovery.StartStopped as exc:
-        log.info("stopping on %s: %s", signal.Signals(signalled[0]).name, exc)
+        log.info("stopping on %s: %s", stops.first_name(), exc)
         daemon.close()
         log.info("stopped")
         return EXIT_OK
@@ -241,23 +232,17 @@ def _serve_logged(args: argparse.Namespace) -> int:
     )
     # Logged once ready: a start that fails says only why on stderr.
     log.info("GIL switch interval %.2f ms", switch_s * 1000)
-    # Woken at once by a stop signal's byte on the wake-up pipe (a stop waited up to a whole
-    # poll for the flag to be looked at); a fatal fault's `stop_requested` within a poll.
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    while not signalled and not daemon.stop_requested.is_set():
-        select.select([wake_r], [], [], 0.1)
-        with contextlib.suppress(BlockingIOError):
-            os.read(wake_r, 512)
+    # A fatal fault's `stop_requested` is looked at every 0.1 s; a stop signal wakes it at once.
+    stops.wait(daemon.stop_requested.is_set, 0.1)
     # Said before and after the stop (an operator's log shows why the daemon went, and that a
     # slow stop was under way rather than hung).
-    why = signal.Signals(signalled[0]).name if signalled else "a fatal fault (logged above)"
+    why = stops.first_name() if stops else "a fatal fault (logged above)"
     log.info("stopping on %s", why)
     daemon.close()
     log.info("stopped")
     if gc_timings is not None:
         gc_timings.close()
-    return EXIT_ERROR if daemon.stop_requested.is_set() and not signalled else 0
+    return EXIT_ERROR if daemon.stop_requested.is_set() and not stops else 0
 
 
 def _checked_config(

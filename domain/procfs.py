@@ -102,10 +102,16 @@ def processes_marked(name: str, values: Collection[str]) -> list[int]:
 
 
 def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list[int]:
-    """One pass over `/proc`: the live processes whose environment holds `needle` and whose
-    items `matches` accepts (one read of `environ` a process — docs/performance.md, "What a
-    stop's scan costs" — so it runs at a stop or a delete, never per Turn)."""
-    found: list[int] = []
+    """The live processes whose environment holds `needle` and whose items `matches` accepts."""
+    return [pid for pid, items in environs_holding(needle).items() if matches(items)]
+
+
+def environs_holding(needle: bytes) -> dict[int, list[bytes]]:
+    """One pass over `/proc`: this user's live processes (not this one; `alive_in_stat`) whose
+    environment holds `needle`, their environment's items by pid (one read of `environ` a
+    process — docs/performance.md, "What a stop's scan costs" — so it runs at a stop or a
+    delete, never per Turn). Empty where there is no `/proc`."""
+    found: dict[int, list[bytes]] = {}
     try:
         names = os.listdir("/proc")
     except OSError:
@@ -121,10 +127,9 @@ def _environ_scan(needle: bytes, matches: Callable[[list[bytes]], bool]) -> list
             continue  # gone, or another user's
         if needle not in environ:
             continue
-        if matches(environ.split(b"\0")):
-            with contextlib.suppress(OSError):
-                if alive_in_stat(read_proc_stat(int(name))):
-                    found.append(int(name))
+        with contextlib.suppress(OSError):
+            if alive_in_stat(read_proc_stat(int(name))):
+                found[int(name)] = environ.split(b"\0")
     return found
 
 

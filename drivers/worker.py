@@ -9,7 +9,6 @@ its parent dies.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import ctypes
 import functools
 import importlib
@@ -17,7 +16,6 @@ import io
 import json
 import logging
 import os
-import select
 import signal
 import sys
 import threading
@@ -29,6 +27,7 @@ from typing import Any, TextIO
 
 from domain.errors import HostError, InvalidRequest, RuntimeChanged, internal_error
 from domain.redaction import Redactor
+from domain.stop_signals import StopSignals
 from domain.turn_events import TurnCompleted, TurnEvent
 from domain.wake_one import WakeOneQueue
 from domain.worker_messages import (
@@ -727,15 +726,9 @@ def main(argv: list[str] | None = None) -> int:
     install_parent_death_signal(parent)
 
     stop = threading.Event()
-    # A signal handler must not take a lock: it runs on the main thread, which may be inside
-    # `stop.wait()` holding the Event's own lock (Event.set there deadlocks forever). The
-    # handler only flips a flag; the main loop below polls it, woken at once by the signal's
-    # byte on the wake-up pipe (a stop waited up to a whole poll for the flag to be looked at).
-    signalled: list[int] = []
-    wake_r, wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
-    signal.set_wakeup_fd(wake_w, warn_on_full_buffer=False)
-    signal.signal(signal.SIGTERM, lambda signum, _frame: signalled.append(signum))
-    signal.signal(signal.SIGINT, lambda signum, _frame: signalled.append(signum))
+    # `domain.stop_signals`: the handlers only record the signal (one taking the Event's lock
+    # could deadlock with the main thread inside `stop.wait()`); a signal wakes the loop at once.
+    stops = StopSignals((signal.SIGTERM, signal.SIGINT))
     threading.Thread(target=_watch_parent, args=(parent, stop), daemon=True).start()
 
     config = json.loads(os.environ.get(ENV_PROVIDER_CONFIG) or "{}")
@@ -752,10 +745,7 @@ def main(argv: list[str] | None = None) -> int:
     threading.Thread(
         target=preload_then_freeze, args=(server.preload,), name="driver-preload", daemon=True
     ).start()
-    while not signalled and not stop.is_set():
-        select.select([wake_r], [], [], 0.2)
-        with contextlib.suppress(BlockingIOError):
-            os.read(wake_r, 512)
+    stops.wait(stop.is_set, 0.2)
     server.close()
     link.close()
     sys.stdout.flush()

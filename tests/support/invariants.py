@@ -29,7 +29,7 @@ import apsw
 from actors.checkpoints import checkpoint_ref, commit_ref, ref_segment
 from actors.context import Timeouts, _path_segment
 from domain.errors import ForkInProgress, ForkSnapshotCorrupt, HostError
-from domain.procfs import alive_in_stat, read_proc_stat
+from domain.procfs import environs_holding
 from drivers.worker_spawn import SOCKET_DIR_MARKER, SOCKET_DIR_PREFIX, fallback_socket_dir
 from storage.fork_child import OrdinalPrefixes, ordinal_id
 from storage.fork_snapshot import decode_frozen, load_snapshot
@@ -2432,17 +2432,12 @@ def stopped_runtimes_left(runtimes: Path) -> dict[int, str]:
     runtime's marker no live runtime holds — no process carrying it is a child of a live
     worker (a process whose environment has `WORKER_MARK`) — by pid: their markers."""
     mark = os.fsencode(str(runtimes)) + b"/"
-    tree = _proc_tree()
     marked: dict[int, bytes] = {}
-    for pid, (_parent, state) in tree.items():
-        if state in (b"Z", b"X") or pid == os.getpid():
-            continue
-        items = _environ(pid)
+    for pid, items in environs_holding(RUNTIME_MARK).items():
         marker = next((i for i in items if i.startswith(RUNTIME_MARK)), None)
         if marker is not None and any(i.partition(b"=")[2].startswith(mark) for i in items):
-            with contextlib.suppress(OSError):  # gone meanwhile
-                if alive_in_stat(read_proc_stat(pid)):  # not SIGKILLed, not exiting
-                    marked[pid] = marker
+            marked[pid] = marker
+    tree = _proc_tree()  # after the scan: every process it found is in it, unless gone since
     workers: dict[int, bool] = {}
 
     def is_worker(pid: int) -> bool:
@@ -2454,7 +2449,7 @@ def stopped_runtimes_left(runtimes: Path) -> dict[int, str]:
             )
         return workers[pid]
 
-    running = {m for pid, m in marked.items() if is_worker(tree[pid][0])}
+    running = {m for pid, m in marked.items() if is_worker(tree.get(pid, (0, b"X"))[0])}
     return {pid: m.partition(b"=")[2].decode() for pid, m in marked.items() if m not in running}
 
 
@@ -2478,20 +2473,13 @@ def _check_stopped_runtimes(ctx: _Ctx, runtimes: Path) -> None:
 
 def _runtime_env_paths(runtimes: Path) -> dict[int, list[str]]:
     """This user's live processes (not this one) whose environment names a path under
-    `runtimes`: those paths, by pid (Linux `/proc`; one look at every process)."""
+    `runtimes`: those paths, by pid (`domain.procfs.environs_holding`)."""
     mark = os.fsencode(str(runtimes)) + b"/"
     out: dict[int, list[str]] = {}
-    for pid, (_parent, state) in _proc_tree().items():
-        if state in (b"Z", b"X") or pid == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{pid}/environ", "rb") as fh:
-                environ = fh.read()
-        except OSError:
-            continue
+    for pid, items in environs_holding(mark).items():
         paths = [
             os.fsdecode(value)
-            for value in (item.partition(b"=")[2] for item in environ.split(b"\0"))
+            for value in (item.partition(b"=")[2] for item in items)
             if value.startswith(mark)
         ]
         if paths:
