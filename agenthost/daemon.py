@@ -6,6 +6,7 @@ worker supervisor, the actors and the API server, and wires store changes to eve
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import queue
@@ -73,6 +74,7 @@ from domain.providers import PROVIDERS, TUTTI_AGENT
 from domain.redaction import redact_userinfo
 from domain.turn_events import ACTIVITY_PROGRESS, ACTIVITY_STREAM, PROGRESS, TurnActivity
 from domain.worker_messages import SessionStop
+from drivers.errors import FailpointError
 from drivers.failpoints import ENV_POINTS, Failpoints, format_points, parse_points
 from drivers.supervisor import WorkerSupervisor
 from protocol.methods import HostStatusResult
@@ -385,6 +387,11 @@ class Daemon:
             ),
             "opening the store",
         )
+        # A failed fsync of the store's log refuses every later write and stops the daemon
+        # (docs/design/store.md "A failed sync stops the writes").
+        store.db.on_sync_failed(self._store_sync_failed)
+        if self.failpoints_enabled or self.failpoints.armed:
+            store.db.before_sync = self._store_sync_point  # none on a daemon without points
         # Recovery settles every leftover before any request is served; the commits of
         # `provider_accepted` ones past a bound are made after the ready line
         # (`DeferredCommits`: until then each is an operation awaiting its commit, which a
@@ -530,6 +537,22 @@ class Daemon:
             " added again with `agenthost keys add`"
             if minted
             else "",
+        )
+
+    def _store_sync_point(self) -> None:
+        """`host.store.wal_sync`, before a durable group's fsync of the store's log: `error`
+        fails the sync as a disk's I/O error would (`kill`: a crash between a COMMIT and its
+        fsync)."""
+        try:
+            self.failpoints.hit("host.store.wal_sync")
+        except FailpointError as exc:
+            raise OSError(errno.EIO, str(exc)) from exc
+
+    def _store_sync_failed(self, exc: OSError) -> None:
+        self._must_stop(
+            f"the disk failed to sync the store's log ({exc}): writes since the last good sync "
+            "may not be on the disk, so no write is taken from now on and the daemon stops; "
+            f"check the disk holding {self.config.store_path}, then start the daemon again"
         )
 
     def _must_stop(self, why: str) -> None:

@@ -300,6 +300,15 @@ class StoreBusy(Unavailable):
     default_reason = "store_busy"
 
 
+class StoreSyncFailed(Unavailable):
+    """The disk failed to sync the store's log (an I/O error of `fdatasync`): a write after
+    that may not be durable and is refused; the daemon stops (docs/design/store.md "A failed
+    sync stops the writes"). Not retryable on this daemon: start it again once the disk holds."""
+
+    default_reason = "store_sync_failed"
+    retryable = False
+
+
 class SessionIdTaken(Conflict):
     """The Session id already exists (even deleted) or is reserved by a fork operation."""
 

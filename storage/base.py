@@ -29,7 +29,7 @@ from typing import Any, TypeVar
 
 import apsw
 
-from domain.errors import StoreBusy
+from domain.errors import StoreBusy, StoreSyncFailed
 from storage.fork_child import ForkMemo
 from storage.models import ChangeEvent, ForkOperation, Session
 from storage.rows import PROJECTION_CACHE_SIZE, ProjectionCache, load_op, require_session
@@ -94,9 +94,27 @@ def _lease_site(depth: int = 4) -> str:
     return " < ".join(sites)
 
 
+class SyncError(Exception):
+    """An fsync of the store's log that failed (`error`): unlike a descriptor that could not be
+    opened, the kernel may have dropped what it was to write (`Database._sync_failure`)."""
+
+    def __init__(self, error: OSError) -> None:
+        super().__init__(str(error))
+        self.error = error
+
+
+def _synced(sync: Callable[[int], object], fd: int) -> None:
+    try:
+        sync(fd)
+    except OSError as exc:
+        raise SyncError(exc) from exc
+
+
 def _raise_if_lost(group: WriteGroup) -> None:
     """A member's end when its group's COMMIT failed: nothing of its write was kept; a fresh
     retryable error per member (they share the cause)."""
+    if isinstance(group.error, StoreSyncFailed):
+        raise StoreSyncFailed(group.error.message) from group.error
     if group.error is not None:
         raise StoreBusy(
             f"the store could not commit this write, try again ({type(group.error).__name__})"
@@ -166,6 +184,13 @@ class Database:
         self._writer_conn: apsw.Connection | None = None
         # The WAL file, for the durable groups' fdatasync (`_sync_wal`); None until the first.
         self._wal_fd: int | None = None
+        self.sync_failed: OSError | None = None
+        """The first failed fsync of the WAL: from then on no write commits (`_end_group`)
+        and no checkpoint runs (docs/design/store.md "A failed sync stops the writes")."""
+        self.before_sync: Callable[[], None] | None = None
+        """Called before each durable group's fsync, with the baton held (the composition
+        root's `host.store.wal_sync` failpoint); an `OSError` it raises is the sync's."""
+        self._on_sync_failed: Callable[[OSError], None] | None = None
         self.group_max_members = GROUP_MAX_MEMBERS
         self.checkpoint_pages = CHECKPOINT_PAGES
         self.checkpoint_retry_pages = CHECKPOINT_RETRY_PAGES
@@ -479,20 +504,46 @@ class Database:
         if fd is None:
             fd = os.open(conn.filename_wal, os.O_RDONLY | os.O_CLOEXEC)
             try:
-                os.fdatasync(fd)
+                _synced(os.fdatasync, fd)
                 directory = os.open(
                     os.path.dirname(conn.filename_wal) or ".", os.O_RDONLY | os.O_CLOEXEC
                 )
                 try:
-                    os.fsync(directory)
+                    _synced(os.fsync, directory)
                 finally:
                     os.close(directory)
-            except OSError:
+            except BaseException:
                 os.close(fd)
                 raise
             self._wal_fd = fd
             return
-        os.fdatasync(fd)
+        _synced(os.fdatasync, fd)
+
+    def on_sync_failed(self, callback: Callable[[OSError], None]) -> None:
+        """`callback(error)` once, at the first failed fsync of the WAL (the daemon stops)."""
+        self._on_sync_failed = callback
+
+    def _sync_failure(self, exc: OSError) -> None:
+        first = self.sync_failed is None
+        if first:
+            self.sync_failed = exc
+        self._close_wal_fd()
+        log.error(
+            "store: the WAL's fsync after a COMMIT failed (%s): no write commits from now on", exc
+        )
+        callback = self._on_sync_failed
+        if first and callback is not None:
+            try:
+                callback(exc)
+            except Exception:  # noqa: BLE001 - the refusal of every later write holds anyway
+                log.exception("store: the sync failure's callback failed")
+
+    def _sync_failed_error(self) -> StoreSyncFailed:
+        return StoreSyncFailed(
+            "the disk failed to sync the store's log "
+            f"({self.sync_failed}); no write is taken from now on and the daemon stops: "
+            "check the disk, then start the daemon again"
+        )
 
     def _close_wal_fd(self) -> None:
         fd, self._wal_fd = self._wal_fd, None
@@ -530,8 +581,8 @@ class Database:
             while True:
                 self._checkpoint_due.wait()
                 self._checkpoint_due.clear()
-                if self._closed:
-                    return
+                if self._closed or self.sync_failed is not None:
+                    return  # a checkpoint may copy a frame the disk lost: the next open judges
                 try:
                     frames, _copied = self._checkpoint_pass(conn)
                     if frames >= self.wal_bound_pages and not self._closed:
@@ -592,6 +643,8 @@ class Database:
                 if not conn.getautocommit():
                     conn.execute("ROLLBACK")
                 return
+            if self.sync_failed is not None:
+                raise self._sync_failed_error()
             conn.execute("COMMIT")
             stats = self.write_stats  # the baton's holder is their only writer
             if group.lazy:
@@ -599,13 +652,27 @@ class Database:
                 self._held_events.extend(group.held)
             else:
                 try:
+                    hook = self.before_sync
+                    if hook is not None:  # its OSError is the sync's (a simulated EIO)
+                        _synced(lambda _fd: hook(), -1)
                     self._sync_wal(conn)
                 except OSError:
-                    # The COMMIT is in the WAL but not known durable: nobody is told of it (its
-                    # members fail, retryable), as after a crash between a COMMIT and its reply.
-                    log.exception("store: the WAL's fsync after a COMMIT failed")
+                    # The WAL could not be opened for its fsync (an fd limit): nothing was
+                    # synced, nothing the kernel held was dropped; the COMMIT is not known
+                    # durable (its members fail, retryable) and the next durable write syncs.
+                    log.exception("store: the WAL could not be opened for its fsync")
                     self._close_wal_fd()
                     raise
+                except SyncError as failed:
+                    exc = failed.error
+                    # The COMMIT is in the WAL but not known durable: nobody is told of it, as
+                    # after a crash between a COMMIT and its reply. And no later write may
+                    # commit: after a failed fsync the kernel may have dropped the WAL's dirty
+                    # pages while a new descriptor's fsync succeeds, so a later write "made
+                    # durable" could sit behind a hole in the WAL's checksum chain, which a
+                    # recovery cuts at the hole (docs/design/store.md).
+                    self._sync_failure(exc)
+                    raise self._sync_failed_error() from exc
                 stats.commits += 1
                 # This fsync covers every earlier lazy COMMIT (the WAL's checksum chain):
                 # their events may go out now, before this group's own.

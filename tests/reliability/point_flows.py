@@ -262,5 +262,6 @@ FLOWS: dict[str, Flow] = {
     SESSION_START: Flow(claude_new, beside_fork),
     "worker.history.before_read": Flow(lost_start, turn),
     "worker.session.before_stop": Flow(settled, delete, deletes=True),
+    "host.store.wal_sync": Flow(settled, turn),
 }
 """Each point the crash soak arms → its flow (`test_point_choice.py`: one for every point)."""

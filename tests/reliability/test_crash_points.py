@@ -1,9 +1,10 @@
 """Crashes at the failpoints the fork matrix does not reach: a Turn's claim, warm start and
-checkpoints, a delete's removal, an answered Interaction, the binder's attestation and a
-resolution's transient runtime. Each case arms its point `once:kill`, drives the real daemon to
-it, proves the kill (the process died with SIGKILL and the point's durable `once:` marker
-exists), restarts what died, and asserts the end state docs/reliability.md owes the user, every
-invariant, and that the daemon serves the next Turn on that Session.
+checkpoints, a delete's removal, an answered Interaction, the binder's attestation, a
+resolution's transient runtime and a durable write's fsync of the store's log. Each case arms
+its point `once:kill`, drives the real daemon to it, proves the kill (the process died with
+SIGKILL and the point's durable `once:` marker exists), restarts what died, and asserts the end
+state docs/reliability.md owes the user, every invariant, and that the daemon serves the next
+Turn on that Session.
 """
 
 from __future__ import annotations
@@ -419,6 +420,23 @@ def recovery_before_commits(t: Trial) -> str:
     return "committed"
 
 
+def store_wal_sync(t: Trial) -> str:
+    """Killed between a durable write's COMMIT and the fsync of the store's log: the write was
+    never answered, and it is in the log the kill leaves (a process's death keeps the page
+    cache), so the next start reads it: a write may land unanswered, never half."""
+    c = t.client()
+    t.session(c)
+    assert run_turn(c, t.sid, "a transcript")["outcome"] == "completed"
+    t.arm(c)
+    params = {"workspaceId": WS, "agentSessionId": t.sid, "title": "committed, never synced"}
+    with contextlib.suppress(Exception):
+        t.d.client(timeout=2.0).call("session.updateTitle", params)
+    t.host_killed()
+    got = t.client().call("session.get", {"workspaceId": WS, "agentSessionId": t.sid})
+    assert got["session"]["title"] == "committed, never synced", got
+    return "landed unanswered"
+
+
 def _terminal(c: Client, op: dict[str, Any]) -> dict[str, Any]:
     def poll() -> dict[str, Any] | None:
         got = c.call("fork.get", {"workspaceId": WS, "operationId": op["operationId"]})
@@ -452,6 +470,7 @@ CASES: dict[str, Case] = {
     "host.session.delete.after_commit": Case(delete_after_commit),
     "host.session.delete.discard": Case(delete_discard),
     "host.recovery.before_commits": Case(recovery_before_commits),
+    "host.store.wal_sync": Case(store_wal_sync),
     "worker.turn.before_start": Case(
         worker_turn_before_start, ("tutti-agent", "codex", "claude-code"), never_got=2
     ),

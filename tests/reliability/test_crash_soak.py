@@ -279,6 +279,7 @@ POINTS = (
     "worker.session.after_start",  # a Claude Session's start beside its fork (`point_flows`)
     "worker.history.before_read",  # a cold start's re-bind: the next one asks again
     "worker.session.before_stop",  # a delete's stop of a warm runtime: sent to the next worker
+    "host.store.wal_sync",  # any durable write's COMMIT made, its fsync not yet
 )
 WORKER_POINTS = (
     "worker.fork.before_provider_call",

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import re
+import resource
 import shutil
 import subprocess
 import sys
@@ -20,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from domain.errors import SessionNotFound, StoreBusy
+from domain.errors import SessionNotFound, StoreBusy, StoreSyncFailed
 from storage.store import Store
 from tests.storage.test_store_group_commit import WS, _sessions
 
@@ -189,37 +190,87 @@ def test_the_writer_runs_no_pragma_between_groups(tmp_path: Path) -> None:
         store.close()
 
 
-def test_a_failed_fsync_of_the_wal_fails_the_group_and_the_next_write_syncs_again(
+def test_a_failed_fsync_of_the_wal_fails_the_group_and_every_later_write(
     tmp_path: Path,
 ) -> None:
     """The WAL's fsync after a durable COMMIT fails (here: the descriptor is a pipe, which
-    cannot be synced): every member gets a retryable `StoreBusy` and no event (the write is
-    in the WAL but not known durable, as after a crash between a COMMIT and its reply); the
-    descriptor is dropped and the next durable write opens the WAL again and is fsync'd."""
+    cannot be synced): every member gets `store_sync_failed` and no event (the write is in the
+    WAL but not known durable, as after a crash between a COMMIT and its reply), the store's
+    callback is told once, and no later write commits, durable or lazy, on a fresh descriptor
+    or not: after a failed fsync the kernel may have dropped the WAL's pages while a new
+    descriptor's fsync succeeds (a later write "made durable" behind a hole in the WAL)."""
     store = Store.open(tmp_path / "store.sqlite3")
     heard: list[object] = []
+    told: list[OSError] = []
     try:
         (sid,) = _sessions(store, 1)
         store.db.subscribe(heard.append)
+        store.db.on_sync_failed(told.append)
         store.sessions.update_title(WS, sid, "first")  # the WAL's descriptor is open
         heard.clear()
         store.db._close_wal_fd()
         unsyncable, other_end = os.pipe()
         store.db._wal_fd = unsyncable
         before = store.db.write_stats.snapshot()
-        with pytest.raises(StoreBusy):
+        with pytest.raises(StoreSyncFailed) as failed:
             store.sessions.update_title(WS, sid, "not known durable")
+        assert failed.value.reason == "store_sync_failed" and not failed.value.retryable
         assert heard == []
+        assert len(told) == 1 and isinstance(told[0], OSError)
         after = store.db.write_stats.snapshot()
         assert after["group_failures"] - before["group_failures"] == 1
         assert after["commits"] == before["commits"]
         assert store.db._wal_fd is None  # dropped (the pipe's end closed with it)
         os.close(other_end)
+        with pytest.raises(StoreSyncFailed):
+            store.sessions.update_title(WS, sid, "after the failure")
+        with pytest.raises(StoreSyncFailed), store.db.write(WS, durable=False) as tx:
+            tx.conn.execute("SELECT 1")
+        assert store.db.write_stats.snapshot()["commits"] == after["commits"]
+        assert store.db.write_stats.snapshot()["lazy_commits"] == after["lazy_commits"]
+        assert heard == [] and len(told) == 1
+    finally:
+        store.close()
+    reopened = Store.open(tmp_path / "store.sqlite3")
+    try:  # a new open (the daemon started again) writes again
+        before = reopened.db.write_stats.snapshot()["commits"]
+        reopened.sessions.update_title(WS, sid, "after a new start")
+        assert reopened.db.write_stats.snapshot()["commits"] == before + 1
+    finally:
+        reopened.close()
+
+
+def test_a_wal_that_cannot_be_opened_for_its_fsync_fails_the_group_and_the_next_write_syncs(
+    tmp_path: Path,
+) -> None:
+    """The WAL's descriptor cannot be opened (the process is at its fd limit): nothing was
+    synced and nothing the kernel held was dropped, so the group fails retryable
+    (`StoreBusy`), the store is not stopped, and the next durable write opens the WAL and
+    is fsync'd."""
+    store = Store.open(tmp_path / "store.sqlite3")
+    told: list[OSError] = []
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    try:
+        (sid,) = _sessions(store, 1)
+        store.db.on_sync_failed(told.append)
+        store.sessions.update_title(WS, sid, "first")
+        store.db._close_wal_fd()
+        lowest_free = os.dup(0)
+        os.close(lowest_free)
+        before = store.db.write_stats.snapshot()
+        resource.setrlimit(resource.RLIMIT_NOFILE, (lowest_free, hard))
+        try:
+            with pytest.raises(StoreBusy):
+                store.sessions.update_title(WS, sid, "not known durable")
+        finally:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+        assert told == [] and store.db.sync_failed is None
         store.sessions.update_title(WS, sid, "durable again")
-        assert store.db.write_stats.snapshot()["commits"] - after["commits"] == 1
+        after = store.db.write_stats.snapshot()
+        assert after["commits"] - before["commits"] == 1
         fd = store.db._wal_fd
         assert fd is not None
         assert os.fstat(fd).st_ino == (tmp_path / "store.sqlite3-wal").stat().st_ino
-        assert heard != []
     finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
         store.close()
