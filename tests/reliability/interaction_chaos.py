@@ -52,10 +52,16 @@ CODEX_ASKS = {"approvalPolicy": "on-request"}
 """The settings of a Codex Session that asks before it runs a command outside its sandbox."""
 TOOK = {"tool ok: ran": "approve", "tool error: declined": "decline"}
 """What a Claude Code or Codex Turn's fake model replies after its tool ran or was refused."""
-DETACH = "setsid sleep 300 > /dev/null 2>&1 & "
-"""What a Codex ask's command starts first, now and then: a process in a session of its own
+DETACH = (
+    'python3 -c \'import subprocess as s; s.Popen(["sleep", "300"], start_new_session=True,'
+    " stdout=s.DEVNULL, stderr=s.DEVNULL)'; "
+)
+"""What a Codex ask's command starts first, now and then: a `sleep` in a session of its own
 (Codex ends its command's process group when the command ends; this leaves it), carrying its
-runtime's marker (docs/design/drivers.md, "What a stop ends")."""
+runtime's marker (docs/design/drivers.md, "What a stop ends"). Not `setsid sleep … &`: its
+child may not have left the group yet when the command ends and Codex kills the group (a
+contention soak's detach Turn left nothing so); `Popen` returns once its child has execed,
+its session already its own."""
 DETACH_WAIT_S = 30.0
 """How long `Asker.detach` waits for its Turn to settle."""
 RELEASE_S = 30.0
@@ -237,13 +243,14 @@ class Asker:
         )
 
     def detach(self, c: Client, sids: Iterable[str], tag: str) -> bool:
-        """A Turn of a Codex Session of `sids` (one that asks first, if any) whose command
-        leaves a process detached (`DETACH`), its ask approved (kept as any answer), waited for
-        until it settles: the checks that follow meet that process beside its running runtime.
-        Whether one completed (none when every such Session was busy or deleted)."""
-        codex = [s for s in sids if self.provider_of(s) == "codex"]
+        """A Turn of a Codex Session of `sids` that asks first (`CODEX_ASKS`: approved, its
+        command runs outside the sandbox; one that never asks may be refused by it) whose
+        command leaves a process detached (`DETACH`), its ask approved (kept as any answer),
+        waited for until it settles: the checks that follow meet that process beside its
+        running runtime. Whether one completed (none when every such Session was busy or
+        deleted)."""
         with self.lock:
-            codex.sort(key=lambda s: s not in self.codex_asks)
+            codex = [s for s in sids if s in self.codex_asks]
         for sid in codex:
             params = {
                 "workspaceId": WS,
