@@ -242,13 +242,15 @@ class Asker:
             self.interrupts, turns
         )
 
-    def detach(self, c: Client, sids: Iterable[str], tag: str) -> bool:
+    def detach(self, c: Client, home: Path, sids: Iterable[str], tag: str) -> bool:
         """A Turn of a Codex Session of `sids` that asks first (`CODEX_ASKS`: approved, its
         command runs outside the sandbox; one that never asks may be refused by it) whose
         command leaves a process detached (`DETACH`), its ask approved (kept as any answer),
         waited for until it settles: the checks that follow meet that process beside its
         running runtime. Whether one completed (none when every such Session was busy or
-        deleted)."""
+        deleted, nor when one left before still runs under `home`: the checks meet it)."""
+        if _detached(home):
+            return False
         with self.lock:
             codex = [s for s in sids if s in self.codex_asks]
         for sid in codex:
@@ -298,8 +300,7 @@ class Asker:
     def count_detached(self, home: Path) -> int:
         """Tallies the processes Codex asks' commands left detached (`DETACH`) that run now,
         working under `home`'s runtimes with a runtime's marker (a live check meets them)."""
-        pids = processes_in(str(home / "runtimes"), marked=RUNTIME_VAR)
-        n = sum(1 for pid in pids if _command(pid) == "sleep")
+        n = _detached(home)
         with self.lock:
             self.calls["live check met a detached tool process"] += n
         return n
@@ -415,6 +416,12 @@ class Asker:
             self.calls[key] += 1
             if status == 500:
                 self.failures.append(f"{tag}: {method} → 500 {body}")
+
+
+def _detached(home: Path) -> int:
+    """The `sleep`s (`DETACH`) working under `home`'s runtimes with a runtime's marker."""
+    pids = processes_in(str(home / "runtimes"), marked=RUNTIME_VAR)
+    return sum(1 for pid in pids if _command(pid) == "sleep")
 
 
 def _command(pid: int) -> str:

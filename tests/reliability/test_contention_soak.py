@@ -1484,7 +1484,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         # nor a deleted Session's folder, unless its removal waits for a call in flight.
         # A Codex tool's detached process beside its running runtime for the live checks (the
         # process laws' too, at once: a fault round below may end its runtime).
-        t.asker.detach(c, sorted(codex), "live check")
+        t.asker.detach(c, home, sorted(codex), "live check")
         t.asker.count_detached(home)
         assert d.proc is not None
         detached_processes = check_processes(home, d.proc.pid)

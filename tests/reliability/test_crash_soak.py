@@ -1012,7 +1012,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             chaos[action] += 1
             # A Codex tool's detached process beside its running runtime for the live checks.
             chaos["detached_tool_process"] += w.asker.detach(
-                w.daemon.client(), list(w.sessions), "round"
+                w.daemon.client(), w.home, list(w.sessions), "round"
             )
             report = checked(w, live_grace_s=grace)
             checks += 1

@@ -362,7 +362,8 @@ class Law(StrEnum):
     a daemon's start ends what a previous run's runtimes left (docs/design/drivers.md, "What
     a stop ends"). A Claude Session's runtime lives from its first start to its stop, but is
     seen running only while a CLI of it is: a tool's process left between its Turns with no
-    CLI parked is reported too (none of the soaks' Turns runs a tool)."""
+    CLI parked is reported too (the soaks' Codex Turns leave some; none of their Claude Turns
+    does)."""
     PROVIDER_FAULT_SETTLES = "provider_fault_settles"
     """Over what a soak saw of a provider that misbehaved on its stdout (`check_provider_faults`,
     `tests/reliability/provider_chaos.py`): its Turn still `active` past the fault's bound or
