@@ -12,7 +12,11 @@ command that writes, which the CLI asks permission for (`can_use_tool`: an appro
 ask too: `/run echo … > asked-….txt` makes the fake Responses API (`soak_responses_reply`) call
 `exec_command` asking to run outside the sandbox, which a Session created with
 `approvalPolicy: on-request` (`CODEX_ASKS`) asks the user to approve (an approval); a Codex
-Session that never asks runs it, or is refused by its sandbox, and completes unasked."""
+Session that never asks runs it, or is refused by its sandbox, and completes unasked. Every
+other Codex ask's command first detaches a `sleep` (`DETACH`): a process of the Session's
+running runtime outside its app-server's tree and group, which the live process laws
+(`process_owned`, `runtime_processes_ended`, `stopped_runtime_left`) meet and its runtime's
+stop ends."""
 
 from __future__ import annotations
 
@@ -27,6 +31,8 @@ from typing import Any
 
 import apsw
 
+from domain.procfs import processes_in
+from drivers.runtime_marker import RUNTIME_VAR
 from model_fakes import responses
 from model_fakes.messages import Reply, ToolUse, default_reply, last_user_text, tool_result
 from tests.support.daemon import WS
@@ -46,6 +52,18 @@ CODEX_ASKS = {"approvalPolicy": "on-request"}
 """The settings of a Codex Session that asks before it runs a command outside its sandbox."""
 TOOK = {"tool ok: ran": "approve", "tool error: declined": "decline"}
 """What a Claude Code or Codex Turn's fake model replies after its tool ran or was refused."""
+DETACH = (
+    'python3 -c \'import subprocess as s; s.Popen(["sleep", "300"], start_new_session=True,'
+    " stdout=s.DEVNULL, stderr=s.DEVNULL)'; "
+)
+"""What a Codex ask's command starts first, now and then: a `sleep` in a session of its own
+(Codex ends its command's process group when the command ends; this leaves it), carrying its
+runtime's marker (docs/design/drivers.md, "What a stop ends"). Not `setsid sleep … &`: its
+child may not have left the group yet when the command ends and Codex kills the group (a
+contention soak's detach Turn left nothing so); `Popen` returns once its child has execed,
+its session already its own."""
+DETACH_WAIT_S = 30.0
+"""How long `Asker.detach` waits for its Turn to settle."""
 RELEASE_S = 30.0
 """How long `release` asks again an interrupt a fork's fence or a busy store refused."""
 
@@ -152,7 +170,11 @@ class Asker:
         if self.provider_of(sid) == "claude-code":
             return f"{BASH}echo {n} > asked-{n}.txt"  # a write: the CLI asks
         if self.provider_of(sid) == "codex":
-            return f"{RUN}echo {n} > asked-{n}.txt"  # outside the sandbox: on-request asks
+            # Outside the sandbox: on-request asks. Every other one leaves a process of its
+            # runtime behind, detached (`DETACH`): the live process checks meet it beside its
+            # running runtime, and its runtime's stop ends it.
+            detach = DETACH if n % 2 else ""
+            return f"{RUN}{detach}echo {n} > asked-{n}.txt"
         return rng.choice(ASKS)
 
     def settings(self, sid: str, settings: dict[str, Any]) -> dict[str, Any]:
@@ -219,6 +241,69 @@ class Asker:
         return check_interaction_answers(self.answers, turns, took) + check_interrupts(
             self.interrupts, turns
         )
+
+    def detach(self, c: Client, home: Path, sids: Iterable[str], tag: str) -> bool:
+        """A Turn of a Codex Session of `sids` that asks first (`CODEX_ASKS`: approved, its
+        command runs outside the sandbox; one that never asks may be refused by it) whose
+        command leaves a process detached (`DETACH`), its ask approved (kept as any answer),
+        waited for until it settles: the checks that follow meet that process beside its
+        running runtime. Whether one completed (none when every such Session was busy or
+        deleted, nor when one left before still runs under `home`: the checks meet it)."""
+        if _detached(home):
+            return False
+        with self.lock:
+            codex = [s for s in sids if s in self.codex_asks]
+        for sid in codex:
+            params = {
+                "workspaceId": WS,
+                "agentSessionId": sid,
+                "requestId": f"detach-{time.monotonic_ns():x}",
+                "input": [{"type": "text", "text": f"{RUN}{DETACH}echo detached > detached.txt"}],
+            }
+            status, body = self._call(c, "turn.submit", params, tag)
+            if status is None or status >= 400:
+                continue
+            outcome = self._approved(c, sid, str(body["turn"]["turnId"]), tag)
+            with self.lock:
+                self.calls[f"detach turn {outcome}"] += 1
+            if outcome == "completed":
+                return True
+        return False
+
+    def _approved(self, c: Client, sid: str, turn_id: str, tag: str) -> str | None:
+        """Approves each ask of the Turn until it settles (`DETACH_WAIT_S`): its outcome."""
+        deadline = time.monotonic() + DETACH_WAIT_S
+        answered: set[str] = set()
+        while time.monotonic() < deadline:
+            turn = self._turn(c, sid, turn_id, tag)
+            if turn is None or turn["phase"] == "settled":
+                return None if turn is None else str(turn.get("outcome"))
+            for i in turn.get("interactions") or []:
+                request_id = str(i["requestId"])
+                if i.get("status") != "pending" or request_id in answered:
+                    continue
+                answered.add(request_id)
+                response = {"decision": "approve"}
+                params = {
+                    "workspaceId": WS,
+                    "agentSessionId": sid,
+                    "turnId": turn_id,
+                    "requestId": request_id,
+                    "response": response,
+                }
+                status, body = self._call(c, "interaction.respond", params, tag)
+                with self.lock:
+                    self.answers.append(Answered(sid, turn_id, request_id, response, status, body))
+            time.sleep(0.05)
+        return None
+
+    def count_detached(self, home: Path) -> int:
+        """Tallies the processes Codex asks' commands left detached (`DETACH`) that run now,
+        working under `home`'s runtimes with a runtime's marker (a live check meets them)."""
+        n = _detached(home)
+        with self.lock:
+            self.calls["live check met a detached tool process"] += n
+        return n
 
     def summary(self) -> str:
         return "interactions and interrupts: " + " ".join(
@@ -331,3 +416,16 @@ class Asker:
             self.calls[key] += 1
             if status == 500:
                 self.failures.append(f"{tag}: {method} → 500 {body}")
+
+
+def _detached(home: Path) -> int:
+    """The `sleep`s (`DETACH`) working under `home`'s runtimes with a runtime's marker."""
+    pids = processes_in(str(home / "runtimes"), marked=RUNTIME_VAR)
+    return sum(1 for pid in pids if _command(pid) == "sleep")
+
+
+def _command(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/comm").read_text().strip()
+    except OSError:
+        return ""

@@ -1482,6 +1482,13 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         # The trees the live daemon still retries (none expected: every pin was lifted and its
         # tree removed above) may stay past the grace; any other failed fork's tree may not;
         # nor a deleted Session's folder, unless its removal waits for a call in flight.
+        # A Codex tool's detached process beside its running runtime for the live checks (the
+        # process laws' too, at once: a fault round below may end its runtime).
+        t.asker.detach(c, home, sorted(codex), "live check")
+        t.asker.count_detached(home)
+        assert d.proc is not None
+        detached_processes = check_processes(home, d.proc.pid)
+        detached_processes += check_daemon_runtimes(home, d.proc.pid, c)
         status = c.call("host.status")
         live = check_invariants(
             home,
@@ -1501,8 +1508,9 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
         fault_violations = faults.check(c)
         # The processes of the home: all under the live daemon, one worker per provider.
         assert d.proc is not None
+        t.asker.count_detached(home)  # what Codex's tools left beside their runtimes
         live_processes = check_processes(home, d.proc.pid)
-        live_processes += check_daemon_runtimes(home, d.proc.pid, c)
+        live_processes += check_daemon_runtimes(home, d.proc.pid, c) + detached_processes
     finally:
         stop.set()
         if never_read is not None:

@@ -1011,6 +1011,10 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             if slow:
                 chaos[f"slow_fork {settle_slow_fork(w)}"] += 1
             chaos[action] += 1
+            # A Codex tool's detached process beside its running runtime for the live checks.
+            chaos["detached_tool_process"] += w.asker.detach(
+                w.daemon.client(), w.home, list(w.sessions), "round"
+            )
             report = checked(w, live_grace_s=grace)
             checks += 1
             violations += len(report.violations)
@@ -1031,6 +1035,7 @@ def test_random_load_with_daemon_and_worker_sigkills_keeps_every_invariant(
             # No process of a killed daemon (its workers, their app-servers) outlives it, and
             # the live one runs one worker per provider (the workers started ahead included).
             assert w.daemon.proc is not None
+            w.asker.count_detached(w.home)  # what Codex's tools left beside their runtimes
             orphans = check_processes(w.home, w.daemon.proc.pid)
             orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
             assert not orphans, (seed, orphans)
@@ -1746,6 +1751,7 @@ def check_now(w: World) -> Any:
     reads_wrong = w.reader.check()
     assert not reads_wrong, (w.seed, reads_wrong)
     assert w.daemon.proc is not None
+    w.asker.count_detached(w.home)  # what Codex's tools left beside their runtimes
     orphans = check_processes(w.home, w.daemon.proc.pid)
     orphans += check_daemon_runtimes(w.home, w.daemon.proc.pid, w.daemon.client())
     assert not orphans, (w.seed, orphans)

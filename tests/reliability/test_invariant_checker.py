@@ -1783,6 +1783,92 @@ def test_a_live_daemon_s_runtime_is_its_app_server_and_ends_with_its_session(
         d.stop()
 
 
+_DETACHED_TREE = """
+import os, subprocess, sys, time
+home, mode = sys.argv[1], sys.argv[2]
+h = os.path.join(home, 'runtimes', 'ws', 's1', 'codex-home', '.home')
+env = dict(os.environ, HOME=h, CODEX_HOME=os.path.dirname(h), AGENTHOST_RUNTIME='live-one')
+me = [sys.executable, sys.argv[0], home]
+if mode == 'daemon':  # the daemon: one worker of codex (its environment a worker's)
+    worker_env = dict(os.environ, AGENTHOST_WORKER_PARENT_PID=str(os.getpid()))
+    subprocess.Popen(me + ['worker', '-m', 'drivers.worker', '--provider', 'codex'], env=worker_env)
+elif mode == 'worker':  # its runtime's app-server, marked, leading its own group
+    subprocess.Popen(me + ['server'], env=env, process_group=0)
+elif mode == 'server':  # a tool of it detaches three processes and exits
+    out = subprocess.run(me + ['tool'], env=env, stdout=subprocess.PIPE, check=True).stdout
+    print('pids', os.getpid(), out.decode().strip(), flush=True)
+else:  # the runtime's marker, none, a stopped runtime's; each in a session of its own
+    unmarked = {k: v for k, v in env.items() if k != 'AGENTHOST_RUNTIME'}
+    envs = [env, unmarked, dict(env, AGENTHOST_RUNTIME='stopped-one')]
+    sleep = ['sleep', '120']
+    kids = [subprocess.Popen(sleep, env=e, start_new_session=True, stdout=subprocess.DEVNULL)
+            for e in envs]
+    print(*(k.pid for k in kids), flush=True)
+    sys.exit(0)
+time.sleep(120)
+"""
+
+
+def test_a_live_runtimes_detached_tool_process_is_owned_one_unmarked_or_stopped_is_not(
+    tmp_path: Path,
+) -> None:
+    """A process a live runtime's tool detached (`setsid … &`: out of its app-server's tree
+    and group, reparented out of the daemon's tree) that carries that runtime's marker is
+    neither an orphan (`process_owned`) nor a runtime process without its app-server
+    (`runtime_processes_ended`): its runtime's stop ends it. The same process with no marker,
+    or a stopped runtime's, is named by both; and so is the first once its runtime's
+    app-server is gone."""
+    import psutil
+
+    from tests.support.invariants import check_processes, check_runtime_processes
+
+    home = tmp_path / "home"
+    script = tmp_path / "tree.py"
+    script.write_text(_DETACHED_TREE)
+    env = dict(os.environ, AGENTHOST_HOME=str(home))
+    daemon = subprocess.Popen(
+        [sys.executable, str(script), str(home), "daemon"], env=env, stdout=subprocess.PIPE
+    )
+    left: list[int] = []
+    try:
+        assert daemon.stdout is not None
+        words = daemon.stdout.readline().split()
+        assert words[:1] == [b"pids"], words
+        server, *left = (int(w) for w in words[1:])
+        live, unmarked, stopped = left
+        for pid in (server, *left):
+            _laid_out_pid(pid)
+        s1 = str(home / "runtimes" / "ws" / "s1" / "codex-home" / ".home")
+
+        def named() -> tuple[list[int], list[int]]:
+            owned = check_processes(home, daemon.pid, grace_s=0)
+            assert {v.law for v in owned} <= {Law.PROCESS_OWNED}, owned
+            ended = check_runtime_processes(home, daemon.pid, lambda: {"codex": 1}, grace_s=0)
+            assert {v.law for v in ended} <= {Law.RUNTIME_PROCESSES_ENDED}, ended
+            without = f" of the runtime home {s1} lives without its app-server"
+            assert all(v.detail.endswith(without) for v in ended), ended
+            return (
+                sorted(p for p in left for v in owned if f"process {p} " in v.detail),
+                sorted(p for p in left for v in ended if f"process {p} " in v.detail),
+            )
+
+        others = sorted([unmarked, stopped])
+        assert named() == (others, others)
+        # The runtime stopped (its app-server gone): what its tool left is no longer its.
+        os.kill(server, signal.SIGKILL)
+        _dead(server)
+        assert named() == (sorted(left), sorted(left))
+    finally:
+        for kid in psutil.Process(daemon.pid).children(recursive=True):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                kid.kill()
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        daemon.kill()
+        daemon.wait(10)
+
+
 def _dead(pid: int) -> None:
     """Wait until `pid` (no child of this process: its parent never reaps it) is a zombie."""
     import psutil

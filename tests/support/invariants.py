@@ -237,8 +237,12 @@ class Law(StrEnum):
     started ahead included; a git a killed daemon left, which its next start kills:
     docs/design/workspace.md "no git outlives its daemon's next start"); or the daemon
     has two workers of one provider (a worker started ahead and one spawned by a request:
-    `WorkerSupervisor` keeps one per provider). `check_processes`, on a live or stopped
-    daemon, by the soaks."""
+    `WorkerSupervisor` keeps one per provider). A process carrying the marker of a runtime
+    that runs under the live daemon (a process carrying the same marker is a live worker's
+    child, the worker the daemon's: `live_runtime_processes`) is that runtime's, wherever it
+    was reparented — a tool's `setsid … &` — and its runtime's stop ends it
+    (`stopped_runtime_left`); one with no marker, or a marker no running runtime holds, is
+    not. `check_processes`, on a live or stopped daemon, by the soaks."""
     RUNTIME_PROCESSES_ENDED = "runtime_processes_ended"
     """A process whose environment's `HOME` is an app-server runtime's private home
     (`runtimes/.../<provider home>/.home`, `process.private_env`) lives while its runtime does
@@ -247,8 +251,10 @@ class Law(StrEnum):
     Session or lost with its killed worker, whose app-server or a child of it lives on), or a
     process of a runtime is not its app-server (a live child of a live worker of the daemon,
     leader of its own process group) nor in that app-server's tree or group (a launcher's
-    native child left once the launcher was killed alone). `check_runtime_processes`, on a
-    live quiescent daemon, by the soaks."""
+    native child left once the launcher was killed alone) nor carries the marker of a runtime
+    running under the live daemon (`live_runtime_processes`: a tool's process that left the
+    server's tree and group, `setsid … &`, which the runtime's stop ends).
+    `check_runtime_processes`, on a live quiescent daemon, by the soaks."""
     FORK_EVENTS_HEARD = "fork_events_heard"
     """A subscriber connected all along did not hear a fork operation's last state, heard its
     states out of order (a later one, then an earlier one: an event published stale), or did
@@ -356,7 +362,8 @@ class Law(StrEnum):
     a daemon's start ends what a previous run's runtimes left (docs/design/drivers.md, "What
     a stop ends"). A Claude Session's runtime lives from its first start to its stop, but is
     seen running only while a CLI of it is: a tool's process left between its Turns with no
-    CLI parked is reported too (none of the soaks' Turns runs a tool)."""
+    CLI parked is reported too (the soaks' Codex Turns leave some; none of their Claude Turns
+    does)."""
     PROVIDER_FAULT_SETTLES = "provider_fault_settles"
     """Over what a soak saw of a provider that misbehaved on its stdout (`check_provider_faults`,
     `tests/reliability/provider_chaos.py`): its Turn still `active` past the fault's bound or
@@ -2427,30 +2434,67 @@ def _environ(pid: int) -> list[bytes]:
         return []
 
 
+def _runtime_markers() -> dict[int, tuple[bytes, list[bytes]]]:
+    """This user's live processes (not this one) carrying a runtime's marker: their marker
+    item (`AGENTHOST_RUNTIME=<id>`) and environment by pid (one `/proc` pass,
+    `environs_holding`)."""
+    out: dict[int, tuple[bytes, list[bytes]]] = {}
+    for pid, items in environs_holding(RUNTIME_MARK).items():
+        marker = next((i for i in items if i.startswith(RUNTIME_MARK)), None)
+        if marker is not None:
+            out[pid] = (marker, items)
+    return out
+
+
+def _running_markers(
+    tree: Mapping[int, tuple[int, bytes]],
+    marked: Mapping[int, tuple[bytes, list[bytes]]],
+    daemon_pid: int | None = None,
+) -> set[bytes]:
+    """The markers of `marked` whose runtime runs: a process carrying it is a child of a live
+    worker (a process whose environment has `WORKER_MARK`: the provider process the worker
+    started with it, an app-server or a Claude CLI) — with `daemon_pid`, a worker that is a
+    child of that daemon. `tree` is `_proc_tree`'s, taken after `marked` was."""
+    workers: dict[int, bool] = {}
+
+    def is_worker(pid: int) -> bool:
+        if pid not in workers:
+            parent, state = tree.get(pid, (0, b"X"))
+            workers[pid] = (
+                state not in (b"Z", b"X")
+                and (daemon_pid is None or parent == daemon_pid)
+                and any(i.startswith(WORKER_MARK) for i in _environ(pid))
+            )
+        return workers[pid]
+
+    return {m for pid, (m, _) in marked.items() if is_worker(tree.get(pid, (0, b"X"))[0])}
+
+
+def live_runtime_processes(daemon_pid: int | None) -> set[int]:
+    """The processes carrying the marker of a runtime that runs under the live daemon
+    `daemon_pid` (`_running_markers`): its provider process and whatever that started, a
+    tool's process that left its tree and group (`setsid … &`) included — its runtime's stop
+    ends it (`stopped_runtime_left`). None without a daemon."""
+    if daemon_pid is None:
+        return set()
+    marked = _runtime_markers()
+    running = _running_markers(_proc_tree(), marked, daemon_pid)
+    return {pid for pid, (m, _) in marked.items() if m in running}
+
+
 def stopped_runtimes_left(runtimes: Path) -> dict[int, str]:
     """The processes working under `runtimes` (a path there in their environment) that carry a
     runtime's marker no live runtime holds — no process carrying it is a child of a live
     worker (a process whose environment has `WORKER_MARK`) — by pid: their markers."""
     mark = os.fsencode(str(runtimes)) + b"/"
-    marked: dict[int, bytes] = {}
-    for pid, items in environs_holding(RUNTIME_MARK).items():
-        marker = next((i for i in items if i.startswith(RUNTIME_MARK)), None)
-        if marker is not None and any(i.partition(b"=")[2].startswith(mark) for i in items):
-            marked[pid] = marker
+    marked = _runtime_markers()
     tree = _proc_tree()  # after the scan: every process it found is in it, unless gone since
-    workers: dict[int, bool] = {}
-
-    def is_worker(pid: int) -> bool:
-        if pid not in workers:
-            items = _environ(pid)
-            state = tree.get(pid, (0, b"X"))[1]
-            workers[pid] = state not in (b"Z", b"X") and any(
-                i.startswith(WORKER_MARK) for i in items
-            )
-        return workers[pid]
-
-    running = {m for pid, m in marked.items() if is_worker(tree.get(pid, (0, b"X"))[0])}
-    return {pid: m.partition(b"=")[2].decode() for pid, m in marked.items() if m not in running}
+    running = _running_markers(tree, marked)
+    return {
+        pid: m.partition(b"=")[2].decode()
+        for pid, (m, items) in marked.items()
+        if m not in running and any(i.partition(b"=")[2].startswith(mark) for i in items)
+    }
 
 
 def _check_stopped_runtimes(ctx: _Ctx, runtimes: Path) -> None:
@@ -2817,18 +2861,25 @@ def _process_problems(home: Path, daemon_pid: int | None) -> list[Violation]:
                 if parent in daemon_tree and child not in daemon_tree:
                     daemon_tree.add(child)
                     grew = True
-    out: list[Violation] = []
-    for pid, (_parent, state) in sorted(tree.items()):
-        if pid in mine or pid in daemon_tree or state in (b"Z", b"X"):
-            continue
-        if _names_home(pid, str(home)):
-            out.append(
-                Violation(
-                    Law.PROCESS_OWNED,
-                    f"process {pid} of home {home} runs outside the daemon's tree "
-                    f"(daemon {daemon_pid})",
-                )
-            )
+    outside = [
+        pid
+        for pid, (_parent, state) in sorted(tree.items())
+        if pid not in mine
+        and pid not in daemon_tree
+        and state not in (b"Z", b"X")
+        and _names_home(pid, str(home))
+    ]
+    # A live runtime's tool's process that left its tree (`setsid … &`) is its runtime's:
+    # that runtime's stop ends it (`stopped_runtime_left` judges it once the runtime stopped).
+    live = live_runtime_processes(daemon_pid) if outside else set()
+    out = [
+        Violation(
+            Law.PROCESS_OWNED,
+            f"process {pid} of home {home} runs outside the daemon's tree (daemon {daemon_pid})",
+        )
+        for pid in outside
+        if pid not in live
+    ]
     workers: Counter[str] = Counter()
     for pid in daemon_tree:
         if tree[pid][1] in (b"Z", b"X"):
@@ -2933,6 +2984,7 @@ def _runtime_process_problems(
             if os.getpgid(pid) == pid:
                 leaders[h] = pid
     out: list[Violation] = []
+    kept: set[int] | None = None  # a live runtime's processes by its marker, looked up once
     for pid, (h, _provider) in sorted(homes.items()):
         leader = leaders.get(h)
         if leader == pid:
@@ -2947,6 +2999,11 @@ def _runtime_process_problems(
                 seen.add(up)
                 owned = up == leader
                 up = tree[up][0]
+        if not owned:
+            # A live runtime's tool's process that left the server's tree and group
+            # (`setsid … &`): its runtime's stop ends it (`stopped_runtime_left`).
+            kept = live_runtime_processes(daemon_pid) if kept is None else kept
+            owned = pid in kept
         if not owned:
             out.append(
                 Violation(
