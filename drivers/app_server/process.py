@@ -55,6 +55,8 @@ same home)."""
 CLOSE_LOOK_S = 0.05
 """How often a close waiting for a server's exit looks whether it (or a process under it) was
 stopped: a stopped server is killed then, not waited for (`AppServerProcess.close`)."""
+CLOSE_TREE_AFTER_S = 0.5
+"""How long a close waits for a server's exit before it also looks at the processes under it."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
 STDERR_LOG_BYTES = 4 << 20
 """The bound of an app-server's stderr log (`stderr_path`): past it a server's further stderr
@@ -407,15 +409,20 @@ class AppServerProcess:
             self.end_left()
 
     def _exits(self, proc: subprocess.Popen[bytes], timeout: float, watch: TreeWatch) -> bool:
-        """Whether `proc` exits within `timeout`, looked at every `CLOSE_LOOK_S`: a member of
-        its tree seen stopped meanwhile is no exit to wait for; the tree is SIGKILLed and
-        reaped (True)."""
-        deadline = time.monotonic() + timeout
+        """Whether `proc` exits within `timeout`, looked at every `CLOSE_LOOK_S`: the server
+        seen stopped meanwhile (or, past `CLOSE_TREE_AFTER_S`, a process under it: listing a
+        tree walks the process table, which a server that exits at once is spared) is no exit
+        to wait for; the tree is SIGKILLed and reaped (True)."""
+        began = time.monotonic()
+        deadline = began + timeout
         while True:
             left = deadline - time.monotonic()
             if _exited(proc, max(0.0, min(CLOSE_LOOK_S, left))):
                 return True
-            if watch.stopped(time.monotonic()) is not None:
+            now = time.monotonic()
+            if stopped_now(proc.pid) or (
+                now - began >= CLOSE_TREE_AFTER_S and watch.stopped(now) is not None
+            ):
                 self._kill_tree(proc)
                 proc.wait()
                 return True

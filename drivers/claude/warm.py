@@ -22,7 +22,7 @@ from typing import Any, cast
 
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.claude.state import TurnState
-from drivers.liveness import TreeWatch, kill_tree
+from drivers.liveness import TreeWatch, kill_tree, stopped_now
 
 EXIT_WAIT_S = 2.0
 """How long a discarded CLI may take to exit once its stdin is closed, before it is terminated."""
@@ -39,6 +39,8 @@ STOP_LOOK_S = 0.1
 """How often a close waiting for a CLI's exit looks whether it (or a process below it) was
 stopped (SIGSTOP, SIGTSTP, a debugger): a stopped CLI reads no end of input and handles no
 SIGTERM, so it is killed then, not waited for."""
+STOP_TREE_AFTER_S = 0.5
+"""How long a close waits for a CLI's end before it also looks at the processes below it."""
 CLOSE_BOUND_S = EXIT_WAIT_S + TERM_WAIT_S + KILL_WAIT_S + 2 * STREAM_CLOSE_S
 """The longest `Cli.close` takes (5 s), well inside the host's bound on a Session's stop (10 s,
 `SessionControls._discard_runtime`): a CLI that ignores its close and its SIGTERM (stopped,
@@ -219,7 +221,8 @@ class Cli:
         """`ended_within(timeout)`, looked at every `STOP_LOOK_S`: None as soon as the CLI (or a
         process below it) is seen stopped, an exit it cannot make."""
         loop = asyncio.get_running_loop()
-        until = loop.time() + timeout
+        began = loop.time()
+        until = began + timeout
         watch: TreeWatch | None = None
         while True:
             left = until - loop.time()
@@ -228,7 +231,7 @@ class Cli:
             process = self.process()
             if process is not None and process.returncode is None:
                 watch = watch if watch is not None else TreeWatch(process.pid)
-                if watch.stopped(time.monotonic()) is not None:
+                if _seen_stopped(watch, loop.time() - began):
                     return None
             if left <= STOP_LOOK_S:
                 return False
@@ -260,16 +263,26 @@ async def reaped_unless_stopped(process: Any, timeout: float) -> bool | None:
     """`reaped_within(process, timeout)`, looked at every `STOP_LOOK_S`: None as soon as the
     process (or one below it) is seen stopped, an exit it cannot make."""
     loop = asyncio.get_running_loop()
-    until = loop.time() + timeout
+    began = loop.time()
+    until = began + timeout
     watch = TreeWatch(process.pid)
     while True:
         left = until - loop.time()
         if await reaped_within(process, max(0.0, min(STOP_LOOK_S, left))):
             return True
-        if watch.stopped(time.monotonic()) is not None:
+        if process.returncode is None and _seen_stopped(watch, loop.time() - began):
             return None
         if left <= STOP_LOOK_S:
             return False
+
+
+def _seen_stopped(watch: TreeWatch, waited: float) -> bool:
+    """Whether the watched process is stopped (one read), or, once it has been waited for
+    `STOP_TREE_AFTER_S`, a process below it (listing a tree walks the process table, which a
+    process that ends at once is spared)."""
+    if stopped_now(watch.pid):
+        return True
+    return waited >= STOP_TREE_AFTER_S and watch.stopped(time.monotonic()) is not None
 
 
 async def reaped_within(process: Any, timeout: float) -> bool:
