@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import psutil
 
+from domain.procfs import read_proc_stat, stat_fields
+
 PROVIDER_STOPPED = "provider_stopped"
 """The reason word a Turn fails with when its provider process stayed stopped."""
 PROVIDER_UNRESPONSIVE = "provider_unresponsive"
@@ -28,6 +30,21 @@ RELIST_S = 60.0
 STOPPED_STATES = frozenset({psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP})
 """States of a process that does not run until it is continued: stopped by a signal, or at a
 tracer's stop (Linux `T` / `t`; macOS reports a stopped process as `stopped` too)."""
+
+
+STOPPED_STAT_STATES = frozenset({b"T", b"t"})
+"""`STOPPED_STATES` as `/proc/PID/stat` spells them (field 3)."""
+
+
+def stopped_now(pid: int) -> bool:
+    """Whether `pid` is stopped now (`/proc/PID/stat` state `T` or `t`), in one read: a close
+    asks it before it waits for an exit a stopped process cannot make (it reads no end of
+    input and handles no SIGTERM; only SIGKILL ends it). False when gone or unreadable."""
+    try:
+        fields = stat_fields(read_proc_stat(pid))
+    except OSError:
+        return False
+    return fields is not None and fields[0] in STOPPED_STAT_STATES
 
 
 def process_state(pid: int) -> str | None:
@@ -115,6 +132,18 @@ def stopped_start_error(provider: str, pid: int, stopped: int, what: str) -> str
         f"{PROVIDER_STOPPED}: the {provider} app-server ({which}) was stopped (SIGSTOP, "
         f"SIGTSTP or a debugger) while it started ({what}); it was killed, and a new one "
         "starts at the next Turn"
+    )
+
+
+def stopped_at_stop_error(provider: str, pid: int, stopped: int) -> str:
+    """The failure of what waited on a provider process found stopped by its Session's stop
+    (the request it was sent can never be answered)."""
+    state = process_state(stopped) or "?"
+    which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+    return (
+        f"{PROVIDER_STOPPED}: the {provider} app-server ({which}) was stopped (process state "
+        f"{state}: SIGSTOP, SIGTSTP or a debugger) when its Session was stopped, and could not "
+        "answer; it was killed, and a new one starts at the next Turn"
     )
 
 

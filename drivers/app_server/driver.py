@@ -15,7 +15,7 @@ import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -58,18 +58,22 @@ from drivers.failpoints import Failpoints
 from drivers.liveness import (
     DEFAULT_STOPPED_LIMIT_S,
     TreeWatch,
+    stopped_at_stop_error,
     stopped_error,
     unresponsive_error,
 )
 from drivers.runtime_marker import end_left_of
 
 PROVIDER_HISTORY_MISSING = "provider_history_missing"
+"""The reason a Turn of a Session whose bound provider history is gone fails with."""
 RESPAWN_REAP_S = 2.0
 """How long a Session's next app-server waits for what is left of its exited one to be
 reaped once killed: a process frozen by its cgroup dies only when thawed (its SIGKILL
 pending, it runs none of its own code meanwhile), and the Session's next Turn must not wait
 for that."""
-"""The reason a Turn of a Session whose bound provider history is gone fails with."""
+STOP_LOOK_S = 0.1
+"""How often a Session's stop, waiting for the operation that holds the Session, looks whether
+its app-server was stopped (`AppServerDriver._operations_ended`)."""
 
 
 class AppServerDriver:
@@ -319,13 +323,41 @@ class AppServerDriver:
             # (the host's runtime bound was exceeded that way under load).
             # Closed with its home held (after the `op_lock`, the lock order): a transient of
             # the home meanwhile spawns once this one exited, never beside it.
-            with session.op_lock:
+            with self._operations_ended(session):
                 runtime, session.runtime = session.runtime, None
                 if runtime is not None:
                     held.enter_context(self.runtimes.home(session.home, owner=session))
             if runtime is not None:
                 runtime.proc.close()
         return {}
+
+    @contextlib.contextmanager
+    def _operations_ended(self, session: SessionState) -> Iterator[None]:
+        """Hold the Session's `op_lock` for its stop, once the operation holding it (a start,
+        a Turn's start waiting for `turn/start`'s answer) has ended. While it waits, the
+        Session's app-server is looked at every `STOP_LOOK_S`: one found stopped (SIGSTOP,
+        SIGTSTP, a debugger) would answer that operation never, and hold the stop, and the
+        Session's next start behind it, for the request's whole limit (`request_timeout_s`),
+        so it is ended at once (`_end_runtime`, `provider_stopped` in words) and the operation
+        fails now: a runtime found stopped holds no Session beyond its stop."""
+        lock = session.op_lock
+        if not lock.acquire(blocking=False):
+            runtime, watch = None, None
+            while not lock.acquire(timeout=STOP_LOOK_S):
+                if session.runtime is not runtime:
+                    runtime = session.runtime
+                    pid = None if runtime is None else runtime.proc.pid
+                    watch = None if pid is None else TreeWatch(pid)
+                if runtime is None or watch is None or not runtime.alive:
+                    continue
+                stopped = watch.stopped(time.monotonic())
+                if stopped is not None:
+                    error = stopped_at_stop_error(self.kind, watch.pid, stopped)
+                    self._end_runtime(session, runtime, error)
+        try:
+            yield
+        finally:
+            lock.release()
 
     def start_turn(self, params: Mapping[str, Any], emit: Emit) -> dict[str, Any]:
         self.events.emit = emit
@@ -800,13 +832,7 @@ class AppServerDriver:
             return False
         error = stopped_error(self.kind, "app-server", pid, stopped, now - session.stopped_since)
         session.stopped_since = None
-        # A `turn/start` waiting on it fails with this reason, not a bare "closed".
-        runtime.stopped_error = error
-        # Killed before its Turns are failed, so the host's next Turn finds it gone (its pid
-        # check) and starts a new one; the reader thread reports the exit, with no Turn left.
-        active = self.events.take_active(session)
-        runtime.proc.kill_tree()
-        self.events.send_failed(session, active, error)
+        self._end_runtime(session, runtime, error)
         return True
 
     def _check_silent(self, session: SessionState, runtime: Runtime, now: float) -> bool:
@@ -872,9 +898,20 @@ class AppServerDriver:
         error = unresponsive_error(
             self.kind, "app-server", pid, probe, now - runtime.proc.last_read
         )
+        self._end_runtime(session, runtime, error)
+
+    def _end_runtime(self, session: SessionState, runtime: Runtime, error: str) -> None:
+        """Fail the Turns of an app-server that can never finish them (stopped, or silent to
+        the liveness request) with `error`, and kill it. Killed before its Turns are failed,
+        so the host's next Turn finds it gone (its pid check) and starts a new one; every
+        request still waiting for its answer fails with `error` as it is killed
+        (`AppServerProcess.abort`): a `turn/start` it never answered holds its Session's
+        operation lock, and the Session's next Turn must not wait out that request's limit."""
+        # A `turn/start` waiting on it fails with this reason, not a bare "closed"; its exit,
+        # whenever it lands, fails nothing (`_spawn_for`'s `exited`).
         runtime.stopped_error = error
         active = self.events.take_active(session)
-        runtime.proc.kill_tree()
+        runtime.proc.abort(error)
         self.events.send_failed(session, active, error)
 
 

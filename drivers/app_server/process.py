@@ -32,7 +32,7 @@ import psutil
 
 from domain.json_text import loads_bytes_as_stdlib
 from domain.procfs import alive_in_stat, read_proc_stat
-from drivers.liveness import PROVIDER_UNRESPONSIVE, kill_tree
+from drivers.liveness import PROVIDER_UNRESPONSIVE, TreeWatch, kill_tree, stopped_now
 from drivers.runtime_marker import RUNTIME_VAR, RuntimeMarker
 
 _PR_SET_PDEATHSIG = 1
@@ -52,6 +52,11 @@ liveness bound a daemon is given (`provider_stopped_seconds`, 2 s in the content
 the reader names the closed stdout before the liveness check calls the runtime unresponsive;
 and the process is gone before its Turns are failed (the next Turn starts a new one on the
 same home)."""
+CLOSE_LOOK_S = 0.05
+"""How often a close waiting for a server's exit looks whether it (or a process under it) was
+stopped: a stopped server is killed then, not waited for (`AppServerProcess.close`)."""
+CLOSE_TREE_AFTER_S = 0.5
+"""How long a close waits for a server's exit before it also looks at the processes under it."""
 PROVIDER_PROTOCOL_ERROR = "provider_protocol_error"
 STDERR_LOG_BYTES = 4 << 20
 """The bound of an app-server's stderr log (`stderr_path`): past it a server's further stderr
@@ -378,15 +383,21 @@ class AppServerProcess:
         """Close stdin (app-servers exit on EOF), then terminate, then kill. A writer stuck on
         the server's full stdin (it stopped reading) holds the write lock: waited for up to
         `timeout`, then the server is ended without the EOF (its exit lets the writer go).
-        Then what its runtime left (`end_left`), unless the caller ends it with others'."""
+        A server (or a process under it) seen stopped, before or during either wait, is
+        SIGKILLed with its tree at once: it can run none of its own exit, and SIGKILL is the
+        one signal that ends a stopped process. Then what its runtime left (`end_left`),
+        unless the caller ends it with others'."""
         proc = self._proc
         if proc is None:
             return
         self._closing = True
+        watch = TreeWatch(proc.pid)
+        if proc.returncode is None and stopped_now(proc.pid):
+            self._kill_tree(proc)  # before the EOF: a writer on its full stdin lets go
         eof = self._close_stdin(proc, timeout)
-        if not (eof and _exited(proc, timeout)):
+        if not (eof and self._exits(proc, timeout, watch)):
             proc.terminate()
-            if not _exited(proc, timeout):
+            if not self._exits(proc, timeout, watch):
                 proc.kill()
                 proc.wait()
         if not eof:
@@ -396,6 +407,38 @@ class AppServerProcess:
         self._mark_closed("app-server closed by the client")
         if end_left:
             self.end_left()
+
+    def _exits(self, proc: subprocess.Popen[bytes], timeout: float, watch: TreeWatch) -> bool:
+        """Whether `proc` exits within `timeout`, looked at every `CLOSE_LOOK_S`: the server
+        seen stopped meanwhile (or, past `CLOSE_TREE_AFTER_S`, a process under it: listing a
+        tree walks the process table, which a server that exits at once is spared) is no exit
+        to wait for; the tree is SIGKILLed and reaped (True)."""
+        began = time.monotonic()
+        deadline = began + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if _exited(proc, max(0.0, min(CLOSE_LOOK_S, left))):
+                return True
+            now = time.monotonic()
+            if stopped_now(proc.pid) or (
+                now - began >= CLOSE_TREE_AFTER_S and watch.stopped(now) is not None
+            ):
+                self._kill_tree(proc)
+                proc.wait()
+                return True
+            if left <= CLOSE_LOOK_S:
+                return False
+
+    def abort(self, reason: str) -> None:
+        """SIGKILL the server's tree (`kill_tree`), then fail every request still waiting for
+        its answer with `reason` at once: the reader would only once the exit reached it, and
+        a process frozen by its cgroup dies only when thawed. A thread blocked on a request to
+        a server killed for staying stopped or silent (a `turn/start`, holding its Session)
+        goes on now, not at its request's limit."""
+        if self._proc is None:
+            return
+        self.kill_tree()
+        self._mark_closed(reason)
 
     def end_left(self) -> list[int]:
         """Once the server has exited or is SIGKILLed (a process with a SIGKILL pending counts as

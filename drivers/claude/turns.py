@@ -31,6 +31,7 @@ from drivers.claude.warm import (
     TERM_WAIT_S,
     Cli,
     WarmClis,
+    reaped_unless_stopped,
     reaped_within,
     transcript_stamp,
 )
@@ -363,13 +364,13 @@ class Turns:
 
     async def _end_turn(self, turn: TurnState) -> None:
         """The Turn's CLI, terminated, is killed (with its tree) if it has not ended
-        within `TERM_WAIT_S`: one stopped or wedged never reads the SIGTERM, and the SDK's own
-        close would wait 15 s for it."""
+        within `TERM_WAIT_S`, or as soon as it is seen stopped: one stopped or wedged never
+        reads the SIGTERM, and the SDK's own close would wait 15 s for it."""
         self.terminate(turn)
         process = getattr(turn.transport, "_process", None)
         if process is None:
             return  # not spawned (its task cancelled), or reaped and let go by the SDK
-        if not await reaped_within(process, TERM_WAIT_S):
+        if not await reaped_unless_stopped(process, TERM_WAIT_S):
             if process.returncode is None:
                 kill_tree(process.pid)
             await reaped_within(process, KILL_WAIT_S)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -21,7 +22,7 @@ from typing import Any, cast
 
 from domain.procfs import alive_in_stat, read_proc_stat
 from drivers.claude.state import TurnState
-from drivers.liveness import kill_tree
+from drivers.liveness import TreeWatch, kill_tree, stopped_now
 
 EXIT_WAIT_S = 2.0
 """How long a discarded CLI may take to exit once its stdin is closed, before it is terminated."""
@@ -34,6 +35,12 @@ the close never waits on the CLI's cooperation."""
 STREAM_CLOSE_S = 0.5
 """How long the close of its `query()` stream may take once the process has ended (the SDK's
 own close, which would otherwise wait 5 s, terminate, 5 s, kill, 5 s more)."""
+STOP_LOOK_S = 0.1
+"""How often a close waiting for a CLI's exit looks whether it (or a process below it) was
+stopped (SIGSTOP, SIGTSTP, a debugger): a stopped CLI reads no end of input and handles no
+SIGTERM, so it is killed then, not waited for."""
+STOP_TREE_AFTER_S = 0.5
+"""How long a close waits for a CLI's end before it also looks at the processes below it."""
 CLOSE_BOUND_S = EXIT_WAIT_S + TERM_WAIT_S + KILL_WAIT_S + 2 * STREAM_CLOSE_S
 """The longest `Cli.close` takes (5 s), well inside the host's bound on a Session's stop (10 s,
 `SessionControls._discard_runtime`): a CLI that ignores its close and its SIGTERM (stopped,
@@ -210,17 +217,39 @@ class Cli:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(asyncio.shield(self.first), min(left, SPAWN_LOOK_S))
 
+    async def ended_unless_stopped(self, timeout: float) -> bool | None:
+        """`ended_within(timeout)`, looked at every `STOP_LOOK_S`: None as soon as the CLI (or a
+        process below it) is seen stopped, an exit it cannot make."""
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        until = began + timeout
+        watch: TreeWatch | None = None
+        while True:
+            left = until - loop.time()
+            if await self.ended_within(max(0.0, min(STOP_LOOK_S, left))):
+                return True
+            process = self.process()
+            if process is not None and process.returncode is None:
+                watch = watch if watch is not None else TreeWatch(process.pid)
+                if _seen_stopped(watch, loop.time() - began):
+                    return None
+            if left <= STOP_LOOK_S:
+                return False
+
     async def close(self) -> None:
         """Ends the CLI unused, within `CLOSE_BOUND_S` whatever it does: no prompt, so its stdin
         closes and it exits; terminated if it has not within `EXIT_WAIT_S`, killed (with its
-        tree) if it has not `TERM_WAIT_S` later; its stream closed."""
+        tree) if it has not `TERM_WAIT_S` later, or as soon as it is seen stopped (SIGKILL is
+        the one signal a stopped process takes); its stream closed."""
         if not self.prompt.done():
             self.prompt.set_result(None)
-        if not await self.ended_within(EXIT_WAIT_S):
+        ended = await self.ended_unless_stopped(EXIT_WAIT_S)
+        if ended is False:
             self.terminate()
-            if not await self.ended_within(TERM_WAIT_S):
-                self.kill()
-                await self.ended_within(KILL_WAIT_S)
+            ended = await self.ended_unless_stopped(TERM_WAIT_S)
+        if not ended:
+            self.kill()
+            await self.ended_within(KILL_WAIT_S)
         if not self.first.done():
             self.first.cancel()
         await asyncio.wait({self.first}, timeout=STREAM_CLOSE_S)
@@ -228,6 +257,32 @@ class Cli:
             self.first.exception()  # taken: a killed CLI's read error is no one's to report
         with contextlib.suppress(BaseException):
             await asyncio.wait_for(self.messages.aclose(), STREAM_CLOSE_S)
+
+
+async def reaped_unless_stopped(process: Any, timeout: float) -> bool | None:
+    """`reaped_within(process, timeout)`, looked at every `STOP_LOOK_S`: None as soon as the
+    process (or one below it) is seen stopped, an exit it cannot make."""
+    loop = asyncio.get_running_loop()
+    began = loop.time()
+    until = began + timeout
+    watch = TreeWatch(process.pid)
+    while True:
+        left = until - loop.time()
+        if await reaped_within(process, max(0.0, min(STOP_LOOK_S, left))):
+            return True
+        if process.returncode is None and _seen_stopped(watch, loop.time() - began):
+            return None
+        if left <= STOP_LOOK_S:
+            return False
+
+
+def _seen_stopped(watch: TreeWatch, waited: float) -> bool:
+    """Whether the watched process is stopped (one read), or, once it has been waited for
+    `STOP_TREE_AFTER_S`, a process below it (listing a tree walks the process table, which a
+    process that ends at once is spared)."""
+    if stopped_now(watch.pid):
+        return True
+    return waited >= STOP_TREE_AFTER_S and watch.stopped(time.monotonic()) is not None
 
 
 async def reaped_within(process: Any, timeout: float) -> bool:

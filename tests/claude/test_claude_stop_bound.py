@@ -198,3 +198,36 @@ def test_a_worker_killed_as_it_takes_a_deletes_stop_leaves_no_cli_and_no_folder(
     assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
     d.stop()
     assert_invariants(d.home)
+
+
+KILLED_WITHIN_S = 1.5
+"""The bound on a stopped parked CLI's end once its Session's stop began: below the close's
+first wait for its exit (`EXIT_WAIT_S`, 2 s), far above a SIGKILL on a loaded host."""
+
+
+def test_a_stop_kills_a_parked_cli_seen_stopped_without_waiting_for_its_exit(
+    harness: Harness,
+) -> None:
+    """A stopped CLI reads no end of input and handles no SIGTERM: the close kills it as soon
+    as it sees it stopped, not after waiting for an exit it cannot make."""
+    h = harness
+    session = h.start("parked-stopped-at-once")
+    assert h.turn(session, "one")[1]["outcome"] == "completed"
+    cli = wait_for(lambda: h.driver.turns.warm.parked(session.agent_session_id), 30)
+    pid = wait_for(lambda: getattr(cli.transport._process, "pid", None), 30)
+    wait_for(lambda: _running_cli(pid), 30)
+    stopped = _tree_stopped(pid)
+    stopping = threading.Thread(
+        target=h.driver.stop_session,
+        args=({"agentSessionId": session.agent_session_id},),
+        daemon=True,
+    )
+    try:
+        stopping.start()
+        wait_for(lambda: not _may_run_on(pid), KILLED_WITHIN_S, interval=0.01)
+    finally:
+        for victim in stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(victim, signal.SIGCONT)
+        stopping.join(15)
+    assert not stopping.is_alive()

@@ -35,6 +35,8 @@ relay's pid) and does what it says:
   goes on to the provider, which forks (its child written), and its answer is replaced by a
   JSON-RPC error `-32603 internal error`, as an app-server answers a failure after its child
   was made (Codex: reading the child's rollout back; the Tutti Agent: building the answer);
+- `stop` — the relay stops itself (SIGSTOP) before it passes the request on: an app-server
+  stopped before it answers `turn/start` (the relay is the process the driver spawned);
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 A second arm file, `ARM-fork` (`ARM/<session>/armed-fork` for a directory ARM), is taken at a
@@ -302,6 +304,8 @@ def main() -> None:
         if mode == "close":
             with lock:
                 close()
+        if mode == "stop":
+            os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "close_mid":
             close_after_start.set()
         if mode == "noid" and not claude:

@@ -75,8 +75,8 @@ def test_hung_turn_settles_failed_after_inactivity_limit(tmp_path: Path) -> None
         sid = create_session(c)["agentSessionId"]
         run_turn(c, sid, "warm")
         turn = submit(c, sid, "/slow 60000 never")
-        # Hung mid-Turn: stopped once its `turn/start` was answered (stopped before, the next
-        # Turn's start also waited out the hung `turn/start`'s own 30 s limit).
+        # Hung mid-Turn: stopped once its `turn/start` was answered (stopped before it,
+        # tests/daemon/test_stopped_turn_start.py).
         wait_for(lambda: timeline(c, sid)[-1]["rootProviderTurnId"])
         pids = _stop_app_server(sid)
         done = settle(c, sid, turn["turnId"], timeout=60)

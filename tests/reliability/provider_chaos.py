@@ -43,6 +43,11 @@ from transport.client import Client, ClientClosed, ClientTimeout
 
 RELAY = Path(__file__).parents[1] / "daemon" / "misbehaving_app_server.py"
 FAULTS = ("endless", "garbage", "close", "close_mid", "notobject", "noid", "stderr", "bigdelta")
+STOP = "stop"
+"""The relay stops itself (SIGSTOP) at the `turn/start` (a Claude Turn's prompt) it takes: a
+runtime stopped before it answers, whose Turn fails `provider_stopped` at the daemon's
+`provider_stopped_seconds` and whose Session's next Turn runs on a new one (it holds no Session
+beyond its stop). Only where that limit is short (the contention soak's 2 s): not in `FAULTS`."""
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
@@ -135,8 +140,10 @@ def claude_front(arm_dir: Path) -> str:
 class ProviderChaos:
     """The fault rounds of one soak and what they saw."""
 
-    def __init__(self, arm_dir: Path, seed: int) -> None:
+    def __init__(self, arm_dir: Path, seed: int, kinds: tuple[str, ...] = FAULTS) -> None:
         self.arm_dir = arm_dir
+        self.kinds = kinds
+        """The faults the rounds take in turn."""
         self.rng = random.Random(seed)
         self.sids: list[str] = []
         self.providers: dict[str, str] = {}
@@ -152,7 +159,7 @@ class ProviderChaos:
         self.refused: str | None = None
         """The last submit `_submit` saw refused (`<status> <reason>`; the rounds run one at a
         time)."""
-        self.next_fault = self.rng.randrange(len(FAULTS))
+        self.next_fault = self.rng.randrange(len(kinds))
         self.next_provider = self.rng.randrange(3)
 
     def setup(self, c: Client, cwd: str | None = None) -> list[str]:
@@ -188,7 +195,7 @@ class ProviderChaos:
         provider = kinds[self.next_provider % len(kinds)]
         self.next_provider += 1
         sid = self.rng.choice([s for s in self.sids if self.providers[s] == provider])
-        fault = FAULTS[self.next_fault % len(FAULTS)]
+        fault = self.kinds[self.next_fault % len(self.kinds)]
         name = fault if provider == TUTTI else f"{provider} {fault}"
         text = TEXT.get(fault, "hello") if provider == TUTTI else "hello"
         self.next_fault += 1
@@ -227,7 +234,10 @@ class ProviderChaos:
             if after == worker and worker is not None:
                 now = _peak_rss_kib(worker)
                 growth = None if now is None or hwm is None else now - hwm
-            stopped = turn is not None and turn.get("errorReason") == "provider_stopped"
+            # `stop`'s own failure is the fault's, judged; any other round's, the soak's SIGSTOP.
+            stopped = (
+                turn is not None and turn.get("errorReason") == "provider_stopped" and fault != STOP
+            )
             by = [
                 what
                 for what, met in (

@@ -100,8 +100,10 @@ the clients were answered is checked (`interaction_answered`, `interrupt_answere
 A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent app-server
 starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the chaos puts one fault
 after another (one endless line, garbage, non-object notifications, its stdout closed at
-`turn/start` or mid-Turn) on Turns of the chaos's two Sessions, under the lock takes and the
-SIGSTOPs; at the end `provider_fault_settles` judges what was seen.
+`turn/start` or mid-Turn; here also `stop`, the runtime stopped before it answers `turn/start`:
+its Turn fails `provider_stopped`, the Session's next Turn runs on a new one) on Turns of the
+chaos's two Sessions, under the lock takes and the SIGSTOPs; at the end
+`provider_fault_settles` judges what was seen.
 A slow provider fork (`slow_fork`): as the chaos starts, a Tutti Agent Session of the soak's own
 behind the relay is forked with its `thread/fork` held about the worker's limit (`[daemon]
 fork_provider_call_seconds`, `slow_fork.LIMIT_S`), under the lock takes and the SIGSTOPs;
@@ -165,6 +167,8 @@ from tests.reliability.laws_checked import laws_checked
 from tests.reliability.proof_race import ProofRace
 from tests.reliability.proven_absent import prove_after_restarts
 from tests.reliability.provider_chaos import (
+    FAULTS,
+    STOP,
     ProviderChaos,
     claude_front,
     codex_front,
@@ -1216,7 +1220,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
     ).start()
     pressure = FdPressure(d, port, seed)
     t = Tally(home)
-    faults = ProviderChaos(tmp_path / "arms", seed)
+    faults = ProviderChaos(tmp_path / "arms", seed, (*FAULTS, STOP))
     stop = threading.Event()
     locks = 0
     locked_s = 0.0

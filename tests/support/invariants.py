@@ -3510,10 +3510,11 @@ TURN_REASONS = frozenset(
     }
 )
 """A failed Turn's typed reasons (`errorReason`, docs/protocol.md "Turn errors")."""
-BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "noid"})
+BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "noid", "stop"})
 """Faults after which the runtime's stdout cannot be read on (or, `noid`, its Turn cannot be
-followed: `turn/start` answered without a turn id): it is killed, its Turn fails."""
-CLAUDE_BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "notobject"})
+followed: `turn/start` answered without a turn id; `stop`, the runtime stopped before it
+answered): it is killed, its Turn fails."""
+CLAUDE_BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "notobject", "stop"})
 """Claude Code's: its SDK refuses a message of a known type whose fields have the wrong shape
 (`MessageParseError`), where the app-server reader reads non-object params as empty ones; a
 prompt has no answer naming a turn (the relay passes `noid` on as is: the Turn completes)."""
