@@ -98,6 +98,16 @@ def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -
     assert [m for m in ("importlib.metadata", "email", "tomllib") if m in loaded] == []
 
 
+def test_the_agenthost_commands_client_part_loads_none_of_the_daemons_configuration() -> None:
+    """Every subcommand but `serve`, `keys` and `config` is a client of a running daemon:
+    importing the command (`agenthost.cli`) loads neither the daemon's configuration (its
+    schema, the workspace's shadow checkpoints and git runner it names) nor the home's lock,
+    each a part of every client command's start."""
+    loaded = _loaded_after_import("agenthost.cli")
+    daemon_side = ("agenthost.config", "agenthost.home", "workspace", "subprocess")
+    assert [m for m in loaded if m.startswith(daemon_side)] == []
+
+
 def test_the_accept_shims_reexecution_loads_no_more_than_it_needs() -> None:
     """`serve`'s first interpreter only decides and re-executes itself with the shim, so all it
     imports is paid twice: importing `agenthost.launch` and the shim, and finding the library
