@@ -90,6 +90,15 @@ def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
     assert "asyncio" not in loaded
 
 
+def test_the_daemon_loads_none_of_the_worker_main_it_only_spawns() -> None:
+    """The daemon starts workers; it does not run one: importing what `agenthost serve` runs
+    loads neither the worker's main (`drivers.worker`) nor what only a worker uses (the driver
+    port, its request bookkeeping, `ctypes` for its parent-death signal)."""
+    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    worker_only = ("drivers.worker", "drivers.base", "drivers.turn_starts", "drivers.worker_gc")
+    assert [m for m in (*worker_only, "ctypes") if m in loaded] == []
+
+
 def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -> None:
     """What `agenthost serve` imports before its ready line leaves out the package-metadata
     reader (and the email parser it brings), used only by a claude-code version probe, and the
