@@ -1,7 +1,9 @@
 """Benchmark: the CPU each kind of process the host starts spends from its exec to ready, A/B
 between two trees: `agenthost serve` on a fresh home (to its ready line), a driver worker (to
 its hello on the link), the Tutti Agent app-server (to its answer to `initialize`) and the CLI
-client (`agenthost status` against a live daemon of the same tree, to its exit).
+client (`agenthost status` against a live daemon of the same tree, to its exit); and `serve`
+as the tests' harness starts it, the accept shim preloaded (`serve-preloaded`: one interpreter,
+where a user's `serve` re-executes itself with the shim).
 
 CPU is the child's user + system seconds from `os.wait4` (every interpreter of the process: the
 accept shim's re-execution keeps the pid). A process that stays up once ready is killed
@@ -13,7 +15,7 @@ byte-compiled first, as an install is. `--imports` also prints, per kind, the mo
 largest own import time (`-X importtime`) in this tree.
 
     build/venv/bin/python -m bench.start_cpu [--against /path/to/other-tree] [--runs 10] \\
-        [--kinds serve,worker,app-server,status] [--imports 15]
+        [--kinds serve,serve-preloaded,worker,app-server,status] [--imports 15]
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ import zmq
 from bench.ab_pairs import AGAINST, THIS, Pair, print_pairs, summary
 from bench.common import REPO, Table, cpu_probe_ms, log
 from bench.harness import byte_compile
+from transport import accept_shim
 
 MODULE = "bench.start_cpu"
-KINDS = ("serve", "worker", "app-server", "status")
+KINDS = ("serve", "serve-preloaded", "worker", "app-server", "status")
 TIMEOUT_S = 120.0
 
 
@@ -109,15 +112,19 @@ def _ready_line(proc: subprocess.Popen[bytes], what: str) -> Callable[[], None]:
     return wait
 
 
-def serve(tree: Path, stderr: Path | None = None) -> dict[str, float]:
-    """`agenthost serve` on a fresh home, to its ready line."""
+def serve(tree: Path, stderr: Path | None = None, preloaded: bool = False) -> dict[str, float]:
+    """`agenthost serve` on a fresh home, to its ready line; `preloaded`: started with the
+    accept shim already preloaded, as the tests' harness starts it (no re-execution)."""
     with _scratch() as root:
+        env = _env(tree, root, _importtime(stderr))
+        if preloaded:
+            env = accept_shim.preload_env(env, accept_shim.build(tree / "build" / "native"))
         started = time.perf_counter()
         proc = subprocess.Popen(
             [str(_python(tree)), "-m", "agenthost", "--home", str(root / "home"), "serve"],
             stdout=subprocess.PIPE,
             stderr=_sink(stderr),
-            env=_env(tree, root, _importtime(stderr)),
+            env=env,
             cwd=root,
         )
         return _sample(proc, started, _ready_line(proc, '"ready"'))
@@ -264,6 +271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         samplers: dict[str, Callable[[str, Path], dict[str, float]]] = {
             "serve": lambda name, tree: serve(tree),
+            "serve-preloaded": lambda name, tree: serve(tree, preloaded=True),
             "worker": lambda name, tree: worker(tree),
             "app-server": lambda name, tree: app_server(tree),
             "status": lambda name, tree: status(tree, daemons[name]),
@@ -282,6 +290,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     log_path = Path(tmp) / f"{kind}.log"
                     if kind == "status":
                         status(REPO, daemons[THIS], log_path)
+                    elif kind == "serve-preloaded":
+                        serve(REPO, log_path, preloaded=True)
                     else:
                         {"serve": serve, "worker": worker, "app-server": app_server}[kind](
                             REPO, log_path
