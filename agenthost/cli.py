@@ -15,14 +15,15 @@ import logging
 import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from agenthost import gc_policy, gil_policy
-from agenthost.config import Config, ConfigError, check_home_paths, check_listen, load_config
-from agenthost.home import HomeInUse, HomeUnsafe
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
 from client.cli.parser import SubParsers, build_parser, run_command
 from domain.home_layout import default_home, run_dir
 from domain.stop_signals import StopSignals
+
+if TYPE_CHECKING:
+    from agenthost.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -157,7 +158,9 @@ the rest)."""
 
 
 def _serve_logged(args: argparse.Namespace) -> int:
-    from agenthost import activity
+    from agenthost import activity, gc_policy, gil_policy
+    from agenthost.config import ConfigError
+    from agenthost.home import HomeInUse, HomeUnsafe
     from transport import accept_shim
 
     activity.enable(args.verbose > 0)
@@ -250,6 +253,9 @@ def _checked_config(
 ) -> tuple[Config | None, list[str]]:
     """The configuration `serve` would run with and every mistake that would stop it: the file,
     the command line's `endpoints`, the home's socket paths (nothing of the home is touched)."""
+    # The daemon's configuration is imported by the commands that read it, not by the client's.
+    from agenthost.config import ConfigError, check_home_paths, check_listen, load_config
+
     problems: list[str] = []
     try:
         config = load_config(args.home, args.config)

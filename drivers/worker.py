@@ -43,6 +43,7 @@ from drivers.failpoints import Failpoints
 from drivers.history_cursors import HeldHistory, HistoryCursors
 from drivers.history_final import history_final
 from drivers.turn_starts import TurnStarts
+from drivers.worker_env import ENV_PARENT_PID, ENV_PROVIDER_CONFIG
 from drivers.worker_gc import preload_then_freeze
 from transport.worker_link import WorkerEnd
 
@@ -50,9 +51,6 @@ WORKER_VERSION = "1"
 # This worker process's identity in a runtime generation: a restarted worker never repeats one.
 INCARNATION = uuid.uuid4().hex[:12]
 log = logging.getLogger("agenthost.worker")
-
-ENV_PROVIDER_CONFIG = "AGENTHOST_PROVIDER_CONFIG"
-ENV_PARENT_PID = "AGENTHOST_WORKER_PARENT_PID"
 
 # provider kind → module exposing `create_driver(config, failpoints)`; imported by a thread of
 # its own once the worker has said hello (`WorkerServer.preload`), else on first use, so a

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from drivers.failpoints import ENV_POINTS, ENV_STATE_DIR, format_points
-from drivers.worker import ENV_PARENT_PID, ENV_PROVIDER_CONFIG
+from drivers.worker_env import ENV_PARENT_PID, ENV_PROVIDER_CONFIG
 
 TUTTI_AGENT_SETTINGS = (
     "TUTTI_AGENT_MODEL_BASE_URL",

@@ -721,3 +721,36 @@ def test_an_information_row_stands_beside_its_target_with_no_limit_never_met_nor
     why = bounds(rows)
     assert any("36 forks/s" in w or "forks committed/s at 16" in w for w in why)
     assert not any(ceiling["what"] in w or unmeasured["what"] in w for w in why)
+
+
+@pytest.mark.timeout(60)
+def test_the_start_cpu_benchmark_pairs_each_process_kinds_cpu_to_ready_tree_against_tree() -> None:
+    """`bench.start_cpu` (this tree against itself, one run, the worker and the app-server): a
+    pairs table per kind with the CPU and the wall time from exec to ready, the largest imports
+    of each, and the command that reproduces them."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "bench.start_cpu",
+            "--against",
+            str(REPO),
+            "--runs",
+            "1",
+            "--kinds",
+            "worker,app-server",
+            "--imports",
+            "3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=55,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    for kind in ("worker", "app-server"):
+        assert f"## {kind}: exec → ready" in out.stdout
+        assert f"## {kind}: the largest own import times" in out.stdout
+    cpu_rows = [line.split() for line in out.stdout.splitlines() if line.startswith("cpu ms ")]
+    assert len(cpu_rows) == 2 and all(float(r[2]) > 0 and float(r[3]) > 0 for r in cpu_rows)
+    assert "-m bench.start_cpu --against" in out.stdout

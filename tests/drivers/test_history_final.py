@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from drivers.failpoints import ENV_STATE_DIR
-from drivers.worker import ENV_PARENT_PID
+from drivers.worker_env import ENV_PARENT_PID
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -90,12 +90,31 @@ def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
     assert "asyncio" not in loaded
 
 
+def test_the_daemon_loads_none_of_the_worker_main_it_only_spawns() -> None:
+    """The daemon starts workers; it does not run one: importing what `agenthost serve` runs
+    loads neither the worker's main (`drivers.worker`) nor what only a worker uses (the driver
+    port, its request bookkeeping, `ctypes` for its parent-death signal)."""
+    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    worker_only = ("drivers.worker", "drivers.base", "drivers.turn_starts", "drivers.worker_gc")
+    assert [m for m in (*worker_only, "ctypes") if m in loaded] == []
+
+
 def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -> None:
     """What `agenthost serve` imports before its ready line leaves out the package-metadata
     reader (and the email parser it brings), used only by a claude-code version probe, and the
     TOML parser, used only when the home has a configuration file: each is start time."""
     loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
     assert [m for m in ("importlib.metadata", "email", "tomllib") if m in loaded] == []
+
+
+def test_the_agenthost_commands_client_part_loads_none_of_the_daemons_configuration() -> None:
+    """Every subcommand but `serve`, `keys` and `config` is a client of a running daemon:
+    importing the command (`agenthost.cli`) loads neither the daemon's configuration (its
+    schema, the workspace's shadow checkpoints and git runner it names) nor the home's lock,
+    each a part of every client command's start."""
+    loaded = _loaded_after_import("agenthost.cli")
+    daemon_side = ("agenthost.config", "agenthost.home", "workspace", "subprocess")
+    assert [m for m in loaded if m.startswith(daemon_side)] == []
 
 
 def test_the_accept_shims_reexecution_loads_no_more_than_it_needs() -> None:

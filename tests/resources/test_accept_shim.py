@@ -97,8 +97,24 @@ def test_without_the_shim_the_same_accept_aborts_the_daemon(tmp_path: Path) -> N
         d.kill()
 
 
+def test_a_test_daemon_is_handed_its_shim_and_starts_in_one_interpreter(tmp_path: Path) -> None:
+    """The harness preloads the shim as `serve`'s re-execution would (`preload_env`): the
+    daemon finds it loaded and runs in the interpreter it was started in, not a second one
+    (a Python start less for every test daemon). Each interpreter's `-X importtime` profile
+    opens with its header line, once."""
+    d = DaemonProcess(tmp_path / "home", env={"PYTHONPROFILEIMPORTTIME": "1"}).start()
+    try:
+        shim = d.client().call("host.status")["connections"]["acceptShim"]
+        assert shim == {"loaded": True, "unavailable": None}, shim
+        assert d.log_path.read_text(errors="replace").count("import time: self [us]") == 1
+    finally:
+        d.stop()
+
+
 def test_the_workers_and_providers_do_not_inherit_the_shim(tmp_path: Path) -> None:
-    d = DaemonProcess(tmp_path / "home").start()
+    # The daemon re-executes itself with the shim, as a user's does (the harness's preloaded
+    # start hands the workers the same environment).
+    d = DaemonProcess(tmp_path / "home", shim_reexec=True).start()
     assert d.proc is not None
     try:
         c = d.client()
