@@ -2419,7 +2419,7 @@ def _check_deleted_homes(
 
 
 RUNTIME_MARK = b"AGENTHOST_RUNTIME="  # drivers/runtime_marker.py `RUNTIME_VAR`
-WORKER_MARK = b"AGENTHOST_WORKER_PARENT_PID="  # drivers/worker.py `ENV_PARENT_PID`: a worker's
+WORKER_MARK = b"AGENTHOST_WORKER_PARENT_PID="  # drivers/worker_env.py `ENV_PARENT_PID`: a worker's
 STOPPED_LEFT_WAIT_S = 3.0
 """How long a process of a stopped runtime may be seen before it is reported: a stop's own
 end of what it left (`END_LEFT_WAIT_S`, 2 s) in progress (an idle stop at any time), and a
