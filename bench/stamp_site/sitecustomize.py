@@ -255,19 +255,17 @@ if _WORKER and _STAMPS:
     _wrec: list[tuple[str, float]] = []
 
     def _winstall() -> None:
-        left = list(WORKER_POINTS)
-        deadline = time.monotonic() + 60.0
-        while left and time.monotonic() < deadline:
-            ready = [point for point in left if point[0] in sys.modules]
-            if ready:
-                time.sleep(0.05)  # their modules' bodies have run
-            for point in ready:
-                module, cls, attr, before, after = point
+        """Wraps every worker point before the worker's main runs (its modules imported here,
+        at the interpreter's start): a point wrapped by a thread polling for its module could
+        come after the worker bound the method (`WorkerEnd._dispatch` in its method table), and
+        the loaded run of the suite stamped none of the worker's side."""
+        for module, cls, attr, before, after in WORKER_POINTS:
+            try:
                 owner = getattr(importlib.import_module(module), cls)
-                if hasattr(owner, attr):  # a point of another tree's code may be missing
-                    _wrap_stamped(_wrec, owner, attr, before, after)
-                left.remove(point)
-            time.sleep(0.02)
+            except (ImportError, AttributeError):
+                continue  # a point of another tree's code, or a provider's SDK not installed
+            if hasattr(owner, attr):
+                _wrap_stamped(_wrec, owner, attr, before, after)
 
     def _wdump() -> None:
         """Appends what was stamped since the last call: the worker leaves by `os._exit`, so
@@ -280,11 +278,8 @@ if _WORKER and _STAMPS:
                 with open(f"{_STAMPS}.w{os.getpid()}", "a") as f:
                     f.writelines(f"{point}\t{ms:.3f}\n" for point, ms in fresh)
 
-    def _wstart() -> None:
-        threading.Thread(target=_wdump, name="stamps-out", daemon=True).start()
-        _winstall()
-
-    threading.Thread(target=_wstart, name="stamps", daemon=True).start()
+    _winstall()
+    threading.Thread(target=_wdump, name="stamps-out", daemon=True).start()
 
 # `AGENTHOST_GC_TIMES=<prefix>`: every Python process of the tree (daemon, workers, app-servers:
 # each inherits this folder on its PYTHONPATH) adds up the thread CPU its collections take

@@ -51,7 +51,8 @@ def test_fork_hops_places_the_workers_stamps_between_the_daemons(tmp_path: Path)
         "commit.begin",
         "loop.send_reply",
     ]
-    assert all(p in offsets for p in path), sorted(offsets)
+    missing = [p for p in path if p not in offsets]
+    assert not missing, (missing, sorted(offsets))
     assert [offsets[p] for p in path] == sorted(offsets[p] for p in path)
     assert result["bareP50Ms"] > 0 and result["hostP50Ms"] > offsets["loop.send_reply"]
 

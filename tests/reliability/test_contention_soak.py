@@ -189,7 +189,7 @@ from tests.reliability.slot_delete import SlotDelete
 from tests.reliability.slow_fork import LIMIT_S as SLOW_FORK_LIMIT_S
 from tests.reliability.slow_fork import SlowFork
 from tests.reliability.workspace_chaos import refusal, workspace_request
-from tests.support.daemon import WS, DaemonProcess, run_turn, wait_for
+from tests.support.daemon import WS, DaemonProcess, run_turn, settle, submit, wait_for
 from tests.support.floods import dealer_flood, free_port, raw_flood
 from tests.support.invariants import (
     Law,
@@ -214,7 +214,7 @@ from tests.support.invariants import (
 from tests.support.run_dir import listeners_in
 from tests.support.store_lock import WriteLockHolder
 from tests.support.worktree_repos import make_repo
-from transport.client import Client, ClientClosed, ClientTimeout, EventSubscriber
+from transport.client import ApiError, Client, ClientClosed, ClientTimeout, EventSubscriber
 from transport.connections import OLD_LISTENERS_KEPT, ConnectionLimits
 from transport.server import (
     EVENTS_HWM,
@@ -1012,6 +1012,23 @@ def _reached(turn: dict[str, Any]) -> bool:
     )
 
 
+def _burst_turn(c: Client, sid: str, text: str) -> dict[str, Any]:
+    """`run_turn` whose submit is asked again, with its request id, while the answer is a
+    retryable 503 (`store_busy`: the chaos's store locks may still be let go)."""
+    request_id = str(uuid.uuid4())
+    for _ in range(20):
+        try:
+            turn_id = submit(c, sid, text, request_id=request_id)["turnId"]
+            break
+        except ApiError as exc:
+            if exc.status != 503 or not exc.retryable:
+                raise
+            time.sleep(0.25)
+    else:
+        raise AssertionError(f"turn.submit on {sid} answered 503 twenty times")
+    return settle(c, sid, turn_id)
+
+
 def held_events_burst(
     d: DaemonProcess,
     c: Client,
@@ -1063,7 +1080,7 @@ def held_events_burst(
         for sid in chosen:
             n = rng.randrange(1000)
             text = f"/write burst-{n}.md burst" if sid in in_repo else f"/stream burst {n}"
-            turn = run_turn(c, sid, text)
+            turn = _burst_turn(c, sid, text)
             if turn["outcome"] == "completed":
                 fresh.append((sid, turn["turnId"]))
                 if sid not in in_repo:
@@ -1080,7 +1097,7 @@ def held_events_burst(
                 mine.add(sid)
                 in_repo.add(sid)
                 out.made[sid] = provider
-                turn = run_turn(c, sid, f"/write burst-{provider}.md burst")
+                turn = _burst_turn(c, sid, f"/write burst-{provider}.md burst")
                 if turn["outcome"] == "completed":
                     fresh.append((sid, turn["turnId"]))
         out.boundaries = len(fresh)
@@ -1118,7 +1135,7 @@ def held_events_burst(
             # Replies streamed as deltas while forks commit and renames publish: each delta
             # reaches the transport on the worker supervisor's thread or behind their events.
             with Client(d.api, timeout=120) as mine:
-                turns = [run_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
+                turns = [_burst_turn(mine, sid, f"/stream {sid} {k}") for k in range(STREAMS)]
             return [t for t in turns if t["outcome"] == "completed"]
 
         streamers = [sid for sid in live if sid not in chosen and sid not in claude | codex]
