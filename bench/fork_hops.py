@@ -21,6 +21,7 @@ import os
 import statistics
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -96,6 +97,18 @@ def _site_env(**extra: str) -> None:
     os.environ.update(extra)
 
 
+def _await_worker_stamps(base: Path, point: str, count: int, wait_s: float = 5.0) -> None:
+    """Until the worker's stamp files hold `count` of `point` (one a fork), and its next two
+    writes: it writes them every 0.2 s and leaves by `os._exit` at a stop that takes a tenth
+    of that, so the last forks' stamps would be lost with a stop right after them."""
+    deadline = time.monotonic() + wait_s
+    while sum(1 for p, _ in _stamps(base) if p == point) < count:
+        if time.monotonic() >= deadline:
+            return  # counted as they are: a fork without them is left out of its medians
+        time.sleep(0.05)
+    time.sleep(0.45)  # two more of its writes: the rest of the last fork's stamps
+
+
 def _stamps(base: Path) -> list[tuple[str, float]]:
     out: list[tuple[str, float]] = []
     for f in [base, *sorted(base.parent.glob(base.name + ".w*"))]:
@@ -145,6 +158,7 @@ def run(provider: str, forks: int, turns: int) -> dict[str, Any]:
                         raise RuntimeError(f"fork did not commit: {op}")
                     acknowledge(c, op["operationId"])
                     bare_ms.append(bare.fork_once())
+                _await_worker_stamps(stamps_file, "w.fork", 5 + forks)
             finally:
                 if bare is not None:
                     bare.close()
