@@ -41,6 +41,7 @@ from drivers.app_server.process import (
     PROVIDER_PROTOCOL_ERROR,
     AppServerClosed,
     AppServerFailure,
+    AppServerProcess,
     AppServerTimeout,
     JsonRpcError,
     QuietLines,
@@ -57,9 +58,11 @@ from drivers.errors import DriverError, FailpointError
 from drivers.failpoints import Failpoints
 from drivers.liveness import (
     DEFAULT_STOPPED_LIMIT_S,
+    PROVIDER_STOPPED,
     TreeWatch,
     stopped_at_stop_error,
     stopped_error,
+    stopped_start_error,
     unresponsive_error,
 )
 from drivers.runtime_marker import end_left_of
@@ -339,21 +342,32 @@ class AppServerDriver:
         SIGTSTP, a debugger) would answer that operation never, and hold the stop, and the
         Session's next start behind it, for the request's whole limit (`request_timeout_s`),
         so it is ended at once (`_end_runtime`, `provider_stopped` in words) and the operation
-        fails now: a runtime found stopped holds no Session beyond its stop."""
+        fails now: a runtime found stopped holds no Session beyond its stop. So is the
+        app-server being started for the Session (`starting`: spawned, its `initialize` or its
+        thread's opening not answered), killed with every request waiting on it failed."""
         lock = session.op_lock
         if not lock.acquire(blocking=False):
-            runtime, watch = None, None
+            proc: AppServerProcess | None = None
+            watch: TreeWatch | None = None
             while not lock.acquire(timeout=STOP_LOOK_S):
-                if session.runtime is not runtime:
-                    runtime = session.runtime
-                    pid = None if runtime is None else runtime.proc.pid
+                runtime = session.runtime
+                if runtime is not None and not runtime.alive:
+                    runtime = None  # exited: its successor may be starting
+                current = session.starting if runtime is None else runtime.proc
+                if current is not proc:
+                    proc = current
+                    pid = None if proc is None else proc.pid
                     watch = None if pid is None else TreeWatch(pid)
-                if runtime is None or watch is None or not runtime.alive:
+                if proc is None or watch is None or not proc.alive:
                     continue
                 stopped = watch.stopped(time.monotonic())
-                if stopped is not None:
-                    error = stopped_at_stop_error(self.kind, watch.pid, stopped)
+                if stopped is None:
+                    continue
+                error = stopped_at_stop_error(self.kind, watch.pid, stopped)
+                if runtime is not None:
                     self._end_runtime(session, runtime, error)
+                else:
+                    proc.abort(error)  # its start fails now, in these words
         try:
             yield
         finally:
@@ -712,6 +726,16 @@ class AppServerDriver:
             return self._open_runtime(session)
 
     def _open_runtime(self, session: SessionState) -> Runtime:
+        """Spawn the Session's app-server and open its thread on it. From the moment its
+        process exists to the thread's answer it is the Session's `starting` one: a stop, or
+        the liveness check, that finds it stopped kills it (`AppServerProcess.abort`) and the
+        start fails at once, `provider_stopped`, not at its request's limit."""
+        try:
+            return self._open_thread(session)
+        finally:
+            session.starting = session.starting_watch = session.starting_stopped_since = None
+
+    def _open_thread(self, session: SessionState) -> Runtime:
         runtime = self._spawn_for(session)
         try:
             if session.thread_id:
@@ -733,6 +757,8 @@ class AppServerDriver:
             ) from exc
         except AppServerFailure as exc:
             runtime.proc.close()
+            if runtime.proc.aborted is not None:
+                raise DriverError(runtime.proc.aborted, reason=PROVIDER_STOPPED) from exc
             raise DriverError(f"app-server failed: {exc}", reason="provider_unavailable") from exc
         thread = thread_of(result)
         thread_id = str(thread.get("id") or "")
@@ -767,6 +793,7 @@ class AppServerDriver:
             on_server_request=lambda request: events.on_server_request(session, request),
             on_exit=exited,
             quiet=QuietLines(QUIET_PREFIXES, functools.partial(events.on_quiet_line, session)),
+            started=functools.partial(setattr, session, "starting"),
         )
         spawned.append(runtime)
         ancestors = self.provider.session_ancestors(session.home)
@@ -774,6 +801,8 @@ class AppServerDriver:
             self.runtimes.project(runtime, ancestors)
         except AppServerFailure as exc:
             runtime.proc.close()
+            if runtime.proc.aborted is not None:
+                raise DriverError(runtime.proc.aborted, reason=PROVIDER_STOPPED) from exc
             raise DriverError(
                 f"cannot load the lineage of {session.thread_id}: {exc}",
                 reason="provider_session_unavailable",
@@ -788,6 +817,7 @@ class AppServerDriver:
             now = time.monotonic()
             self._expire_turn_starts(now)
             for session in self._sessions.all():
+                self._check_starting(session, now)
                 runtime = session.runtime
                 if runtime is None or not runtime.alive:
                     continue
@@ -834,6 +864,34 @@ class AppServerDriver:
         session.stopped_since = None
         self._end_runtime(session, runtime, error)
         return True
+
+    def _check_starting(self, session: SessionState, now: float) -> None:
+        """The app-server being started for the Session (or a process under it) stopped for
+        `stopped_limit_s`: it answers neither its `initialize` nor its thread's opening, and
+        nothing but the start's own request limit (`request_timeout_s`) would end the wait,
+        with the Session's operations held behind it. It is killed, and its start fails
+        `provider_stopped` at once, as a running one's Turns do (`_check_stopped`)."""
+        proc = session.starting
+        pid = None if proc is None else proc.pid
+        if proc is None or pid is None or not proc.alive:
+            session.starting_watch = session.starting_stopped_since = None
+            return
+        watch = session.starting_watch
+        if watch is None or watch.pid != pid:
+            watch = session.starting_watch = TreeWatch(pid)
+            session.starting_stopped_since = None
+        stopped = watch.stopped(now)
+        if stopped is None:
+            session.starting_stopped_since = None
+            return
+        since = session.starting_stopped_since
+        if since is None:
+            session.starting_stopped_since = now
+            return
+        if now - since < self.stopped_limit:
+            return
+        words = f"stopped for {now - since:.0f} s before it answered"
+        proc.abort(stopped_start_error(self.kind, pid, stopped, words))
 
     def _check_silent(self, session: SessionState, runtime: Runtime, now: float) -> bool:
         """A running app-server that says nothing while its Session has a Turn is asked the

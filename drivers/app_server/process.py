@@ -292,6 +292,8 @@ class AppServerProcess:
         self.writes_refused = 0
         """`try_request_async` calls refused because stdin would block (tests read it)."""
         self._closed_reason: str | None = None
+        self.aborted: str | None = None
+        """Why `abort` killed it (in words), None until then."""
         marker = self._env.get(RUNTIME_VAR) or ""
         self.marker = RuntimeMarker(marker, may_leave=bool(marker))
         """Its runtime's marker (`RUNTIME_VAR` of `env`: a Session's runtime; none, a
@@ -437,6 +439,7 @@ class AppServerProcess:
         goes on now, not at its request's limit."""
         if self._proc is None:
             return
+        self.aborted = reason
         self.kill_tree()
         self._mark_closed(reason)
 

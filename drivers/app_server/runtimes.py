@@ -242,12 +242,15 @@ class Runtimes:
         on_exit: ExitHandler | None = None,
         quiet: QuietLines | None = None,
         marked: bool = False,
+        started: Callable[[AppServerProcess], None] | None = None,
     ) -> Runtime:
         """A started and initialized app-server on `home`; the handlers run on its reader
         thread (a transient one, for a probe or a proof, has none). `marked`: a Session's
         runtime, whose Turns' tools may start processes: it carries a marker of its own, and
         its stop ends what still carries it (`AppServerProcess.end_left`); a transient runs
-        no Turn and is not marked (its close scans nothing)."""
+        no Turn and is not marked (its close scans nothing). `started`: told the process as
+        soon as it exists, before its `initialize` (a Session's stop and liveness check look
+        at it from then on, and may `abort` it)."""
         provider = self.provider
         home.mkdir(parents=True, exist_ok=True)
         provider.prepare_home(home)
@@ -269,8 +272,13 @@ class Runtimes:
         )
         try:
             proc.start()
+            if started is not None:
+                started(proc)
             init = proc.initialize(CLIENT_NAME, CLIENT_VERSION, timeout=self.request_timeout)
         except AppServerFailure as exc:
+            if proc.aborted is not None:  # found stopped while it started, and killed
+                proc.close(1.0)
+                raise DriverError(proc.aborted, reason=PROVIDER_STOPPED) from exc
             pid = proc.pid
             # A start that met a stopped process (SIGSTOP, SIGTSTP, a debugger) says so, typed
             # as a Turn's stopped provider is: it did not fail, it could not answer.

@@ -107,6 +107,13 @@ class SessionState:
     # When the idle reaper first saw this Session's app-server stopped during a Turn
     # (monotonic); None while it runs.
     stopped_since: float | None = None
+    # The app-server being started for this Session (spawned, its `initialize` or its thread's
+    # `thread/start` / `thread/resume` not answered yet): the stop and the liveness check look
+    # at it as they look at a runtime (`AppServerDriver._operations_ended`, `_check_starting`).
+    starting: AppServerProcess | None = None
+    # Its process tree, watched by the idle reaper, and since when it was seen stopped.
+    starting_watch: TreeWatch | None = None
+    starting_stopped_since: float | None = None
 
     def forget_settled_turns(self) -> None:
         """Keep `turns` to the active ones and the newest `SETTLED_TURN_IDS_KEPT` others (a

@@ -37,6 +37,9 @@ relay's pid) and does what it says:
   was made (Codex: reading the child's rollout back; the Tutti Agent: building the answer);
 - `stop` — the relay stops itself (SIGSTOP) before it passes the request on: an app-server
   stopped before it answers `turn/start` (the relay is the process the driver spawned);
+- `stop_init`, `stop_open` — taken at the `initialize` request, or at a `thread/start` or
+  `thread/resume`, instead: the relay stops itself before it passes that request on (an
+  app-server stopped while it starts, before its Session has a runtime);
 - anything else (`pass`) — taken (its pid written) and relayed as is.
 
 A second arm file, `ARM-fork` (`ARM/<session>/armed-fork` for a directory ARM), is taken at a
@@ -142,6 +145,8 @@ def main() -> None:
     # What starts a Turn on stdin, and what says it runs on stdout.
     start = b'{"type": "user"' if claude else b'"turn/start"'
     fork = b'"thread/fork"'
+    init = b'"initialize"'
+    opens = (b'"thread/start"', b'"thread/resume"')
     started = b'{"type":"user"' if claude else b'"turn/started"'
     garbage = CLAUDE_GARBAGE if claude else GARBAGE
     not_objects = CLAUDE_NOT_OBJECTS if claude else NOT_OBJECTS
@@ -276,14 +281,17 @@ def main() -> None:
     threading.Thread(target=pump, daemon=True).start()
     for line in sys.stdin.buffer:
         if not claude and b'"thread/fork"' in line:
-            held_fork, _, hold_ms = (_take(arm + "-fork") or "").partition(" ")
+            held_fork, _, hold_ms = (_take(arm + "-fork", "turn") or "").partition(" ")
             if held_fork == "slow":
                 time.sleep(int(hold_ms or "0") / 1000)
         starts = line.startswith(start) if claude else start in line
         forks = not claude and fork in line
-        # `internal` is for a fork only, and only it is taken at one: every other mode waits
-        # for its `turn/start`, as ever.
-        taken = _take(arm, fork=forks) if starts or forks else None
+        at = "turn" if starts else "fork" if forks else ""
+        if not claude and not at:
+            at = "init" if init in line else "open" if any(o in line for o in opens) else ""
+        # `internal` is for a fork only, and only it is taken at one; `stop_init` and
+        # `stop_open` only at theirs: every other mode waits for its `turn/start`, as ever.
+        taken = _take(arm, at) if at else None
         mode, _, count = (taken or "").partition(" ")
         if mode == "internal" and forks:
             with contextlib.suppress(ValueError), lock:
@@ -304,7 +312,7 @@ def main() -> None:
         if mode == "close":
             with lock:
                 close()
-        if mode == "stop":
+        if mode in ("stop", "stop_init", "stop_open"):
             os.kill(os.getpid(), signal.SIGSTOP)
         if mode == "close_mid":
             close_after_start.set()
@@ -341,10 +349,14 @@ def main() -> None:
     child.wait()
 
 
-def _take(arm: str, *, fork: bool = False) -> str | None:
+TAKEN_AT = {"internal": "fork", "stop_init": "init", "stop_open": "open"}
+"""Where a mode is taken, when not at a `turn/start`."""
+
+
+def _take(arm: str, at: str) -> str | None:
     try:
         with open(arm, encoding="utf-8") as f:
-            if (f.read().strip() == "internal") != fork:
+            if TAKEN_AT.get(f.read().strip(), "turn") != at:
                 return None
         os.rename(arm, arm + ".taken")
     except FileNotFoundError:
