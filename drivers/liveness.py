@@ -116,34 +116,32 @@ def kill_tree(pid: int) -> None:
 
 def stopped_error(provider: str, what: str, pid: int, stopped: int, for_s: float) -> str:
     """The failure of a Turn whose provider process stayed stopped, in words."""
-    state = process_state(stopped) or "?"
-    which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
-    return (
-        f"{PROVIDER_STOPPED}: the {provider} {what} ({which}) was stopped (process state "
-        f"{state}: SIGSTOP, SIGTSTP or a debugger) for {for_s:.0f} s and could not finish the "
-        "Turn; it was killed, and a new one starts at the next Turn"
-    )
+    when = f"for {for_s:.0f} s and could not finish the Turn"
+    return _stopped_words(provider, what, pid, stopped, when)
 
 
 def stopped_start_error(provider: str, pid: int, stopped: int, what: str) -> str:
     """The failure of a provider process found stopped when its start got no answer."""
-    which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
-    return (
-        f"{PROVIDER_STOPPED}: the {provider} app-server ({which}) was stopped (SIGSTOP, "
-        f"SIGTSTP or a debugger) while it started ({what}); it was killed, and a new one "
-        "starts at the next Turn"
-    )
+    when = f"while it started ({what})"
+    return _stopped_words(provider, "app-server", pid, stopped, when, state=False)
 
 
 def stopped_at_stop_error(provider: str, pid: int, stopped: int) -> str:
     """The failure of what waited on a provider process found stopped by its Session's stop
     (the request it was sent can never be answered)."""
-    state = process_state(stopped) or "?"
+    when = "when its Session was stopped, and could not answer"
+    return _stopped_words(provider, "app-server", pid, stopped, when)
+
+
+def _stopped_words(
+    provider: str, what: str, pid: int, stopped: int, when: str, *, state: bool = True
+) -> str:
+    """`provider_stopped`'s sentence: which process was stopped, `when`, and what follows."""
     which = f"pid {pid}" if stopped == pid else f"pid {pid}, its process {stopped}"
+    how = f"process state {process_state(stopped) or '?'}: " if state else ""
     return (
-        f"{PROVIDER_STOPPED}: the {provider} app-server ({which}) was stopped (process state "
-        f"{state}: SIGSTOP, SIGTSTP or a debugger) when its Session was stopped, and could not "
-        "answer; it was killed, and a new one starts at the next Turn"
+        f"{PROVIDER_STOPPED}: the {provider} {what} ({which}) was stopped ({how}SIGSTOP, "
+        f"SIGTSTP or a debugger) {when}; it was killed, and a new one starts at the next Turn"
     )
 
 

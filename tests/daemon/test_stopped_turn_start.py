@@ -18,6 +18,7 @@ import psutil
 import pytest
 
 from domain.procfs import pid_exists
+from tests.daemon.test_hung_provider import _app_servers
 from tests.support.daemon import (
     DaemonProcess,
     create_session,
@@ -59,23 +60,6 @@ def _stopped(pid: int) -> bool:
     with contextlib.suppress(psutil.Error):
         return psutil.Process(pid).status() == psutil.STATUS_STOPPED
     return False
-
-
-def _app_servers(session_id: str) -> list[int]:
-    """Pids of the app-server processes (the relay and the provider behind it) whose provider
-    home is this Session's."""
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            environ = (entry / "environ").read_bytes()
-            cmdline = (entry / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if b"app-server" in cmdline and session_id.encode() in environ:
-            pids.append(int(entry.name))
-    return pids
 
 
 def test_a_turn_start_a_stopped_app_server_never_answered_holds_no_session_after_its_turn(
