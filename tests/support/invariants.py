@@ -3526,12 +3526,14 @@ def breaking_faults(provider: str) -> frozenset[str]:
     return CLAUDE_BREAKING_FAULTS if provider == "claude-code" else BREAKING_FAULTS
 
 
-FAULT_RSS_BOUND_KIB = (2 * (64 << 20) + (32 << 20)) // 1024
+FAULT_RSS_BOUND_KIB = (2 * (64 << 20) + (128 << 20)) // 1024
 """The most a worker's peak RSS may grow over a fault round: reading one line costs at most
-twice `MAX_LINE_BYTES` (64 MiB, drivers/app_server/process.py) transiently, plus 32 MiB for the
-worker's other work meanwhile. A reader that held the whole line would pass it with any line
-over ~160 MiB (the unbounded reader held 311 MB more for 300 MiB); the soaks' endless line
-has no end."""
+twice `MAX_LINE_BYTES` (64 MiB, drivers/app_server/process.py) transiently, plus 128 MiB for
+the worker's other work meanwhile: in the crash soak the worker serves the other Sessions'
+Turns, forks and interactions beside the round (a Claude Code endless round grew the worker
+72 MiB alone and 130-176 MiB there). A reader that held the whole line would pass it with any
+line over ~256 MiB; the soaks' endless line has no end (an unbounded reader: +4.4 GiB in
+20 s)."""
 
 
 @dataclass(frozen=True, slots=True)
