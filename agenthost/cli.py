@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
 from client.cli.parser import SubParsers, build_parser, run_command
+from domain import dataclass_code
 from domain.home_layout import default_home, run_dir
 from domain.stop_signals import StopSignals
 
@@ -235,6 +236,9 @@ def _serve_logged(args: argparse.Namespace) -> int:
     )
     # Logged once ready: a start that fails says only why on stderr.
     log.info("GIL switch interval %.2f ms", switch_s * 1000)
+    code = dataclass_code.installed()
+    if code is not None:
+        log.info("dataclass functions: %d from the cache, %d compiled", code.taken, code.compiled)
     # A fatal fault's `stop_requested` is looked at every 0.1 s; a stop signal wakes it at once.
     stops.wait(daemon.stop_requested.is_set, 0.1)
     # Said before and after the stop (an operator's log shows why the daemon went, and that a

@@ -30,6 +30,11 @@ def main() -> int:
         from transport import accept_shim
 
         accept_shim.reexec_with_shim()
+    # Before the command's imports make their dataclasses: the code of their functions is
+    # taken from the packages' cache (domain/dataclass_code.py), not compiled again.
+    from domain import dataclass_code
+
+    dataclass_code.install()
     from agenthost.cli import main as run
 
     return run()

@@ -8,6 +8,12 @@ its parent dies.
 
 from __future__ import annotations
 
+# First, before the imports below make their dataclasses: the code of their functions is taken
+# from the packages' cache (domain/dataclass_code.py), not compiled again in each worker.
+from domain import dataclass_code
+
+dataclass_code.install()
+
 import argparse
 import ctypes
 import functools
