@@ -64,10 +64,10 @@ lint: $(DEPS_STAMP)
 	$(VENV)/bin/lint-imports
 
 # pytest exits 5 when it collects no tests; make treats any non-zero exit as failure.
-# Most tests wait on real processes (daemons, app-servers, the Claude CLI) rather than compute,
-# so four xdist workers share the 2 cores (a quiet run: 805 s wall, 1.8 cores busy on average;
-# docs/performance.md, "Each process the host starts, exec → ready, again"); --dist loadfile keeps a file's tests (and its
-# module fixtures) on one worker, in order. --durations prints the 25 slowest tests at the end,
+# Most tests wait on real processes (daemons, app-servers, the Claude CLI), so four xdist workers
+# share the 2 cores (a quiet run: 805 s wall, 1.8 cores busy on average: docs/performance.md,
+# "Each process the host starts, exec → ready, again"); --dist loadfile keeps a file's tests
+# (and its module fixtures) on one worker, in order. --durations prints the 25 slowest tests at the end,
 # so every run shows where the suite's time goes.
 TEST_WORKERS ?= 4
 test: providers lint
