@@ -46,7 +46,7 @@ install:
 	$(PYTHON) -m venv $(INSTALL_VENV)
 	$(INSTALL_VENV)/bin/python -m pip install --quiet --upgrade pip
 	$(INSTALL_VENV)/bin/python -m pip install --quiet '.[gui]'
-	$(INSTALL_VENV)/bin/python -m domain.dataclass_code
+	$(INSTALL_VENV)/bin/python -P -m domain.dataclass_code
 	mkdir -p $(INSTALL_BIN)
 	ln -sf $(INSTALL_VENV)/bin/agenthost $(INSTALL_BIN)/agenthost
 	@echo "agenthost installed in $(INSTALL_VENV), linked as $(INSTALL_BIN)/agenthost"
