@@ -121,14 +121,6 @@ def installed() -> DataclassCode | None:
     return _installed
 
 
-def uninstall() -> None:
-    """`dataclasses` compiles each text again (tests)."""
-    global _installed
-    if _installed is not None:
-        del dataclasses.exec  # type: ignore[attr-defined]
-        _installed = None
-
-
 def modules(packages: Iterable[str]) -> list[str]:
     """Every module of `packages` under the current path, but each `__main__`."""
     import pkgutil  # here: `install`, in every process, needs none of what `build` does

@@ -29,6 +29,7 @@ from tests.support.daemon import (
     wait_for,
 )
 from tests.support.freezer import freeze, freezer_group, thaw
+from transport.client import Client
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -36,6 +37,17 @@ RELAY = Path(__file__).with_name("misbehaving_app_server.py")
 NEXT_TURN_STARTS_S = 8.0
 """The bound on the next Turn's start: far below the `turn/start` request's limit (30 s) a
 held Session would wait out, far above a start on a loaded host."""
+
+
+def next_turn_runs_and_the_stopped_server_is_gone(c: Client, sid: str, pid: int) -> None:
+    """After the Turn the stopped server failed: the Session's next Turn is started at the
+    provider (bound to its provider turn) within `NEXT_TURN_STARTS_S`, well before a held
+    request's 30 s would have ended, and completes; the stopped server was ended
+    (stopped_runtime_left), not left stopped."""
+    nxt = submit(c, sid, "next")
+    wait_for(lambda: turn_of(c, sid, nxt["turnId"])["rootProviderTurnId"], NEXT_TURN_STARTS_S)
+    assert settle(c, sid, nxt["turnId"], timeout=30)["outcome"] == "completed"
+    wait_for(lambda: not pid_exists(pid), 5)
 
 
 def _daemon(tmp_path: Path, arm: Path, keys: str) -> DaemonProcess:
@@ -82,13 +94,7 @@ def test_a_turn_start_a_stopped_app_server_never_answered_holds_no_session_after
         done = settle(c, sid, turn["turnId"], timeout=30)
         assert done["outcome"] == "failed", done
         assert "sent nothing for 2 s" in (done["error"] or ""), done
-        nxt = submit(c, sid, "next")
-        # Started at the provider (bound to its provider turn) well before the held
-        # `turn/start`'s 30 s would have ended.
-        wait_for(lambda: turn_of(c, sid, nxt["turnId"])["rootProviderTurnId"], NEXT_TURN_STARTS_S)
-        assert settle(c, sid, nxt["turnId"], timeout=30)["outcome"] == "completed"
-        # The stopped runtime was ended (stopped_runtime_left), not left stopped.
-        wait_for(lambda: not pid_exists(pid), 5)
+        next_turn_runs_and_the_stopped_server_is_gone(c, sid, pid)
     finally:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):

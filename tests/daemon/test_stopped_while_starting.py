@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from domain.procfs import pid_exists
 from tests.daemon.test_stopped_turn_start import (
     NEXT_TURN_STARTS_S,
     _daemon,
     _stopped,
     _taken_pid,
+    next_turn_runs_and_the_stopped_server_is_gone,
 )
-from tests.support.daemon import DaemonProcess, create_session, settle, submit, turn_of, wait_for
+from tests.support.daemon import DaemonProcess, create_session, settle, submit, wait_for
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -63,11 +63,7 @@ def test_an_app_server_stopped_while_it_starts_holds_no_session_after_its_turn(
         assert done["outcome"] == "failed", done
         assert done["errorReason"] == "provider_stopped", done
         assert "while it started" in (done["error"] or ""), done
-        nxt = submit(c, sid, "next")
-        wait_for(lambda: turn_of(c, sid, nxt["turnId"])["rootProviderTurnId"], NEXT_TURN_STARTS_S)
-        assert settle(c, sid, nxt["turnId"], timeout=30)["outcome"] == "completed"
-        # The stopped server was killed (stopped_runtime_left), not left stopped.
-        wait_for(lambda: not pid_exists(pid), 5)
+        next_turn_runs_and_the_stopped_server_is_gone(c, sid, pid)
     finally:
         if pid is not None:
             with contextlib.suppress(ProcessLookupError):
