@@ -2,7 +2,8 @@
 shorter test already pins in `make test`) run only in `make soak` (AGENTHOST_SOAK=1) or when
 selected with `-m`; `make test` deselects them so the whole suite stays within its 15 minutes.
 The packages' bytecode is written once per run, so the daemons the tests start do not compile
-them each time. The longest files go to the xdist workers first (`LONGEST_FILES`)."""
+them each time, and so is the test files' rewritten bytecode, so each xdist worker does not
+rewrite them all again. The longest files go to the xdist workers first (`LONGEST_FILES`)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
+
+from tests.support import rewrite_cache
 
 ROOT = Path(__file__).resolve().parent.parent
 # Every daemon a test starts builds its accept shim (transport/accept_shim.py) once into the
@@ -52,11 +55,16 @@ def pytest_configure(config: pytest.Config) -> None:
     # The daemons, workers and providers the tests start are fresh interpreters: in a checkout
     # run with PYTHONDONTWRITEBYTECODE=1 each would compile every module it imports (~0.3 s of
     # CPU a daemon). Written once here, in the controller, as an install writes them.
-    if hasattr(config, "workerinput"):
+    if hasattr(config, "workerinput") or os.environ.get(rewrite_cache.WRITING_ENV):
         return
     from bench.harness import byte_compile
 
     byte_compile(ROOT)
+    # Every xdist worker collects every test file: their rewritten bytecode is written once,
+    # here, before the workers start (tests/support/rewrite_cache.py).
+    workers = getattr(config.option, "numprocesses", None)
+    if isinstance(workers, int) and workers > 1:
+        rewrite_cache.write_rewritten(ROOT, rewrite_cache.named_test_files(ROOT, config.args))
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
