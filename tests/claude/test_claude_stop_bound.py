@@ -170,9 +170,12 @@ def test_a_delete_whose_stop_the_worker_never_answers_kills_the_cli_before_the_f
     finally:
         c.call("debug.failpoints", {"points": {"worker.session.before_stop": "off"}})
     assert not left, f"the CLI {left} of the deleted Session outlived its folder"
-    assert "killed what still ran in its runtime folder after its stop (not answered" in (
-        d.tail_log(100_000)
-    ), d.tail_log()
+    # Logged before the folder goes, but written by the daemon's log thread: looked for until
+    # it is in the file.
+    said = "killed what still ran in its runtime folder after its stop (not answered"
+    with contextlib.suppress(AssertionError):
+        wait_for(lambda: said in d.tail_log(100_000), 10)
+    assert said in d.tail_log(100_000), d.tail_log()
     wait_for(lambda: not [p for p in processes_naming(named) if _alive(p)], 30)
     assert not folder.exists(), sorted(str(p) for p in folder.rglob("*"))
     d.stop()
