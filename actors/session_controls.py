@@ -82,7 +82,9 @@ class SessionControls:
                 # A Turn's `session.start` is in progress (the Turn interrupted while it
                 # waited; an active one's claim refuses the delete): the delete is applied
                 # now, and the runtime that start makes (in the home it works in) is stopped
-                # and its home removed once it has answered, its answer discarded.
+                # and its home removed once it has answered, its answer discarded; a start
+                # held by a stopped app-server is ended now, not at its request limit.
+                runtime.stop_start(provider)
                 runtime.after_preparing.append(partial(self._discard_runtime, provider))
             else:
                 self._discard_runtime(provider)
@@ -178,7 +180,10 @@ class SessionControls:
             state.after_start_answer.append(partial(self._core.actor_ref.tell, msg))
             return
         if not provider_turn_id:
-            # Not started at the provider yet: settle it here, nothing to stop there.
+            # Not started at the provider yet: settle it here, nothing to stop there. A
+            # `session.start` it waits for is given up: one on a stopped app-server is ended
+            # now, or the Session's next Turn waited out its request limit behind it.
+            self._runtime.stop_start(self._runtime.cached_session().provider)
             self._turns.settle(state, "interrupted", error=msg.why, then=_answer)
             return
         provider = self._core.session().provider

@@ -557,6 +557,22 @@ class SessionRuntime:
             )
         return final and any(t.root_provider_turn_id for t in canonical)
 
+    def stop_start(self, provider: str) -> None:
+        """The runtime's `session.start` in progress was given up (its Turn interrupted, its
+        Session deleted): ask the worker to end it now if its app-server is found stopped
+        (`SessionStop.start_only`), which would otherwise hold it — and the Session's next
+        start behind it — for the start's request limit. A healthy start goes on: its answer
+        is recorded as the warm runtime the next Turn takes, never a second one. Not sent
+        while a fork prepares the runtime (its start is the fork's to judge), nor while
+        nothing started yet (queued for a slot)."""
+        if self.preparing <= self.slot_waits or self.forks_preparing:
+            return
+        self._core.ctx.workers.stop_session(
+            provider,
+            SessionStop(self._core.key, start_only=True),
+            self._core.ctx.timeouts.session_start_s,
+        )
+
     def stop_runtime(self) -> None:
         """Stop the Session's provider runtime (it respawns at the next use). Not sent once the
         worker that ran it has died (the runtime went with it): the stop, retried until a new

@@ -582,14 +582,23 @@ class SessionStarted:
 
 @dataclass(frozen=True, slots=True)
 class SessionStop:
-    """`session.stop`: stop the Session's provider runtime (it respawns at the next use)."""
+    """`session.stop`: stop the Session's provider runtime (it respawns at the next use).
+    `start_only` (`startOnly`): stop nothing healthy; end the Session's start in progress only
+    if its app-server is found stopped (SIGSTOP) while the start waits on it — the start then
+    fails `provider_stopped` — and answer once that start has ended (an interrupted Turn's, a
+    deleted Session's start: design/drivers.md "The starting case"); a healthy start goes on,
+    its runtime kept."""
 
     METHOD: ClassVar[str] = "session.stop"
 
     agent_session_id: str
+    start_only: bool = False
 
     def to_wire(self) -> dict[str, Any]:
-        return {"agentSessionId": self.agent_session_id}
+        wire: dict[str, Any] = {"agentSessionId": self.agent_session_id}
+        if self.start_only:
+            wire["startOnly"] = True
+        return wire
 
 
 @dataclass(frozen=True, slots=True)

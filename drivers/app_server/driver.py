@@ -309,6 +309,15 @@ class AppServerDriver:
         }
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
+        if params.get("startOnly"):
+            # The host gave up the start in progress (its Turn interrupted, its Session
+            # deleted): an app-server found stopped while it waits is killed and the start
+            # fails now; a healthy one is left to finish, its runtime kept for the next Turn.
+            session = self._sessions.get(str(params.get("agentSessionId") or ""))
+            if session is not None:
+                with self._operations_ended(session):
+                    pass
+            return {}
         with contextlib.ExitStack() as held:
             with self._opening:
                 session = self._sessions.pop(str(params.get("agentSessionId") or ""))

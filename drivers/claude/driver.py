@@ -263,6 +263,9 @@ class ClaudeDriver:
 
     def stop_session(self, params: Mapping[str, Any]) -> dict[str, Any]:
         agent_session_id = required(params, "agentSessionId")
+        if params.get("startOnly"):
+            # A Claude start spawns no server its stop could find stopped: nothing to end.
+            return {}
         with self._sessions_lock:
             session = self._sessions.pop(agent_session_id, None)
             # Taken with the Session, at once: a start that comes while this stop waits for

@@ -7,7 +7,8 @@ fault — one endless line, garbage between the provider's lines, its stdout clo
 at a `turn/start` or once the Turn runs, notifications whose params are no object, a
 `turn/start` answered without a turn id (the Turn never named after), a reply streamed as one
 delta past the event cap (`bigdelta`, heard by the contention soak's reading subscriber for
-`events_bounded`) — arms it,
+`events_bounded`); in the contention soak also a runtime stopped at its `turn/start` (`STOP`)
+or as it starts, its Turn interrupted then (`STOP_START`) — arms it,
 submits a Turn, waits for it to settle, then runs the Session's next Turn, and keeps what it
 saw (`ProviderFault`) for `check_provider_faults` (`provider_fault_settles`): the Turn settled
 within its bound (`failed` with a typed reason where the pipe broke, `completed` where the
@@ -18,8 +19,11 @@ is judged."""
 
 from __future__ import annotations
 
+import contextlib
+import os
 import random
 import shlex
+import signal
 import sys
 import threading
 import time
@@ -48,6 +52,19 @@ STOP = "stop"
 runtime stopped before it answers, whose Turn fails `provider_stopped` at the daemon's
 `provider_stopped_seconds` and whose Session's next Turn runs on a new one (it holds no Session
 beyond its stop). Only where that limit is short (the contention soak's 2 s): not in `FAULTS`."""
+STOP_START = "stop_start"
+"""The Session's app-server killed first, so its next Turn starts it (`session.start`), and the
+relay in `stop_open` mode stops itself (SIGSTOP) at that start's `thread/resume`; once it is
+seen stopped the round interrupts the Turn: it settles `interrupted` at once, the start given
+up is ended in the worker (`session.stop` with `startOnly`: design/drivers.md "The starting
+case"), the stopped relay killed, and the Session's next Turn runs on a new one. An app-server
+provider's only (a Claude Code Session's round skips it); in the contention soak, whose
+`provider_stopped_seconds` (2 s) would end the start too, the interrupt comes as soon as the
+relay is seen stopped, and a Turn the liveness check failed first is a disturbed round."""
+RELAY_MODE = {STOP_START: "stop_open"}
+"""The relay's arm for a fault the relay knows by another name."""
+STOPPED_SEEN_S = 10.0
+"""How long a `stop_start` round waits to see its relay stopped once it took the arm."""
 FAULT_SESSIONS = 2
 """The Tutti Agent Sessions whose app-server misbehaves on demand (the chaos's own: no other
 client of the soak works on them, so each fault lands on the Turn the round submitted)."""
@@ -205,6 +222,11 @@ class ProviderChaos:
             if not self._idle(c, sid, SETTLE_S):
                 self._count(f"{name} skipped: the Session busy")
                 return None
+            if fault == STOP_START and provider == CLAUDE:
+                self._count(f"{name} skipped: no app-server to stop as it starts")
+                return None
+            if fault == STOP_START:
+                _end_relays(sid)  # its next Turn starts a new app-server: the start to stop
             worker = _worker_pid(c, provider)
             hwm = _peak_rss_kib(worker)
             turn_id = self._submit(c, sid, text, fault)
@@ -214,6 +236,8 @@ class ProviderChaos:
             # The bound runs from the fault (a Turn that never reached its `turn/start` met
             # none: it is given the settle wait of any Turn).
             taken = time.monotonic()
+            if fault == STOP_START and pid is not None:
+                self._interrupt_stopped(c, sid, turn_id, pid)
             turn = self._settled(c, sid, turn_id, FAULT_BOUND_S if pid else SETTLE_S)
             in_bound = turn is not None
             if turn is None and pid is not None:
@@ -353,7 +377,19 @@ class ProviderChaos:
 
     def _arm(self, sid: str, mode: str) -> None:
         (self.arm_dir / sid / "armed.taken").unlink(missing_ok=True)
-        (self.arm_dir / sid / "armed").write_text(mode)
+        (self.arm_dir / sid / "armed").write_text(RELAY_MODE.get(mode, mode))
+
+    def _interrupt_stopped(self, c: Client, sid: str, turn_id: str, pid: int) -> None:
+        """`stop_start`: the Turn interrupted once its relay is seen stopped in the start (an
+        interrupt answered with a Turn settled otherwise is the round's to judge)."""
+        deadline = time.monotonic() + STOPPED_SEEN_S
+        while not _stopped(pid) and running(pid) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        status, body = c.call_raw(
+            "turn.interrupt", {"workspaceId": WS, "agentSessionId": sid, "turnId": turn_id}
+        )
+        if status != 200:
+            self._count(f"{STOP_START} interrupt {status} {body.get('reason')}")
 
     def _taken(self, c: Client, sid: str, turn_id: str, timeout: float) -> int | None:
         """The pid of the relay that took the Session's arm, once it did (None: none did, and
@@ -475,6 +511,22 @@ def every_fault(
         finally:
             d.stop()
     return chaos
+
+
+def _end_relays(sid: str) -> None:
+    """SIGKILL the relays serving the Session (their app-server dies with them: the relay's
+    `PR_SET_PDEATHSIG`): its runtime is gone, and its next Turn's start spawns a new one."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            environ = (entry / "environ").read_bytes() if RELAY.name.encode() in cmdline else b""
+        except OSError:
+            continue
+        if f"/{sid}/".encode() in environ:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(int(entry.name), signal.SIGKILL)
 
 
 def _worker_pid(c: Client, provider: str) -> int | None:

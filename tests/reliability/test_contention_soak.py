@@ -101,7 +101,9 @@ A provider that misbehaves on its stdout (`provider_chaos`): every Tutti Agent a
 starts through `tests/daemon/misbehaving_app_server.py`, and a thread of the chaos puts one fault
 after another (one endless line, garbage, non-object notifications, its stdout closed at
 `turn/start` or mid-Turn; here also `stop`, the runtime stopped before it answers `turn/start`:
-its Turn fails `provider_stopped`, the Session's next Turn runs on a new one) on Turns of the
+its Turn fails `provider_stopped`, the Session's next Turn runs on a new one; and `stop_start`,
+the app-server stopped as it starts and the Turn interrupted then: it settles `interrupted`, the
+stopped server is killed, the next Turn runs on a new one) on Turns of the
 chaos's two Sessions, under the lock takes and the SIGSTOPs; at the end
 `provider_fault_settles` judges what was seen.
 A slow provider fork (`slow_fork`): as the chaos starts, a Tutti Agent Session of the soak's own
@@ -169,6 +171,7 @@ from tests.reliability.proven_absent import prove_after_restarts
 from tests.reliability.provider_chaos import (
     FAULTS,
     STOP,
+    STOP_START,
     ProviderChaos,
     claude_front,
     codex_front,
@@ -1237,7 +1240,7 @@ def test_contention_soak_answers_everything_and_keeps_every_law(
     ).start()
     pressure = FdPressure(d, port, seed)
     t = Tally(home)
-    faults = ProviderChaos(tmp_path / "arms", seed, (*FAULTS, STOP))
+    faults = ProviderChaos(tmp_path / "arms", seed, (*FAULTS, STOP, STOP_START))
     stop = threading.Event()
     locks = 0
     locked_s = 0.0

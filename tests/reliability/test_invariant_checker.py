@@ -2404,6 +2404,38 @@ def test_a_claude_stream_left_whole_behind_a_message_it_cannot_read_is_reported(
         assert [v.law for v in seen(provider, "notobject", failed)] == [Law.PROVIDER_FAULT_SETTLES]
 
 
+def test_a_start_given_up_whose_turn_failed_or_whose_stopped_server_lives_is_reported() -> None:
+    """`provider_fault_settles`, the `stop_start` round's row (a Turn interrupted while its
+    app-server, stopped as it started, held its `session.start`): `interrupted`, the relay
+    gone and the next Turn completed on a new one is clean; `failed` (the start held past the
+    interrupt until the liveness check ended it), the stopped relay still running, or the next
+    Turn on it or failed, is reported."""
+    done = {"phase": "settled", "outcome": "interrupted", "errorReason": None}
+    f = ProviderFault(
+        "s",
+        "stop_start",
+        "t",
+        in_bound=True,
+        disturbed=False,
+        relay_pid=7,
+        next_outcome="completed",
+        next_pid=8,
+        provider="tutti-agent",
+    )
+    assert check_provider_faults([f], {"t": done}) == []
+    failed = done | {"outcome": "failed", "errorReason": "provider_stopped"}
+    tampered = [
+        ([f], {"t": failed}),
+        ([replace(f, relay_alive=True)], {"t": done}),
+        ([replace(f, next_pid=7)], {"t": done}),
+        ([replace(f, next_outcome="failed")], {"t": done}),
+        ([replace(f, in_bound=False)], {"t": done}),
+    ]
+    for faults, seen in tampered:
+        found = check_provider_faults(faults, seen)
+        assert [v.law for v in found] == [Law.PROVIDER_FAULT_SETTLES], (faults, found)
+
+
 @pytest.mark.codex
 def test_a_committed_codex_child_cut_short_in_its_own_home_is_unreadable(tmp_path: Path) -> None:
     """`child_readable`, Codex's: a committed child's own home holds its rollout and every one

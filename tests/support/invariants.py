@@ -3510,10 +3510,15 @@ TURN_REASONS = frozenset(
     }
 )
 """A failed Turn's typed reasons (`errorReason`, docs/protocol.md "Turn errors")."""
-BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "noid", "stop"})
+BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "noid", "stop", "stop_start"})
 """Faults after which the runtime's stdout cannot be read on (or, `noid`, its Turn cannot be
 followed: `turn/start` answered without a turn id; `stop`, the runtime stopped before it
-answered): it is killed, its Turn fails."""
+answered; `stop_start`, stopped as it started): it is killed, its Turn fails (or, an
+`INTERRUPTED_FAULTS` one, is interrupted)."""
+INTERRUPTED_FAULTS = frozenset({"stop_start"})
+"""Faults whose round interrupts its Turn (`stop_start`: interrupted while its app-server,
+stopped as it started, held the Turn's `session.start`): the Turn settles `interrupted`, not
+`failed`, and the stopped server is killed all the same (the start given up is ended)."""
 CLAUDE_BREAKING_FAULTS = frozenset({"endless", "close", "close_mid", "notobject", "stop"})
 """Claude Code's: its SDK refuses a message of a known type whose fields have the wrong shape
 (`MessageParseError`), where the app-server reader reads non-object params as empty ones; a
@@ -3599,7 +3604,8 @@ def check_provider_faults(
             fail(f, f"failed with no typed reason: {str(turn.get('error'))[:120]!r}")
         breaks = breaking_faults(f.provider)
         breaking = f.fault in breaks and f.relay_pid is not None
-        if breaking and outcome != "failed":
+        ends = "interrupted" if f.fault in INTERRUPTED_FAULTS else "failed"
+        if breaking and outcome != ends:
             fail(f, f"{outcome} behind a broken stdout")
         if f.fault not in breaks and outcome != "completed":
             fail(f, f"{outcome} ({reason}) for lines the reader skips")
