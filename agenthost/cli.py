@@ -17,8 +17,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from agenthost.launch import subcommand
 from client.cli.output import EXIT_ERROR, EXIT_OK, EXIT_USAGE, CliError, emit, fail
-from client.cli.parser import SubParsers, build_parser, run_command
+from client.cli.parser import SubParsers, build_parser, parse, run_command
 from domain import dataclass_code
 from domain.home_layout import default_home, run_dir
 from domain.stop_signals import StopSignals
@@ -34,18 +35,30 @@ log = logging.getLogger(__name__)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _parser()
-    # Only a process started as the command may re-execute itself (`serve`'s accept shim): a
-    # caller passing `argv` in-process is not one.
-    parser.set_defaults(from_command_line=argv is None)
-    return run_command(parser, argv)
+    def parser_for(only: str | None) -> argparse.ArgumentParser:
+        parser = _parser(only)
+        # Only a process started as the command may re-execute itself (`serve`'s accept shim):
+        # a caller passing `argv` in-process is not one.
+        parser.set_defaults(from_command_line=argv is None)
+        return parser
+
+    # The named subcommand's parser alone (a daemon's start builds no client subcommand); the
+    # whole command's wherever that one would print or exit, so what a user sees is the same.
+    parser, args = parse(parser_for, subcommand(sys.argv[1:] if argv is None else argv), argv)
+    return run_command(parser, args)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command's parser, or (`only`) the subcommand of that name alone
+    (`client.cli.parser.build_parser`)."""
     from agenthost import __version__
 
     return build_parser(
-        __version__, __doc__, before=[_add_serve], after=[_add_config, _add_keys, _add_providers]
+        __version__,
+        __doc__,
+        before={"serve": _add_serve},
+        after={"config": _add_config, "keys": _add_keys, "providers": _add_providers},
+        only=only,
     )
 
 

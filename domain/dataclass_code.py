@@ -49,6 +49,11 @@ PACKAGES = (
 )
 """The packages whose modules `build` imports: every process of the daemon side's."""
 
+OWN_PROGRAMS = ("tutti_agent",)
+"""Packages that are programs of their own and import nothing of ours (the Tutti Agent
+app-server): `build` imports them too and writes, beside each one's bytecode, a file of the
+code of its own classes alone, which that program's `dataclass_code.install` takes."""
+
 _MAGIC = importlib.util.MAGIC_NUMBER
 
 
@@ -67,6 +72,8 @@ class DataclassCode:
         """Texts found in `codes`."""
         self.compiled = 0
         """Texts compiled here (not in `codes`): kept in it from then on."""
+        self.made_in: dict[str, set[str]] | None = None
+        """While `build` records: each text's modules (the classes' globals' `__name__`)."""
 
     def exec(
         self,
@@ -76,6 +83,8 @@ class DataclassCode:
         /,
     ) -> None:
         if isinstance(source, str):
+            if self.made_in is not None:
+                self.made_in.setdefault(source, set()).add(str((globals or {}).get("__name__")))
             code = self.codes.get(source)
             if code is None:
                 code = self.codes[source] = _compile(source)
@@ -137,30 +146,58 @@ def modules(packages: Iterable[str]) -> list[str]:
     return out
 
 
-def build(path: Path = CACHE, packages: Iterable[str] = PACKAGES) -> int:
-    """Import every module of `packages` with the code recorded, then write it all to `path`
-    (replaced whole, atomically). Run in a process of its own (`python -m
-    domain.dataclass_code`): a module imported already made its classes before the recording.
-    The number of texts written."""
-    import tempfile
+def own_cache(package: str) -> Path | None:
+    """Where the program `package` (OWN_PROGRAMS) takes its code from: beside its bytecode, as
+    `CACHE` is beside `domain`'s; None where it is not installed."""
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(list(spec.submodule_search_locations)[0]) / "__pycache__" / CACHE.name
 
+
+def build(
+    path: Path = CACHE, packages: Iterable[str] = PACKAGES, programs: Iterable[str] = OWN_PROGRAMS
+) -> int:
+    """Import every module of `packages` and `programs` with the code recorded, then write it all
+    to `path` and each program's classes' code to its `own_cache` (each replaced whole,
+    atomically). Run in a process of its own (`python -m domain.dataclass_code`): a module
+    imported already made its classes before the recording. The number of texts in `path`."""
+    programs = tuple(programs)
     code = install(Path(os.devnull)) or DataclassCode()
-    for name in modules(packages):
+    code.made_in = {}
+    for name in modules((*packages, *programs)):
         try:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001, S112 - an optional dependency missing: its classes compile
             continue
+    for program in programs:
+        own = own_cache(program)
+        if own is not None:
+            _write(
+                own,
+                {
+                    text: compiled
+                    for text, compiled in code.codes.items()
+                    if any(m.split(".")[0] == program for m in code.made_in.get(text, ()))
+                },
+            )
+    _write(path, code.codes)
+    return len(code.codes)
+
+
+def _write(path: Path, codes: Mapping[str, CodeType]) -> None:
+    import tempfile
+
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name, suffix=".tmp")
     try:
         os.fchmod(fd, 0o644)  # readable as the bytecode beside it
         with os.fdopen(fd, "wb") as f:
-            f.write(marshal.dumps((_MAGIC, code.codes)))
+            f.write(marshal.dumps((_MAGIC, dict(codes))))
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return len(code.codes)
 
 
 def main() -> None:

@@ -1,7 +1,10 @@
 """The `tutti-agent` command: `tutti-agent app-server` serves the protocol on stdio.
 
 Reads `TUTTI_AGENT_HOME` (required), the model options and `TUTTI_AGENT_FAILPOINTS`, then
-builds the store, model and server and runs until stdin closes."""
+builds the store, model and server and runs until stdin closes.
+
+The program's modules are imported by `main` once `dataclass_code.install()` has run: their
+classes' functions come from the build's file, not compiled at each start."""
 
 from __future__ import annotations
 
@@ -10,23 +13,17 @@ import io
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from tutti_agent import __version__
-from tutti_agent.chat import ChatModel
-from tutti_agent.failpoints import FailpointHooks, parse_failpoints
-from tutti_agent.model import (
-    FIRST_BYTE_TIMEOUT_S,
-    STREAM_IDLE_TIMEOUT_S,
-    BuiltinModel,
-    Endpoint,
-    Model,
-    ResponsesModel,
-)
-from tutti_agent.server import AppServer
-from tutti_agent.store import ThreadStore
+from tutti_agent import __version__, dataclass_code
+
+if TYPE_CHECKING:
+    from tutti_agent.model import Model
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from tutti_agent.model import FIRST_BYTE_TIMEOUT_S, STREAM_IDLE_TIMEOUT_S
+
     parser = argparse.ArgumentParser(prog="tutti-agent", description="Tutti Agent provider")
     parser.add_argument("--version", action="version", version=f"tutti_agent {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def build_model(args: argparse.Namespace) -> Model:
+    from tutti_agent.chat import ChatModel
+    from tutti_agent.model import BuiltinModel, Endpoint, ResponsesModel
+
     if not args.model_base_url:
         return BuiltinModel()
     endpoint = Endpoint(
@@ -98,6 +98,11 @@ def build_model(args: argparse.Namespace) -> Model:
 
 
 def main(argv: list[str] | None = None) -> int:
+    dataclass_code.install()
+    from tutti_agent.failpoints import FailpointHooks, parse_failpoints
+    from tutti_agent.server import AppServer
+    from tutti_agent.store import ThreadStore
+
     args = build_parser().parse_args(argv)
     home_env = os.environ.get("TUTTI_AGENT_HOME")
     if not home_env:

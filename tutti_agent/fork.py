@@ -6,13 +6,12 @@ the source reservation is held until materialization ends, even if the caller ga
 
 from __future__ import annotations
 
-import concurrent.futures
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from operator import itemgetter
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tutti_agent import __version__
 from tutti_agent.errors import (
@@ -45,6 +44,9 @@ from tutti_agent.store import (
     ThreadStore,
     remove_file_durably,
 )
+
+if TYPE_CHECKING:
+    import concurrent.futures
 
 
 @dataclass(frozen=True, slots=True)
@@ -244,6 +246,9 @@ class ForkService:
 
         Abandoning the returned future (a cancelled request) does not release the source:
         only the end of materialization does (seed 004 §10, §12.4)."""
+        # Imported at the first fork: the logging it brings is no part of an app-server's start.
+        import concurrent.futures
+
         prepared = self.prepare(source_thread_id, options.boundary, turn_items=options.turn_items)
         future: concurrent.futures.Future[ForkResult] = concurrent.futures.Future()
 

@@ -11,7 +11,6 @@ import contextlib
 import json
 import os
 import re
-import socket
 import threading
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from tutti_agent.ids import uuid7
 from tutti_agent.rollout import orjson_agrees
 
 if TYPE_CHECKING:
+    import socket
+
     import httpx
 
 
@@ -424,6 +425,8 @@ class _Sockets:
         io.on_cancel(self.abort)
 
     def trace(self, event: str, info: Mapping[str, Any]) -> None:
+        import socket  # loaded by httpx already: no part of an app-server's start
+
         if event.endswith((".connect_tcp.complete", ".start_tls.complete")):
             stream = info.get("return_value")
             sock = stream.get_extra_info("socket") if stream is not None else None
@@ -433,6 +436,8 @@ class _Sockets:
                     self.abort()
 
     def abort(self) -> None:
+        import socket
+
         for sock in self.open:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)

@@ -4,7 +4,8 @@ flags, each run by its module (`sessions`, `turns`, `forks`, `manage`, `launch_g
 
 The daemon's composition root (`agenthost.cli`) builds the whole command with `build_parser`,
 adding its own subcommands (`serve`, `keys`) before and after the client's, and runs it with
-`run_command`.
+`run_command`. A command's module is imported when the command runs, and a parse may build
+the named subcommand's parser alone (`only`): what every start pays is one subcommand's flags.
 """
 
 from __future__ import annotations
@@ -12,22 +13,74 @@ from __future__ import annotations
 import argparse
 import codecs
 import contextlib
+import importlib
 import io
 import os
 import re
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import TextIO, cast
+from typing import Any, NoReturn, TextIO, cast
 
-from client.cli import forks, launch_gui, manage, sessions, turns, workspace
 from client.cli.output import EXIT_INTERRUPTED, EXIT_OK, EXIT_USAGE, ShownStream
 from domain.providers import PROVIDERS
 
 SubParsers = argparse._SubParsersAction  # noqa: SLF001 - argparse names no public type for it
-AddCommands = Callable[["SubParsers[argparse.ArgumentParser]", argparse.ArgumentParser], None]
-"""Adds subcommands: `(subparsers, common)`, `common` being the parent of every subcommand that
-takes `--json` after its name."""
+AddCommand = Callable[["SubParsers[argparse.ArgumentParser]", argparse.ArgumentParser], None]
+"""Adds one subcommand: `(subparsers, common)`, `common` being the parent of every subcommand
+that takes `--json` after its name."""
+Run = Callable[[argparse.Namespace], int]
+
+
+class NotOneCommand(Exception):
+    """A parse the one subcommand's parser (`build_parser(only=...)`) leaves to the whole
+    command's: `--help`, `--version`, a usage error, another subcommand (each says or lists
+    what only the whole parser knows)."""
+
+
+class _OneCommandParser(argparse.ArgumentParser):
+    """A parser that never prints nor exits: where argparse would, the parse is the whole
+    command's (`NotOneCommand`), so what a user sees is the same with or without it."""
+
+    def _print_message(self, message: str, file: Any = None) -> NoReturn:
+        raise NotOneCommand
+
+    def exit(self, status: int = 0, message: str | None = None) -> NoReturn:
+        raise NotOneCommand
+
+    def error(self, message: str) -> NoReturn:
+        raise NotOneCommand
+
+
+class _Unused:
+    """Takes the calls that would add a subcommand left out of a one-subcommand parser."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Unused]:
+        return lambda *args, **kwargs: self
+
+
+class _OnlyOne:
+    """The subparsers of a one-subcommand parser: any other name's parser is `_Unused`."""
+
+    def __init__(self, sub: SubParsers[argparse.ArgumentParser], only: str) -> None:
+        self._sub = sub
+        self._only = only
+
+    def add_parser(self, name: str, **kwargs: Any) -> argparse.ArgumentParser:
+        if name == self._only:
+            return self._sub.add_parser(name, **kwargs)
+        return cast(argparse.ArgumentParser, _Unused())
+
+
+def _runs(module: str, function: str) -> Run:
+    """`client.cli.<module>.<function>`, imported when the subcommand runs (a parse, `serve`'s
+    or `--help`'s, loads none of the client's commands)."""
+
+    def run(args: argparse.Namespace) -> int:
+        found: Run = getattr(importlib.import_module(f"client.cli.{module}"), function)
+        return found(args)
+
+    return run
 
 
 def seconds(text: str) -> float:
@@ -92,9 +145,29 @@ def endpoint(text: str) -> str:
     return text
 
 
-def run_command(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> int:
-    """Parse `argv` and run the subcommand; its exit code (2 and the help without one)."""
-    args = parser.parse_args(argv)
+def parse(
+    parser_for: Callable[[str | None], argparse.ArgumentParser],
+    command: str | None,
+    argv: list[str] | None = None,
+) -> tuple[argparse.ArgumentParser, argparse.Namespace]:
+    """`argv` parsed by `parser_for(command)` (the subcommand `command` alone, `argv`'s named
+    one), else, wherever that one leaves it (`NotOneCommand`, or another command parsed), by the
+    whole command's `parser_for(None)`: the same outcome, without building every subcommand."""
+    if command is not None:
+        try:
+            parser = parser_for(command)
+            args = parser.parse_args(argv)
+            if getattr(args, "command", None) == command:
+                return parser, args
+        except NotOneCommand:
+            pass
+    parser = parser_for(None)
+    return parser, parser.parse_args(argv)
+
+
+def run_command(parser: argparse.ArgumentParser, args: argparse.Namespace) -> int:
+    """Run the subcommand `parser` parsed into `args`; its exit code (2 and the help without
+    one)."""
     if not getattr(args, "command", None):
         parser.print_help()
         return EXIT_USAGE
@@ -163,12 +236,15 @@ def build_parser(
     version: str,
     description: str | None,
     *,
-    before: Iterable[AddCommands] = (),
-    after: Iterable[AddCommands] = (),
+    before: Mapping[str, AddCommand] | None = None,
+    after: Mapping[str, AddCommand] | None = None,
+    only: str | None = None,
 ) -> argparse.ArgumentParser:
-    """The `agenthost` parser: the global options, the subcommands `before` adds, the client's,
-    then those `after` adds (the order `--help` lists them in)."""
-    p = argparse.ArgumentParser(
+    """The `agenthost` parser: the global options, the subcommands `before` adds (by name), the
+    client's, then those `after` adds (the order `--help` lists them in). With `only`, the
+    subcommand of that name alone, in a parser that raises `NotOneCommand` where the whole one
+    would print or exit (`parse`)."""
+    p = (argparse.ArgumentParser if only is None else _OneCommandParser)(
         prog="agenthost",
         description=description,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -209,11 +285,18 @@ def build_parser(
         "--json", action="store_true", default=argparse.SUPPRESS, help="machine-readable output"
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    for add in before:
-        add(sub, common)
-    add_client_commands(sub, common)
-    for add in after:
-        add(sub, common)
+    before, after = before or {}, after or {}
+    adding = (
+        sub if only is None else cast("SubParsers[argparse.ArgumentParser]", _OnlyOne(sub, only))
+    )
+    for name, add in before.items():
+        if only in (None, name):
+            add(sub, common)
+    if only is None or only not in (*before, *after):
+        add_client_commands(adding, common)
+    for name, add in after.items():
+        if only in (None, name):
+            add(sub, common)
     return p
 
 
@@ -224,11 +307,11 @@ def add_client_commands(
     session_help = "session id or unique id prefix"
 
     sub.add_parser("status", parents=[common], help="daemon status").set_defaults(
-        run=sessions.run_status
+        run=_runs("sessions", "run_status")
     )
     sub.add_parser(
         "sessions", parents=[common], help="list sessions as a fork lineage tree"
-    ).set_defaults(run=sessions.run_sessions)
+    ).set_defaults(run=_runs("sessions", "run_sessions"))
     n = sub.add_parser("new", parents=[common], help="create a session")
     n.add_argument(
         "--provider", default="tutti-agent", choices=PROVIDERS, help="default: tutti-agent"
@@ -247,7 +330,7 @@ def add_client_commands(
         metavar="K=V",
         help="a session setting (repeatable; V is parsed as JSON when it can be)",
     )
-    n.set_defaults(run=sessions.run_new)
+    n.set_defaults(run=_runs("sessions", "run_new"))
     y = sub.add_parser("say", parents=[common], help="run a turn and stream it")
     y.add_argument("session", help=session_help)
     y.add_argument(
@@ -278,10 +361,10 @@ def add_client_commands(
         default=600.0,
         help="seconds to follow the turn (default: 600); it keeps running after",
     )
-    y.set_defaults(run=turns.run_say)
+    y.set_defaults(run=_runs("turns", "run_say"))
     w = sub.add_parser("show", parents=[common], help="show a session's transcript")
     w.add_argument("session", help=session_help)
-    w.set_defaults(run=sessions.run_show)
+    w.set_defaults(run=_runs("sessions", "run_show"))
     f = sub.add_parser(
         "fork",
         parents=[common],
@@ -305,10 +388,10 @@ def add_client_commands(
     f.add_argument(
         "--fork-timeout", type=seconds, default=120.0, help="seconds to wait (default: 120)"
     )
-    f.set_defaults(run=forks.run_fork)
+    f.set_defaults(run=_runs("forks", "run_fork"))
     t = sub.add_parser("tree", parents=[common], help="a session's fork tree (ancestors, forks)")
     t.add_argument("session", help="session id or unique prefix")
-    t.set_defaults(run=forks.run_tree)
+    t.set_defaults(run=_runs("forks", "run_tree"))
     r = sub.add_parser(
         "resolve", parents=[common], help="inspect, adopt or abandon an unknown fork operation"
     )
@@ -329,11 +412,11 @@ def add_client_commands(
         help="quarantine any provider child and release the boundary (status abandoned)",
     )
     r.add_argument("--request-id", default=None, help="idempotency key (default: a new one)")
-    r.set_defaults(run=forks.run_resolve, action="inspect")
+    r.set_defaults(run=_runs("forks", "run_resolve"), action="inspect")
     o = sub.add_parser("op", parents=[common], help="show a fork operation")
     o.add_argument("operation", help="operation id or unique prefix (of a committed fork)")
     o.add_argument("--ack", action="store_true", help="acknowledge it (committed only)")
-    o.set_defaults(run=forks.run_op)
+    o.set_defaults(run=_runs("forks", "run_op"))
     df = sub.add_parser(
         "diff", parents=[common], help="the files a turn changed in the session's folder"
     )
@@ -345,7 +428,7 @@ def add_client_commands(
         "--from", dest="from_turn", metavar="TURN", help="diff from this turn's end instead"
     )
     df.add_argument("--max-bytes", type=byte_count, default=None, help="cut the diff here (256000)")
-    df.set_defaults(run=workspace.run_diff)
+    df.set_defaults(run=_runs("workspace", "run_diff"))
     rs = sub.add_parser(
         "restore", parents=[common], help="put the session's folder back to a turn's files"
     )
@@ -359,11 +442,11 @@ def add_client_commands(
     rs.add_argument(
         "--force", action="store_true", help="even if other live sessions work in that folder"
     )
-    rs.set_defaults(run=workspace.run_restore)
+    rs.set_defaults(run=_runs("workspace", "run_restore"))
     i = sub.add_parser("interrupt", parents=[common], help="interrupt the session's running turn")
     i.add_argument("session", help=session_help)
     i.add_argument("--reason", default=None, help="why (recorded on the turn and shown by `show`)")
-    i.set_defaults(run=turns.run_interrupt)
+    i.set_defaults(run=_runs("turns", "run_interrupt"))
     a = sub.add_parser(
         "answer", parents=[common], help="answer the session's pending approval or question"
     )
@@ -384,7 +467,7 @@ def add_client_commands(
         help="decline the pending approval",
     )
     choice.add_argument("--text", default=None, help="the reply to the pending question")
-    a.set_defaults(run=turns.run_answer)
+    a.set_defaults(run=_runs("turns", "run_answer"))
     d = sub.add_parser("delete", parents=[common], help="delete a session (asks first)")
     d.add_argument("session", help=session_help)
     d.add_argument("-y", "--yes", action="store_true", help="do not ask for confirmation")
@@ -400,15 +483,15 @@ def add_client_commands(
         action="store_true",
         help="with --worktree remove: remove it even so (a branch with its own commits is kept)",
     )
-    d.set_defaults(run=manage.run_delete)
+    d.set_defaults(run=_runs("manage", "run_delete"))
     r = sub.add_parser("rename", parents=[common], help="change a session's title")
     r.add_argument("session", help=session_help)
     r.add_argument("title", help="the new title")
-    r.set_defaults(run=manage.run_rename)
+    r.set_defaults(run=_runs("manage", "run_rename"))
     for name, pinned in (("pin", True), ("unpin", False)):
         q = sub.add_parser(name, parents=[common], help=f"{name} a session")
         q.add_argument("session", help=session_help)
-        q.set_defaults(run=manage.run_pin, pinned=pinned)
+        q.set_defaults(run=_runs("manage", "run_pin"), pinned=pinned)
     t = sub.add_parser(
         "settings", parents=[common], help="show or change a session's settings (merged)"
     )
@@ -419,6 +502,6 @@ def add_client_commands(
         metavar="K=V",
         help="settings to set (V parsed as JSON when it can be; V=null removes K)",
     )
-    t.set_defaults(run=manage.run_settings)
+    t.set_defaults(run=_runs("manage", "run_settings"))
     g = sub.add_parser("gui", help="the terminal GUI")
-    g.set_defaults(run=launch_gui.run_gui_command)
+    g.set_defaults(run=_runs("launch_gui", "run_gui_command"))

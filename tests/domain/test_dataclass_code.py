@@ -171,3 +171,30 @@ def test_the_daemon_and_its_worker_take_every_dataclass_function_from_the_built_
     said = [x for x in d.tail_log(100_000).splitlines() if "dataclass functions:" in x]
     assert len(said) == 1 and said[0].endswith(" from the cache, 0 compiled"), said
     assert int(said[0].split("dataclass functions: ")[1].split()[0]) > 500, said
+
+
+def test_the_tutti_agent_app_server_takes_every_dataclass_function_from_its_own_cache(
+    tmp_path: Path,
+) -> None:
+    """The app-server imports nothing of ours: it reads the file the build writes beside its own
+    bytecode (`tutti_agent.dataclass_code`), holding its classes' code, and compiles none."""
+    code = (
+        "import sys\n"
+        "sys.argv = ['tutti-agent', 'app-server']\n"
+        "from tutti_agent.cli import main\n"
+        "main()\n"
+        "from tutti_agent import dataclass_code\n"
+        "c = dataclass_code.installed()\n"
+        "print(c.taken, c.compiled, 'domain.dataclass_code' in sys.modules, file=sys.stderr)\n"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        input="",  # stdin closed at once: the app-server's start, then its end
+        cwd=REPO,
+        env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "TUTTI_AGENT_HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    taken, compiled, ours = out.stderr.split()[-3:]
+    assert (int(compiled), ours) == (0, "False") and int(taken) > 50, out.stderr

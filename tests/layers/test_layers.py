@@ -107,6 +107,43 @@ def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -
     assert [m for m in ("importlib.metadata", "email", "tomllib") if m in loaded] == []
 
 
+def test_serve_builds_its_own_subcommand_alone_and_loads_none_of_the_clients_commands(
+    tmp_path: Path,
+) -> None:
+    """`agenthost serve` parses its command line with `serve`'s parser alone: no client
+    subcommand is built (~25 parsers) and none of the client's command modules, its words of
+    failure or its socket client is imported, each a part of every daemon's start."""
+    code = (
+        "import argparse, json, sys\n"
+        "built = []\n"
+        "add = argparse._SubParsersAction.add_parser\n"
+        "def counted(self, name, **kw):\n"
+        "    built.append(name)\n"
+        "    return add(self, name, **kw)\n"
+        "argparse._SubParsersAction.add_parser = counted\n"
+        "from agenthost import cli\n"
+        "rc = cli.main(['--home', sys.argv[1], 'serve', '--config', sys.argv[2]])\n"
+        "print(json.dumps([rc, built, sorted(sys.modules)]))"
+    )
+    missing = tmp_path / "missing.toml"  # a configuration error: `serve` stops before its start
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "home"), str(missing)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr
+    rc, built, loaded = json.loads(done.stdout.strip().splitlines()[-1])
+    assert rc == 2 and "no such configuration file" in done.stderr
+    assert built == ["serve"]
+    client_side = ("client.cli.", "client.failure_words", "client.workspace_text")
+    assert [m for m in loaded if m.startswith(client_side) and m != "client.cli.output"] == [
+        "client.cli.parser"
+    ]
+    assert "transport.client" not in loaded
+
+
 def test_the_agenthost_commands_client_part_loads_none_of_the_daemons_configuration() -> None:
     """Every subcommand but `serve`, `keys` and `config` is a client of a running daemon:
     importing the command (`agenthost.cli`) loads neither the daemon's configuration (its
