@@ -40,7 +40,10 @@ $(CODEX_STAMP):
 	npm install --silent --no-audit --no-fund --prefix $(CODEX_PREFIX) @openai/codex@$(CODEX_VERSION)
 	touch $@
 
-providers: $(CODEX_STAMP) $(DEPS_STAMP)
+# The pinned Codex (npm) and the venv (pip) install side by side: each waits mostly on its
+# registry and its unpacking, not on the other.
+providers:
+	$(MAKE) --no-print-directory -j2 $(CODEX_STAMP) $(DEPS_STAMP)
 
 install:
 	$(PYTHON) -m venv $(INSTALL_VENV)
