@@ -11,10 +11,13 @@ tests/support/invariants.py. A rename that leaves a doc behind fails here, not i
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+
+import pytest
 
 from domain import errors
 from drivers.failpoints import FailpointAction
@@ -35,6 +38,24 @@ FAILPOINT = re.compile(r"(host|worker)(\.[a-z_]+){2,}")
 SOURCE = re.compile(r"[\w./-]+\.(py|c)")
 
 
+@functools.cache
+def parsed(path: Path) -> ast.Module:
+    """`path`'s tree, parsed once for all the tests of this file (most scan the same modules);
+    never changed by a scan."""
+    return ast.parse(path.read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_the_trees() -> Iterator[None]:
+    """The trees are this file's: dropped when its tests are done (~300 MB, most of the tree)."""
+    yield
+    parsed.cache_clear()
+
+
+def _tree(source: str | ast.Module) -> ast.Module:
+    return source if isinstance(source, ast.Module) else ast.parse(source)
+
+
 def cited_sources(text: str) -> list[tuple[int, str]]:
     """(line, path) of every backticked source file (`x.py`, `a/b.c`, `a/b.py::test`)."""
     found: list[tuple[int, str]] = []
@@ -53,11 +74,11 @@ def missing_sources(cited: list[tuple[int, str]], files: set[str]) -> list[str]:
     return [f"{line}: {path}" for line, path in cited if path not in files | ends]
 
 
-def class_members(source: str) -> dict[str, set[str]]:
+def class_members(source: str | ast.Module) -> dict[str, set[str]]:
     """Each class's members in `source`: its definitions, assignments, `self.x =` attributes,
     and `base:<Name>` for each base it names (followed by `has_member`)."""
     members: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if not isinstance(node, ast.ClassDef):
             continue
         own = members.setdefault(node.name, set())
@@ -109,11 +130,11 @@ def tree_sources() -> set[str]:
     }
 
 
-def hit_names(source: str) -> tuple[set[str], set[str]]:
+def hit_names(source: str | ast.Module) -> tuple[set[str], set[str]]:
     """The failpoint names a module spells, and its f-string ones as patterns (`{x}` → `*`)."""
     names: set[str] = set()
     patterns: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if FAILPOINT.fullmatch(node.value):
                 names.add(node.value)
@@ -181,16 +202,22 @@ def _callee(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
-def thread_names(source: str) -> set[str]:
+def thread_names(source: str | ast.Module) -> set[str]:
     """The thread names `source` gives: `Thread(name="x")` → `x`; a `WakeOneThreads(n, "x")`
     pool → `x_<n>`; an `ActorPool(n, name="x")` → `x_<n>` and its timers' `x-timer`; a
     `pykka.ThreadingActor` subclass `A` → `A-<n>` (pykka's naming)."""
     names: set[str] = set()
-    tree = ast.parse(source)
-    for outside in ast.walk(tree):
-        if isinstance(outside, ast.ClassDef) and outside.name in NOT_DAEMON_CLASSES:
-            outside.body = []
+    tree = _tree(source)
+    outside = {  # what the bodies of the classes not of the daemon hold (the tree is shared)
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name in NOT_DAEMON_CLASSES
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
     for node in ast.walk(tree):
+        if id(node) in outside:
+            continue
         if isinstance(node, ast.ClassDef) and any(
             isinstance(base, ast.Attribute) and base.attr == "ThreadingActor" for base in node.bases
         ):
@@ -225,11 +252,11 @@ def thread_table(overview: str) -> set[str]:
 PRODUCTION = (*DAEMON_SIDE, "drivers", "protocol", "tutti_agent", "client", "model_fakes")
 
 
-def reason_statuses(source: str, typed: dict[str, int]) -> dict[str, set[int]]:
+def reason_statuses(source: str | ast.Module, typed: dict[str, int]) -> dict[str, set[int]]:
     """The statuses `source` raises each literal reason with: `Typed(…, reason="x")` for a
     typed error class `Typed` (its status from `typed`)."""
     found: dict[str, set[int]] = {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Call) and _callee(node) in typed:
             for keyword in node.keywords:
                 value = keyword.value
@@ -354,7 +381,7 @@ def test_every_class_member_a_design_page_names_exists() -> None:
     members: dict[str, set[str]] = {}
     for package in (*HITTING, "protocol", "tutti_agent", "client", "model_fakes", "tests", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            for cls, own in class_members(path.read_text(encoding="utf-8")).items():
+            for cls, own in class_members(parsed(path)).items():
                 members.setdefault(cls, set()).update(own)
     problems: list[str] = []
     checked = 0
@@ -390,7 +417,7 @@ def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
     patterns: set[str] = set()
     for package in HITTING:
         for path in sorted((ROOT / package).rglob("*.py")):
-            found, spelled = hit_names(path.read_text(encoding="utf-8"))
+            found, spelled = hit_names(parsed(path))
             names |= found
             patterns |= spelled
     documented, actions = documented_failpoints(
@@ -413,8 +440,8 @@ def test_the_overview_names_every_thread_the_daemon_starts() -> None:
     for package in DAEMON_SIDE:
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.relative_to(ROOT).as_posix() not in NOT_DAEMON:
-                names |= thread_names(path.read_text(encoding="utf-8"))
-    names |= thread_names((ROOT / "drivers" / "supervisor.py").read_text(encoding="utf-8"))
+                names |= thread_names(parsed(path))
+    names |= thread_names(parsed(ROOT / "drivers" / "supervisor.py"))
     table = thread_table((ROOT / "docs" / "design" / "overview.md").read_text(encoding="utf-8"))
     assert len(names) > 15
     assert table == names
@@ -431,9 +458,8 @@ def test_every_documented_status_is_one_the_code_answers_its_reason_with() -> No
         statuses.setdefault(cls.default_reason, set()).add(cls.status)
     for package in PRODUCTION:
         for path in sorted((ROOT / package).rglob("*.py")):
-            source = path.read_text(encoding="utf-8")
             # Each module's own typed classes too (drivers/errors.py's, subclasses elsewhere).
-            tree = ast.parse(source)
+            tree = parsed(path)
             local = {c.__name__: c.status for c in classes}
             for node in ast.walk(tree):
                 if isinstance(node, ast.ClassDef):
@@ -441,7 +467,7 @@ def test_every_documented_status_is_one_the_code_answers_its_reason_with() -> No
                         name = getattr(base, "id", getattr(base, "attr", ""))
                         if name in local:
                             local.setdefault(node.name, local[name])
-            for reason, found in reason_statuses(source, local).items():
+            for reason, found in reason_statuses(tree, local).items():
                 statuses.setdefault(reason, set()).update(found)
     problems: list[str] = []
     checked = 0
