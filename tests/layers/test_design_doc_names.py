@@ -14,10 +14,9 @@ import ast
 import functools
 import inspect
 import re
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
-
-import pytest
 
 from domain import errors
 from drivers.failpoints import FailpointAction
@@ -36,20 +35,6 @@ DESIGN_DOCS = (
 HITTING = ("actors", "agenthost", "drivers", "storage", "workspace", "transport", "domain")
 FAILPOINT = re.compile(r"(host|worker)(\.[a-z_]+){2,}")
 SOURCE = re.compile(r"[\w./-]+\.(py|c)")
-
-
-@functools.cache
-def parsed(path: Path) -> ast.Module:
-    """`path`'s tree, parsed once for all the tests of this file (most scan the same modules);
-    never changed by a scan."""
-    return ast.parse(path.read_text(encoding="utf-8"))
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _forget_the_trees() -> Iterator[None]:
-    """The trees are this file's: dropped when its tests are done (~300 MB, most of the tree)."""
-    yield
-    parsed.cache_clear()
 
 
 def _tree(source: str | ast.Module) -> ast.Module:
@@ -265,6 +250,51 @@ def reason_statuses(source: str | ast.Module, typed: dict[str, int]) -> dict[str
     return found
 
 
+def typed_errors() -> dict[str, int]:
+    """Each typed error class of `domain.errors` (a `HostError`) → its status."""
+    return {
+        value.__name__: value.status
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, errors.HostError)
+    }
+
+
+def typed_in(tree: ast.Module) -> dict[str, int]:
+    """The typed error classes `tree` may raise: `domain.errors`' and the module's own subclasses
+    of them (drivers/errors.py's, subclasses elsewhere)."""
+    local = typed_errors()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = getattr(base, "id", getattr(base, "attr", ""))
+                if name in local:
+                    local.setdefault(node.name, local[name])
+    return local
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What the scans below read in one production module: its tree parsed once for them all
+    (most scan the same modules), and not kept (held, the trees' objects cost every garbage
+    collection more than a parse)."""
+
+    members: dict[str, set[str]]
+    hits: tuple[set[str], set[str]]
+    threads: set[str]
+    reasons: dict[str, set[int]]
+
+
+@functools.cache
+def scanned(path: Path) -> Scanned:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return Scanned(
+        class_members(tree),
+        hit_names(tree),
+        thread_names(tree),
+        reason_statuses(tree, typed_in(tree)),
+    )
+
+
 def documented_statuses(text: str) -> list[tuple[int, int, str]]:
     """(line, status, reason) of each "409 `reason`" in `text`."""
     return [
@@ -381,7 +411,11 @@ def test_every_class_member_a_design_page_names_exists() -> None:
     members: dict[str, set[str]] = {}
     for package in (*HITTING, "protocol", "tutti_agent", "client", "model_fakes", "tests", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            for cls, own in class_members(parsed(path)).items():
+            if package in PRODUCTION:
+                own_members = scanned(path).members
+            else:
+                own_members = class_members(path.read_text(encoding="utf-8"))
+            for cls, own in own_members.items():
                 members.setdefault(cls, set()).update(own)
     problems: list[str] = []
     checked = 0
@@ -417,7 +451,7 @@ def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
     patterns: set[str] = set()
     for package in HITTING:
         for path in sorted((ROOT / package).rglob("*.py")):
-            found, spelled = hit_names(parsed(path))
+            found, spelled = scanned(path).hits
             names |= found
             patterns |= spelled
     documented, actions = documented_failpoints(
@@ -440,8 +474,8 @@ def test_the_overview_names_every_thread_the_daemon_starts() -> None:
     for package in DAEMON_SIDE:
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.relative_to(ROOT).as_posix() not in NOT_DAEMON:
-                names |= thread_names(parsed(path))
-    names |= thread_names(parsed(ROOT / "drivers" / "supervisor.py"))
+                names |= scanned(path).threads
+    names |= scanned(ROOT / "drivers" / "supervisor.py").threads
     table = thread_table((ROOT / "docs" / "design" / "overview.md").read_text(encoding="utf-8"))
     assert len(names) > 15
     assert table == names
@@ -458,16 +492,8 @@ def test_every_documented_status_is_one_the_code_answers_its_reason_with() -> No
         statuses.setdefault(cls.default_reason, set()).add(cls.status)
     for package in PRODUCTION:
         for path in sorted((ROOT / package).rglob("*.py")):
-            # Each module's own typed classes too (drivers/errors.py's, subclasses elsewhere).
-            tree = parsed(path)
-            local = {c.__name__: c.status for c in classes}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef):
-                    for base in node.bases:
-                        name = getattr(base, "id", getattr(base, "attr", ""))
-                        if name in local:
-                            local.setdefault(node.name, local[name])
-            for reason, found in reason_statuses(tree, local).items():
+            # Each module's own typed classes too (`typed_in`).
+            for reason, found in scanned(path).reasons.items():
                 statuses.setdefault(reason, set()).update(found)
     problems: list[str] = []
     checked = 0
