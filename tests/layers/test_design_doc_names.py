@@ -11,9 +11,11 @@ tests/support/invariants.py. A rename that leaves a doc behind fails here, not i
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 import re
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from domain import errors
@@ -35,6 +37,10 @@ FAILPOINT = re.compile(r"(host|worker)(\.[a-z_]+){2,}")
 SOURCE = re.compile(r"[\w./-]+\.(py|c)")
 
 
+def _tree(source: str | ast.Module) -> ast.Module:
+    return source if isinstance(source, ast.Module) else ast.parse(source)
+
+
 def cited_sources(text: str) -> list[tuple[int, str]]:
     """(line, path) of every backticked source file (`x.py`, `a/b.c`, `a/b.py::test`)."""
     found: list[tuple[int, str]] = []
@@ -53,11 +59,11 @@ def missing_sources(cited: list[tuple[int, str]], files: set[str]) -> list[str]:
     return [f"{line}: {path}" for line, path in cited if path not in files | ends]
 
 
-def class_members(source: str) -> dict[str, set[str]]:
+def class_members(source: str | ast.Module) -> dict[str, set[str]]:
     """Each class's members in `source`: its definitions, assignments, `self.x =` attributes,
     and `base:<Name>` for each base it names (followed by `has_member`)."""
     members: dict[str, set[str]] = {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if not isinstance(node, ast.ClassDef):
             continue
         own = members.setdefault(node.name, set())
@@ -109,11 +115,11 @@ def tree_sources() -> set[str]:
     }
 
 
-def hit_names(source: str) -> tuple[set[str], set[str]]:
+def hit_names(source: str | ast.Module) -> tuple[set[str], set[str]]:
     """The failpoint names a module spells, and its f-string ones as patterns (`{x}` → `*`)."""
     names: set[str] = set()
     patterns: set[str] = set()
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             if FAILPOINT.fullmatch(node.value):
                 names.add(node.value)
@@ -181,16 +187,22 @@ def _callee(call: ast.Call) -> str:
     return func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", "")
 
 
-def thread_names(source: str) -> set[str]:
+def thread_names(source: str | ast.Module) -> set[str]:
     """The thread names `source` gives: `Thread(name="x")` → `x`; a `WakeOneThreads(n, "x")`
     pool → `x_<n>`; an `ActorPool(n, name="x")` → `x_<n>` and its timers' `x-timer`; a
     `pykka.ThreadingActor` subclass `A` → `A-<n>` (pykka's naming)."""
     names: set[str] = set()
-    tree = ast.parse(source)
-    for outside in ast.walk(tree):
-        if isinstance(outside, ast.ClassDef) and outside.name in NOT_DAEMON_CLASSES:
-            outside.body = []
+    tree = _tree(source)
+    outside = {  # what the bodies of the classes not of the daemon hold (the tree is shared)
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ClassDef) and node.name in NOT_DAEMON_CLASSES
+        for statement in node.body
+        for inner in ast.walk(statement)
+    }
     for node in ast.walk(tree):
+        if id(node) in outside:
+            continue
         if isinstance(node, ast.ClassDef) and any(
             isinstance(base, ast.Attribute) and base.attr == "ThreadingActor" for base in node.bases
         ):
@@ -225,17 +237,62 @@ def thread_table(overview: str) -> set[str]:
 PRODUCTION = (*DAEMON_SIDE, "drivers", "protocol", "tutti_agent", "client", "model_fakes")
 
 
-def reason_statuses(source: str, typed: dict[str, int]) -> dict[str, set[int]]:
+def reason_statuses(source: str | ast.Module, typed: dict[str, int]) -> dict[str, set[int]]:
     """The statuses `source` raises each literal reason with: `Typed(…, reason="x")` for a
     typed error class `Typed` (its status from `typed`)."""
     found: dict[str, set[int]] = {}
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(_tree(source)):
         if isinstance(node, ast.Call) and _callee(node) in typed:
             for keyword in node.keywords:
                 value = keyword.value
                 if keyword.arg == "reason" and isinstance(value, ast.Constant):
                     found.setdefault(str(value.value), set()).add(typed[_callee(node)])
     return found
+
+
+def typed_errors() -> dict[str, int]:
+    """Each typed error class of `domain.errors` (a `HostError`) → its status."""
+    return {
+        value.__name__: value.status
+        for value in vars(errors).values()
+        if isinstance(value, type) and issubclass(value, errors.HostError)
+    }
+
+
+def typed_in(tree: ast.Module) -> dict[str, int]:
+    """The typed error classes `tree` may raise: `domain.errors`' and the module's own subclasses
+    of them (drivers/errors.py's, subclasses elsewhere)."""
+    local = typed_errors()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ClassDef):
+            for base in node.bases:
+                name = getattr(base, "id", getattr(base, "attr", ""))
+                if name in local:
+                    local.setdefault(node.name, local[name])
+    return local
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """What the scans below read in one production module: its tree parsed once for them all
+    (most scan the same modules), and not kept (held, the trees' objects cost every garbage
+    collection more than a parse)."""
+
+    members: dict[str, set[str]]
+    hits: tuple[set[str], set[str]]
+    threads: set[str]
+    reasons: dict[str, set[int]]
+
+
+@functools.cache
+def scanned(path: Path) -> Scanned:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return Scanned(
+        class_members(tree),
+        hit_names(tree),
+        thread_names(tree),
+        reason_statuses(tree, typed_in(tree)),
+    )
 
 
 def documented_statuses(text: str) -> list[tuple[int, int, str]]:
@@ -354,7 +411,11 @@ def test_every_class_member_a_design_page_names_exists() -> None:
     members: dict[str, set[str]] = {}
     for package in (*HITTING, "protocol", "tutti_agent", "client", "model_fakes", "tests", "bench"):
         for path in sorted((ROOT / package).rglob("*.py")):
-            for cls, own in class_members(path.read_text(encoding="utf-8")).items():
+            if package in PRODUCTION:
+                own_members = scanned(path).members
+            else:
+                own_members = class_members(path.read_text(encoding="utf-8"))
+            for cls, own in own_members.items():
                 members.setdefault(cls, set()).update(own)
     problems: list[str] = []
     checked = 0
@@ -390,7 +451,7 @@ def test_the_documented_failpoints_are_exactly_the_ones_the_code_hits() -> None:
     patterns: set[str] = set()
     for package in HITTING:
         for path in sorted((ROOT / package).rglob("*.py")):
-            found, spelled = hit_names(path.read_text(encoding="utf-8"))
+            found, spelled = scanned(path).hits
             names |= found
             patterns |= spelled
     documented, actions = documented_failpoints(
@@ -413,8 +474,8 @@ def test_the_overview_names_every_thread_the_daemon_starts() -> None:
     for package in DAEMON_SIDE:
         for path in sorted((ROOT / package).rglob("*.py")):
             if path.relative_to(ROOT).as_posix() not in NOT_DAEMON:
-                names |= thread_names(path.read_text(encoding="utf-8"))
-    names |= thread_names((ROOT / "drivers" / "supervisor.py").read_text(encoding="utf-8"))
+                names |= scanned(path).threads
+    names |= scanned(ROOT / "drivers" / "supervisor.py").threads
     table = thread_table((ROOT / "docs" / "design" / "overview.md").read_text(encoding="utf-8"))
     assert len(names) > 15
     assert table == names
@@ -431,17 +492,8 @@ def test_every_documented_status_is_one_the_code_answers_its_reason_with() -> No
         statuses.setdefault(cls.default_reason, set()).add(cls.status)
     for package in PRODUCTION:
         for path in sorted((ROOT / package).rglob("*.py")):
-            source = path.read_text(encoding="utf-8")
-            # Each module's own typed classes too (drivers/errors.py's, subclasses elsewhere).
-            tree = ast.parse(source)
-            local = {c.__name__: c.status for c in classes}
-            for node in ast.walk(tree):
-                if isinstance(node, ast.ClassDef):
-                    for base in node.bases:
-                        name = getattr(base, "id", getattr(base, "attr", ""))
-                        if name in local:
-                            local.setdefault(node.name, local[name])
-            for reason, found in reason_statuses(source, local).items():
+            # Each module's own typed classes too (`typed_in`).
+            for reason, found in scanned(path).reasons.items():
                 statuses.setdefault(reason, set()).update(found)
     problems: list[str] = []
     checked = 0

@@ -12,6 +12,7 @@ renamed would leave the soak arming a point that never fires."""
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -53,8 +54,10 @@ def kills_in(source: str) -> set[str] | None:
     return {n.value for n in strings if NAME.fullmatch(n.value) and id(n) not in other_action}
 
 
+@functools.cache
 def crash_tests() -> dict[str, set[str]]:
-    """Every crash-test module under tests/ (its path) → the points it kills at."""
+    """Every crash-test module under tests/ (its path) → the points it kills at (read once: the
+    tests below each ask)."""
     found = {}
     for path in sorted(TESTS.rglob("*.py")):
         points = kills_in(path.read_text())

@@ -1,8 +1,10 @@
 """The layering of ARCHITECTURE.md, checked at run time: importing the client, the wire spec or a
 driver never loads SQLite (`apsw`), and the domain package loads nothing but the standard library.
 
-Each import runs in a fresh interpreter, so what another test already imported cannot hide a
-dependency. (The static contracts are import-linter's, in `make lint`.)
+Each import runs in a fresh interpreter's state, so what another test already imported cannot
+hide a dependency: a child forked, one per import, from one interpreter that has imported what a
+fresh `python -c 'import json, sys'` has (tests/support/fresh_imports.py; a test below holds it
+to fresh interpreters'). (The static contracts are import-linter's, in `make lint`.)
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ import sys
 from pathlib import Path
 
 import pytest
+
+from tests.support.fresh_imports import Imports, fresh_import, import_each
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -50,38 +54,84 @@ OUR_PACKAGES = (
 DAEMON_SIDE = ("agenthost", "actors", "storage", "drivers", "tutti_agent")
 
 
-def _loaded_after_import(module: str) -> list[str]:
-    """The names in `sys.modules` after `import module` in a fresh interpreter."""
-    code = f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))"
-    done = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+DAEMON = "agenthost.cli, agenthost.daemon"
+"""What `agenthost serve` imports."""
+
+DOMAIN = (
+    "domain",
+    "domain.errors",
+    "domain.enums",
+    "domain.fork_states",
+    "domain.home_layout",
+    "domain.providers",
+    "domain.worker_messages",
+    "domain.turn_events",
+)
+
+
+def _modules_of(package: str) -> list[str]:
+    """Every module of `package`, found on disk (importing them here would hide what they load)."""
+    root = ROOT / package
+    found = []
+    for path in sorted(root.rglob("*.py")):
+        parts = path.relative_to(ROOT).with_suffix("").parts
+        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return found
+
+
+# Every module of the client package (Engine, session helpers, the `agenthost` command's client
+# part, GUI, demo), found on disk so a module added later is checked too.
+CLIENT = _modules_of("client")
+WORKER_SIDE = _modules_of("drivers") + _modules_of("tutti_agent")
+
+
+@pytest.fixture(scope="module")
+def imports() -> Imports:
+    """Every import this file checks, each in a fresh interpreter's state (forked, side by side:
+    one fresh interpreter each would cost ~100 interpreter starts)."""
+    return import_each(
+        ["json", *APSW_FREE, "transport.wire", DAEMON, "agenthost.cli", *DOMAIN]
+        + CLIENT
+        + WORKER_SIDE
     )
-    assert done.returncode == 0, done.stderr
-    loaded: list[str] = json.loads(done.stdout.strip().splitlines()[-1])
-    return loaded
+
+
+def test_the_forked_imports_report_what_a_fresh_interpreter_loads(imports: Imports) -> None:
+    """The children's starting state is a fresh interpreter's, and so is what each reports: for
+    the daemon (which loads SQLite), the client's Engine and the domain, the same `sys.modules`
+    as `import X` in an interpreter of its own; a failed import is a child's exit code and
+    traceback."""
+    assert imports.baseline == fresh_import("json").loaded()
+    for module in (DAEMON, "client.engine", "domain"):
+        assert imports.each[module].loaded() == fresh_import(module).loaded(), module
+    assert "apsw" in imports.each[DAEMON].loaded()
+    failed = import_each(["json", "no_such_module_of_ours"]).each["no_such_module_of_ours"]
+    assert failed.rc == 1 and "ModuleNotFoundError" in failed.err
 
 
 @pytest.mark.parametrize("module", APSW_FREE)
-def test_importing_client_wire_or_driver_does_not_load_sqlite(module: str) -> None:
-    loaded = _loaded_after_import(module)
+def test_importing_client_wire_or_driver_does_not_load_sqlite(
+    module: str, imports: Imports
+) -> None:
+    loaded = imports.each[module].loaded()
     assert "apsw" not in loaded, f"importing {module} loads apsw"
     assert not any(m == "storage" or m.startswith("storage.") for m in loaded), (
         f"importing {module} loads the store: {[m for m in loaded if m.split('.')[0] == 'storage']}"
     )
 
 
-def test_the_wire_spec_loads_no_sockets() -> None:
+def test_the_wire_spec_loads_no_sockets(imports: Imports) -> None:
     """The envelope, params and errors shared by client and server (`transport.wire`) are
     plain data: importing them loads neither ZeroMQ nor SQLite."""
-    loaded = _loaded_after_import("transport.wire")
+    loaded = imports.each["transport.wire"].loaded()
     assert not [m for m in loaded if m.split(".")[0] in ("zmq", "apsw")]
 
 
-def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
+def test_the_daemon_loads_no_provider_driver_nor_asyncio(imports: Imports) -> None:
     """The daemon runs no provider driver in its own process (its workers do): importing what
     `agenthost serve` runs loads none of the provider packages nor asyncio (which they and
     CURVE's ZAP thread bring in), each a part of every start's time to ready."""
-    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    loaded = imports.each[DAEMON].loaded()
     providers = ("drivers.codex", "drivers.claude", "drivers.app_server", "drivers.tutti_agent")
     drivers = [
         m for m in loaded if m in providers or m.startswith(tuple(f"{p}." for p in providers))
@@ -90,20 +140,22 @@ def test_the_daemon_loads_no_provider_driver_nor_asyncio() -> None:
     assert "asyncio" not in loaded
 
 
-def test_the_daemon_loads_none_of_the_worker_main_it_only_spawns() -> None:
+def test_the_daemon_loads_none_of_the_worker_main_it_only_spawns(imports: Imports) -> None:
     """The daemon starts workers; it does not run one: importing what `agenthost serve` runs
     loads neither the worker's main (`drivers.worker`) nor what only a worker uses (the driver
     port, its request bookkeeping, `ctypes` for its parent-death signal)."""
-    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    loaded = imports.each[DAEMON].loaded()
     worker_only = ("drivers.worker", "drivers.base", "drivers.turn_starts", "drivers.worker_gc")
     assert [m for m in (*worker_only, "ctypes") if m in loaded] == []
 
 
-def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready() -> None:
+def test_serve_loads_neither_package_metadata_nor_a_toml_parser_before_ready(
+    imports: Imports,
+) -> None:
     """What `agenthost serve` imports before its ready line leaves out the package-metadata
     reader (and the email parser it brings), used only by a claude-code version probe, and the
     TOML parser, used only when the home has a configuration file: each is start time."""
-    loaded = _loaded_after_import("agenthost.cli, agenthost.daemon")
+    loaded = imports.each[DAEMON].loaded()
     assert [m for m in ("importlib.metadata", "email", "tomllib") if m in loaded] == []
 
 
@@ -144,12 +196,14 @@ def test_serve_builds_its_own_subcommand_alone_and_loads_none_of_the_clients_com
     assert "transport.client" not in loaded
 
 
-def test_the_agenthost_commands_client_part_loads_none_of_the_daemons_configuration() -> None:
+def test_the_agenthost_commands_client_part_loads_none_of_the_daemons_configuration(
+    imports: Imports,
+) -> None:
     """Every subcommand but `serve`, `keys` and `config` is a client of a running daemon:
     importing the command (`agenthost.cli`) loads neither the daemon's configuration (its
     schema, the workspace's shadow checkpoints and git runner it names) nor the home's lock,
     each a part of every client command's start."""
-    loaded = _loaded_after_import("agenthost.cli")
+    loaded = imports.each["agenthost.cli"].loaded()
     daemon_side = ("agenthost.config", "agenthost.home", "workspace", "subprocess")
     assert [m for m in loaded if m.startswith(daemon_side)] == []
 
@@ -176,28 +230,16 @@ def test_the_accept_shims_reexecution_loads_no_more_than_it_needs() -> None:
     assert ours == ["agenthost", "agenthost.launch", "transport", "transport.accept_shim"]
 
 
-@pytest.mark.parametrize(
-    "module",
-    [
-        "domain",
-        "domain.errors",
-        "domain.enums",
-        "domain.fork_states",
-        "domain.home_layout",
-        "domain.providers",
-        "domain.worker_messages",
-        "domain.turn_events",
-    ],
-)
-def test_domain_loads_only_the_standard_library(module: str) -> None:
-    loaded = _loaded_after_import(module)
+@pytest.mark.parametrize("module", DOMAIN)
+def test_domain_loads_only_the_standard_library(module: str, imports: Imports) -> None:
+    loaded = imports.each[module].loaded()
     ours = sorted(m for m in loaded if m.split(".")[0] in OUR_PACKAGES)
     assert ours == []
     stdlib = set(sys.stdlib_module_names) | {"domain", "__main__", "_distutils_hack"}
     foreign = sorted({m.split(".")[0] for m in loaded} - stdlib)
     # `_virtualenv`/site hooks may be preloaded by the interpreter itself: check against a
     # baseline interpreter that imports nothing of ours.
-    baseline = {m.split(".")[0] for m in _loaded_after_import("json")}
+    baseline = {m.split(".")[0] for m in imports.each["json"].loaded()}
     assert [m for m in foreign if m not in baseline] == []
 
 
@@ -227,64 +269,16 @@ def test_the_fork_modules_never_import_the_session_actor(path: str) -> None:
     }
 
 
-# ---------------------------------------------------------------- every driver and tutti_agent
-
-
-def _modules_of(package: str) -> list[str]:
-    """Every module of `package`, found on disk (importing them here would hide what they load)."""
-    root = ROOT / package
-    found = []
-    for path in sorted(root.rglob("*.py")):
-        parts = path.relative_to(ROOT).with_suffix("").parts
-        found.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
-    return found
-
-
 # --------------------------------------------------------------------------------- the client
-
-# Every module of the client package (Engine, session helpers, the `agenthost` command's client
-# part, GUI, demo), found on disk so a module added later is checked too.
-CLIENT = _modules_of("client")
-
-
-def _import_each(modules: list[str]) -> dict[str, tuple[int, str, str]]:
-    """`import <module>` for each module, each in its own fresh interpreter, run side by side
-    (one after another would take tens of seconds): module → (rc, stdout, stderr)."""
-    procs = {
-        module: subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                f"import json, sys\nimport {module}\nprint(json.dumps(sorted(sys.modules)))",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for module in modules
-    }
-    done = {}
-    for module, proc in procs.items():
-        out, err = proc.communicate(timeout=120)
-        done[module] = (proc.returncode, out, err)
-    return done
-
-
-@pytest.fixture(scope="module")
-def client_imports() -> dict[str, tuple[int, str, str]]:
-    return _import_each(CLIENT)
 
 
 @pytest.mark.parametrize("module", CLIENT)
 def test_importing_the_client_loads_nothing_of_the_daemon_side(
-    module: str, client_imports: dict[str, tuple[int, str, str]]
+    module: str, imports: Imports
 ) -> None:
     """The client never loads the daemon's composition root, actors, store, drivers
     or the tutti-agent program, nor SQLite."""
-    rc, out, err = client_imports[module]
-    assert rc == 0, err
-    loaded: list[str] = json.loads(out.strip().splitlines()[-1])
+    loaded = imports.each[module].loaded()
     daemon = sorted(m for m in loaded if m.split(".")[0] in DAEMON_SIDE)
     assert daemon == [], f"importing {module} loads the daemon side: {daemon}"
     assert "apsw" not in loaded, f"importing {module} loads apsw"
@@ -335,24 +329,16 @@ def test_the_agenthost_command_builds_the_client_parser_and_adds_only_the_daemon
     assert "status" in client and "say" in client and "fork" in client and "gui" in client
 
 
-WORKER_SIDE = _modules_of("drivers") + _modules_of("tutti_agent")
 HOST_SIDE = ("apsw", "storage", "actors")
-
-
-@pytest.fixture(scope="module")
-def worker_side_imports() -> dict[str, tuple[int, str, str]]:
-    return _import_each(WORKER_SIDE)
 
 
 @pytest.mark.parametrize("module", WORKER_SIDE)
 def test_a_driver_or_tutti_agent_module_loads_no_sqlite_store_or_actors(
-    module: str, worker_side_imports: dict[str, tuple[int, str, str]]
+    module: str, imports: Imports
 ) -> None:
     """A worker process (drivers) and the tutti-agent program never load the host's SQLite, its
     store or its actors (ARCHITECTURE.md's import table)."""
-    rc, out, err = worker_side_imports[module]
-    assert rc == 0, err
-    loaded: list[str] = json.loads(out.strip().splitlines()[-1])
+    loaded = imports.each[module].loaded()
     host = sorted(m for m in loaded if m.split(".")[0] in HOST_SIDE)
     assert host == [], f"importing {module} loads {host}"
 
