@@ -19,9 +19,9 @@ import pytest
 from domain.procfs import pid_exists
 from tests.daemon.test_stopped_turn_start import (
     NEXT_TURN_STARTS_S,
-    _daemon,
     _stopped,
     _taken_pid,
+    module_daemon,
     next_turn_runs_and_the_stopped_server_is_gone,
 )
 from tests.support.daemon import WS, DaemonProcess, create_session, submit, wait_for
@@ -32,13 +32,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, Path]]:
-    tmp = tmp_path_factory.mktemp("is")
-    arm = tmp / "armed"
-    d = _daemon(tmp, arm, "")
-    try:
-        yield d, arm
-    finally:
-        d.stop()
+    yield from module_daemon(tmp_path_factory, "is", "")
 
 
 @contextlib.contextmanager

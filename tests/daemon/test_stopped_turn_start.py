@@ -12,6 +12,7 @@ import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -60,6 +61,20 @@ def _daemon(tmp_path: Path, arm: Path, keys: str) -> DaemonProcess:
         f'[daemon]\n{keys}[providers."tutti-agent"]\ncommand = [{command}]\n'
     )
     return DaemonProcess(home).start()
+
+
+def module_daemon(
+    tmp_path_factory: pytest.TempPathFactory, name: str, keys: str
+) -> Iterator[tuple[DaemonProcess, Path]]:
+    """A module fixture's body: `_daemon` in a fresh folder, yielded with its arm file and
+    stopped at the module's end."""
+    tmp = tmp_path_factory.mktemp(name)
+    arm = tmp / "armed"
+    d = _daemon(tmp, arm, keys)
+    try:
+        yield d, arm
+    finally:
+        d.stop()
 
 
 def _taken_pid(arm: Path) -> int:

@@ -20,9 +20,9 @@ import pytest
 
 from tests.daemon.test_stopped_turn_start import (
     NEXT_TURN_STARTS_S,
-    _daemon,
     _stopped,
     _taken_pid,
+    module_daemon,
     next_turn_runs_and_the_stopped_server_is_gone,
 )
 from tests.support.daemon import DaemonProcess, create_session, settle, submit, wait_for
@@ -32,13 +32,7 @@ pytestmark = pytest.mark.timeout(90)
 
 @pytest.fixture(scope="module")
 def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[DaemonProcess, Path]]:
-    tmp = tmp_path_factory.mktemp("ss")
-    arm = tmp / "armed"
-    d = _daemon(tmp, arm, "provider_stopped_seconds = 1\n")
-    try:
-        yield d, arm
-    finally:
-        d.stop()
+    yield from module_daemon(tmp_path_factory, "ss", "provider_stopped_seconds = 1\n")
 
 
 @pytest.mark.parametrize("mode", ["stop_init", "stop_open"])
